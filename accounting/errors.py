@@ -1,0 +1,46 @@
+"""Errors of the accounting package.
+
+Hierarchy::
+
+    AccountingError                 base; ``retryable`` says whether trying again can help
+    ├── QueueConfigError            the queue file is invalid; ``where`` is the YAML path,
+    │                               ``file``/``line`` where known (not retryable: fix the file)
+    ├── TimeSpecError               a ``--from``/``--to`` value cannot be read (not retryable)
+    └── AccountingQueryError        the store could not answer an accounting query (retryable)
+"""
+from __future__ import annotations
+
+
+class AccountingError(Exception):
+    retryable: bool = False
+
+
+class QueueConfigError(AccountingError):
+    """``where`` names the place (``queues.research.vision.max``), ``reason`` what is wrong there.
+
+    ``str(err)`` is ``"<where>: <reason>"``; :meth:`located` prefixes the file and line when known.
+    """
+
+    def __init__(self, where: str, reason: str, file: str | None = None, line: int | None = None) -> None:
+        self.where = where
+        self.reason = reason
+        self.file = file
+        self.line = line
+        super().__init__(f"{where}: {reason}")
+
+    def located(self) -> str:
+        if self.file is None:
+            return str(self)
+        at = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{at}: {self}"
+
+
+class TimeSpecError(AccountingError):
+    def __init__(self, value: str, reason: str) -> None:
+        self.value = value
+        self.reason = reason
+        super().__init__(f"cannot read time {value!r}: {reason}")
+
+
+class AccountingQueryError(AccountingError):
+    retryable = True

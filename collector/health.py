@@ -1,0 +1,71 @@
+"""The collector's own health: Prometheus metrics and OpenTelemetry spans.
+
+Metrics (all prefixed ``gpuq_collector_``), registered on a registry passed in (never the
+global one, so tests and several collectors in one process do not collide):
+
+* ``scrape_duration_seconds{source,cluster,target}``  last scrape's wall time
+* ``scrapes_total{source,cluster,target,result}``     result = ok | error | timeout
+* ``scrape_samples{source,cluster,target}``           samples parsed in the last scrape
+* ``parse_errors_total{source,cluster,target}``       malformed lines skipped
+* ``rows_written_total{table}`` / ``rows_spilled_total{table}`` / ``rows_replayed_total{table}``
+* ``rows_buffered{table}`` and ``spill_files``           what the writer holds now
+* ``store_write_errors_total``
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from gpuq.store.writer import BatchWriter
+
+
+class _WriterCollector(Collector):
+    """Reads the writer's counters at scrape time (no double bookkeeping)."""
+
+    def __init__(self, writer: BatchWriter) -> None:
+        self._writer = writer
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        st = self._writer.stats
+        for name, data, doc in (
+            ("gpuq_collector_rows_written", st.rows_written, "Rows written to the store"),
+            ("gpuq_collector_rows_spilled", st.rows_spilled, "Rows spilled to disk while the store was down"),
+            ("gpuq_collector_rows_replayed", st.rows_replayed, "Spilled rows replayed into the store"),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=["table"])
+            for table, n in sorted(data.items()):
+                fam.add_metric([table], n)
+            yield fam
+        buf = GaugeMetricFamily("gpuq_collector_rows_buffered", "Rows held in memory, not yet written",
+                                labels=["table"])
+        for table, n in sorted(self._writer.buffered().items()):
+            buf.add_metric([table], n)
+        yield buf
+        yield GaugeMetricFamily("gpuq_collector_spill_files", "Spilled batches waiting for the store",
+                                value=self._writer.spilled_files())
+        err = CounterMetricFamily("gpuq_collector_store_write_errors", "Failed insert attempts")
+        err.add_metric([], st.write_errors)
+        yield err
+
+
+class CollectorMetrics:
+    def __init__(self, registry: CollectorRegistry, writer: BatchWriter | None = None) -> None:
+        labels = ["source", "cluster", "target"]
+        self.registry = registry
+        self.duration = Gauge("gpuq_collector_scrape_duration_seconds", "Wall time of the last scrape",
+                              labels, registry=registry)
+        self.scrapes = Counter("gpuq_collector_scrapes", "Scrapes by result", labels + ["result"],
+                               registry=registry)
+        self.samples = Gauge("gpuq_collector_scrape_samples", "Samples parsed in the last scrape", labels,
+                             registry=registry)
+        self.parse_errors = Counter("gpuq_collector_parse_errors", "Malformed lines skipped", labels,
+                                    registry=registry)
+        self.watch_restarts = Counter("gpuq_collector_watch_restarts", "Watch streams restarted",
+                                      ["source", "cluster", "target"], registry=registry)
+        if writer is not None:
+            registry.register(_WriterCollector(writer))

@@ -1,0 +1,130 @@
+"""The ``gpuq`` command line. Every command takes ``--config FILE``.
+
+    gpuq collect [--once]          run the collectors (Ray, DCGM, Kubernetes, NVML) into the store
+    gpuq query "SQL" [--format]    read-only SQL against the store, as a table, JSON or CSV
+    gpuq migrate                   create or upgrade the schema and print the applied versions
+    gpuq queues / usage            the accounting views (see accounting.cli)
+    gpuq simulate SCENARIO --out   replay a scenario through the scheduler core (see scheduler.cli)
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from gpuq.errors import GpuqError
+from gpuq.output import render
+from gpuq.settings import Settings, load_settings
+
+log = logging.getLogger("gpuq")
+
+
+def _store(settings: Settings):  # noqa: ANN202 - gpuq.store.Store, imported lazily (chdb is heavy)
+    from gpuq.store import open_store
+
+    return open_store(settings.store.dsn, default_database=settings.store.database,
+                      ttl_days=settings.store.ttl_days)
+
+
+def cmd_query(args: argparse.Namespace, settings: Settings) -> int:
+    store = _store(settings)
+    try:
+        result = store.query(args.sql, settings={"readonly": 1})
+    finally:
+        store.close()
+    sys.stdout.write(render(result.columns, result.rows, args.format))
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from gpuq.store import connect, migrate
+
+    store = connect(settings.store.dsn, settings.store.database)
+    try:
+        applied = migrate(store, settings.store.ttl_days)
+    finally:
+        store.close()
+    print(f"schema up to date in {store.database}; applied now: {applied or 'none'}")
+    return 0
+
+
+def cmd_collect(args: argparse.Namespace, settings: Settings) -> int:
+    from collector.service import run_collect
+
+    return run_collect(settings, once=args.once)
+
+
+def _delegate(module: str, func: str) -> Callable[[argparse.Namespace, Settings], int]:
+    def run(args: argparse.Namespace, settings: Settings) -> int:
+        import importlib
+
+        fn = getattr(importlib.import_module(module), func)
+        return int(fn(list(args.rest), settings))
+    return run
+
+
+def _simulate(args: argparse.Namespace, settings: Settings) -> int:
+    from scheduler.cli import simulate_main
+
+    return int(simulate_main(list(args.rest)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", "-c", metavar="FILE", help="YAML settings file (GPUQ_* variables override it)")
+    common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p = argparse.ArgumentParser(prog="gpuq", description=__doc__, parents=[common],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("collect", parents=[common], help="run the collectors")
+    c.add_argument("--once", action="store_true", help="one round of every configured source, then exit")
+    c.set_defaults(func=cmd_collect)
+
+    q = sub.add_parser("query", parents=[common], help="read-only SQL against the store")
+    q.add_argument("sql")
+    q.add_argument("--format", "-f", choices=["table", "json", "csv"], default="table")
+    q.set_defaults(func=cmd_query)
+
+    m = sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    m.set_defaults(func=cmd_migrate)
+
+    for name, module, func, text in (
+        ("queues", "accounting.cli", "queues_main", "per queue and GPU type now"),
+        ("usage", "accounting.cli", "usage_main", "GPU-seconds, idle and cost over a window"),
+        ("import-trace", "scheduler.cli", "import_trace_main", "turn a public trace into a scenario"),
+        ("serve", "scheduler.cli", "serve_main", "the API, collectors, accounting and scheduler"),
+        ("workloads", "scheduler.cli", "workloads_main", "the scheduler's workloads"),
+        ("explain", "scheduler.cli", "explain_main", "why a workload is pending"),
+    ):
+        sp = sub.add_parser(name, parents=[common], help=text, add_help=False)
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+        sp.set_defaults(func=_delegate(module, func))
+    s = sub.add_parser("simulate", parents=[common], help="replay a scenario (FORMAT.md)", add_help=False)
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(func=_simulate)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and hasattr(args, "rest"):
+        args.rest = list(unknown) + list(args.rest)
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings(args.config)
+        return int(args.func(args, settings))
+    except GpuqError as exc:
+        print(f"gpuq {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""Errors of the gpuq shell (settings, store, CLI).
+
+Hierarchy::
+
+    GpuqError                       base; ``retryable`` says whether trying again can help
+    ├── ConfigError                 a settings file or variable is invalid; ``where`` names it
+    └── StoreError                  the ClickHouse store failed
+        ├── StoreUnavailable        cannot reach the database (retryable)
+        ├── StoreQueryError         the database refused a statement (not retryable)
+        └── MigrationError          a schema migration failed; ``version`` names it
+"""
+from __future__ import annotations
+
+
+class GpuqError(Exception):
+    retryable: bool = False
+
+
+class ConfigError(GpuqError):
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{where}: {reason}")
+
+
+class StoreError(GpuqError):
+    pass
+
+
+class StoreUnavailable(StoreError):
+    retryable = True
+
+
+class StoreQueryError(StoreError):
+    pass
+
+
+class MigrationError(StoreError):
+    def __init__(self, version: int, message: str) -> None:
+        self.version = version
+        super().__init__(f"migration {version:04d}: {message}")

@@ -1,0 +1,166 @@
+"""One settings tree for every gpuq command, read once at start.
+
+Sources, strongest first: ``GPUQ_*`` environment variables (nested with ``__``, e.g.
+``GPUQ_STORE__DSN``), then the YAML file given with ``--config``, then the defaults below.
+This is the only module that reads the environment; everything else gets a ``Settings``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gpuq.errors import ConfigError
+
+DEFAULT_DSN = "chdb://.gpuq/data"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreSettings(_Section):
+    dsn: str = DEFAULT_DSN
+    database: str = "gpuq"                # used when the DSN names none
+    ttl_days: int = Field(default=90, ge=1)
+    batch_rows: int = Field(default=50_000, ge=1)
+    batch_interval_s: float = Field(default=2.0, gt=0)
+    retry_attempts: int = Field(default=3, ge=1)
+    retry_backoff_s: float = Field(default=0.5, ge=0)
+    spill_dir: str = ".gpuq/spill"         # batches the database refused, replayed later
+    max_buffered_rows: int = Field(default=1_000_000, ge=1)
+
+
+class RayTarget(_Section):
+    cluster: str
+    dashboard_url: str | None = None     # the State API
+    metrics_urls: list[str] = []         # else found through the State API
+    metrics_port: int | None = None      # port of each node's metrics endpoint when discovered
+
+
+class DcgmTarget(_Section):
+    cluster: str
+    urls: list[str] = []
+    # discover dcgm-exporter pods through this Kubernetes target's cluster name
+    discover_kubernetes: bool = False
+    discover_label_selector: str = "app.kubernetes.io/name=dcgm-exporter"
+    port: int = 9400
+
+
+class KubernetesTarget(_Section):
+    cluster: str
+    kubeconfig: str | None = None
+    in_cluster: bool = False
+    context: str | None = None
+    namespaces: list[str] = []           # empty = all namespaces
+    watch_timeout_s: int = Field(default=300, ge=1)
+
+
+class NvmlSettings(_Section):
+    enabled: bool = False
+    cluster: str = "local"
+    node: str | None = None              # defaults to the host name
+
+
+class CollectorSettings(_Section):
+    interval_s: float = Field(default=15.0, gt=0)
+    timeout_s: float = Field(default=5.0, gt=0)
+    jitter_s: float = Field(default=1.0, ge=0)
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    ray: list[RayTarget] = []
+    dcgm: list[DcgmTarget] = []
+    kubernetes: list[KubernetesTarget] = []
+    nvml: NvmlSettings = NvmlSettings()
+    otel_exporter: Literal["none", "console", "memory"] = "none"
+
+
+class AccountingSettings(_Section):
+    interval_s: float = Field(default=30.0, gt=0)
+    idle_threshold_pct: float = Field(default=5.0, ge=0, le=100)
+    idle_window_s: float = Field(default=1800.0, gt=0)
+    starvation_s: float = Field(default=600.0, gt=0)
+
+
+class SchedulerSettings(_Section):
+    actuator: Literal["dry-run", "kubernetes", "ray"] = "dry-run"
+    cycle_interval_s: float = Field(default=1.0, gt=0)
+    preemption: bool = True
+    preemption_delay_s: float = Field(default=30.0, ge=0)
+
+
+class ApiToken(_Section):
+    token: str
+    role: Literal["viewer", "operator", "admin"] = "viewer"
+    name: str = ""
+
+
+class ApiSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8377, ge=0, le=65535)
+    tokens: list[ApiToken] = []
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GPUQ_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    store: StoreSettings = StoreSettings()
+    collector: CollectorSettings = CollectorSettings()
+    accounting: AccountingSettings = AccountingSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    api: ApiSettings = ApiSettings()
+    queues_file: str | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # environment beats the file (passed as init kwargs by load_settings)
+        return (env_settings, init_settings)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read config file: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(where, f"invalid YAML: {getattr(exc, 'problem', None) or exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), f"expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Read the YAML file (if any) and the environment; raise ConfigError naming the bad key."""
+    data: dict[str, Any] = _read_yaml(Path(path).expanduser()) if path else {}
+    data.update(overrides)
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        origin = f"{path}: " if path else ""
+        value = err.get("input")
+        shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
+        raise ConfigError(f"{origin}{key}", f"{err['msg']}{shown}") from exc
+    if settings.queues_file and path and not Path(settings.queues_file).is_absolute():
+        rel = (Path(path).expanduser().parent / settings.queues_file).resolve()
+        settings = settings.model_copy(update={"queues_file": str(rel)})
+    return settings

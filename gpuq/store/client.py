@@ -1,0 +1,161 @@
+"""A thin adapter over clickhouse-connect: one ``Store`` for chDB (embedded) and HTTP servers.
+
+``chdb://PATH`` opens the real ClickHouse engine in-process on a data directory
+(``chdb:///var/lib/gpuq`` is absolute, ``chdb://.gpuq/data`` relative to the working directory);
+``http(s)://user:pass@host:8123/db`` talks to a server. A ``?database=NAME`` query parameter
+(or the path of an HTTP DSN) picks the database; it defaults to ``gpuq``.
+
+chDB allows one data path per process at a time: close a store before opening another path.
+The engine is shared by every Store on the same path, and calls are serialised with a lock.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from gpuq.errors import ConfigError, StoreQueryError, StoreUnavailable
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LOCK = threading.RLock()
+
+
+@dataclass(frozen=True, slots=True)
+class Dsn:
+    kind: str            # "chdb" or "http"
+    target: str          # chdb: absolute data path; http: the DSN without the database query
+    database: str
+
+    @property
+    def display(self) -> str:
+        """The DSN without a password, for messages."""
+        return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", self.target)
+
+
+def parse_dsn(dsn: str, default_database: str = "gpuq") -> Dsn:
+    parts = urlsplit(dsn)
+    query = parse_qs(parts.query)
+    database = (query.get("database") or [""])[0]
+    if parts.scheme == "chdb":
+        raw = dsn[len("chdb://"):].split("?", 1)[0]
+        if not raw:
+            raise ConfigError("store.dsn", f"chdb DSN needs a data path, got {dsn!r}")
+        path = Path(raw).expanduser().resolve()
+        kind, target = "chdb", str(path)
+    elif parts.scheme in ("http", "https"):
+        kind = "http"
+        database = database or parts.path.strip("/")
+        target = dsn.split("?", 1)[0]
+    else:
+        raise ConfigError("store.dsn", f"unknown scheme {parts.scheme!r} in {dsn!r}: use chdb:// or http(s)://")
+    database = database or default_database
+    if not _IDENT.match(database):
+        raise ConfigError("store.dsn", f"invalid database name {database!r}")
+    return Dsn(kind=kind, target=target, database=database)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+
+    def dicts(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, r)) for r in self.rows]
+
+
+class Store:
+    """Query, insert and run DDL against one database. Thread-safe."""
+
+    def __init__(self, dsn: Dsn, client: Any) -> None:
+        self.dsn = dsn
+        self.database = dsn.database
+        self._client = client
+        self._closed = False
+
+    # -- errors --------------------------------------------------------------------------
+    def _wrap(self, exc: Exception, what: str) -> Exception:
+        from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
+
+        text = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, OperationalError) or not isinstance(exc, DatabaseError):
+            return StoreUnavailable(f"{self.dsn.display}: {what}: {text}")
+        return StoreQueryError(f"{self.dsn.display}: {what}: {text}")
+
+    def query(self, sql: str, parameters: Mapping[str, Any] | None = None,
+              settings: Mapping[str, Any] | None = None) -> Result:
+        try:
+            with _LOCK:
+                r = self._client.query(sql, parameters=dict(parameters or {}), settings=dict(settings or {}))
+            return Result(tuple(r.column_names), list(r.result_rows))
+        except Exception as exc:  # noqa: BLE001 - re-raised as a StoreError
+            raise self._wrap(exc, "query failed") from exc
+
+    def command(self, sql: str, parameters: Mapping[str, Any] | None = None,
+                settings: Mapping[str, Any] | None = None) -> Any:
+        try:
+            with _LOCK:
+                return self._client.command(sql, parameters=dict(parameters or {}), settings=dict(settings or {}))
+        except Exception as exc:  # noqa: BLE001
+            raise self._wrap(exc, "command failed") from exc
+
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str],
+               dedup_token: str | None = None) -> int:
+        """Insert rows; with ``dedup_token`` a repeated insert of the same batch is a no-op."""
+        if not rows:
+            return 0
+        settings: dict[str, Any] = {}
+        if dedup_token:
+            settings = {"insert_deduplicate": 1, "insert_deduplication_token": dedup_token}
+        try:
+            with _LOCK:
+                self._client.insert(f"{self.database}.{table}", rows, column_names=list(columns),
+                                    settings=settings)
+        except Exception as exc:  # noqa: BLE001
+            raise self._wrap(exc, f"insert into {table} failed") from exc
+        return len(rows)
+
+    def ping(self) -> bool:
+        try:
+            self.query("SELECT 1")
+            return True
+        except StoreUnavailable:
+            return False
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            with _LOCK:
+                try:
+                    self._client.close()
+                except Exception:  # noqa: BLE001 - closing a dead connection is fine
+                    pass
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(dsn: str | Dsn, default_database: str = "gpuq", connect_timeout_s: float = 5.0) -> Store:
+    """Open a store (no schema work). Raises StoreUnavailable if the target cannot be reached."""
+    import clickhouse_connect
+
+    d = dsn if isinstance(dsn, Dsn) else parse_dsn(dsn, default_database)
+    try:
+        with _LOCK:
+            if d.kind == "chdb":
+                Path(d.target).mkdir(parents=True, exist_ok=True)
+                client = clickhouse_connect.get_client(dsn=f"chdb://{d.target}")
+            else:
+                client = clickhouse_connect.get_client(
+                    dsn=d.target, database="default", connect_timeout=connect_timeout_s,
+                    send_receive_timeout=30, autogenerate_session_id=False)
+    except Exception as exc:  # noqa: BLE001
+        msg = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
+        raise StoreUnavailable(f"{d.display}: cannot open store: {msg}") from exc
+    return Store(d, client)

@@ -1,0 +1,40 @@
+"""Column order of every table that gpuq writes: writers pass tuples in this order.
+
+``tests/test_store.py`` checks these lists against the migrated database, so they cannot drift
+from the SQL in ``migrations/``.
+"""
+from __future__ import annotations
+
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "gpu_samples": (
+        "ts", "cluster", "node", "gpu_uuid", "gpu_index", "gpu_model", "mig_profile",
+        "mig_instance", "pod", "namespace", "container", "metric", "value", "source",
+    ),
+    "ray_resources": ("ts", "cluster", "node", "resource", "state", "value"),
+    "ray_nodes": (
+        "ts", "cluster", "node_id", "node_ip", "node_name", "is_head", "state",
+        "resources_total", "labels",
+    ),
+    "ray_jobs": (
+        "ts", "cluster", "job_id", "submission_id", "status", "entrypoint", "start_time",
+        "end_time", "metadata",
+    ),
+    "ray_placement_groups": (
+        "ts", "cluster", "placement_group_id", "name", "job_id", "state", "strategy", "bundles",
+        "gpus", "bundles_json",
+    ),
+    "pod_events": (
+        "ts", "cluster", "namespace", "pod", "uid", "event", "phase", "node", "gpus",
+        "gpu_resource", "gpu_model", "queue", "priority", "ray_cluster", "ray_node_type",
+        "resource_version",
+    ),
+    "node_events": (
+        "ts", "cluster", "node", "uid", "event", "ready", "unschedulable", "gpu_model",
+        "gpu_capacity", "gpu_allocatable", "mig_resources", "labels", "resource_version",
+    ),
+    "gpu_allocations": (
+        "cluster", "namespace", "pod", "uid", "queue", "node", "gpu_model", "gpu_resource", "gpus",
+        "priority", "ray_cluster", "start", "end", "version",
+    ),
+    "collector_state": ("ts", "cluster", "source", "key", "value"),
+}

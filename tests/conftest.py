@@ -1,0 +1,57 @@
+"""Shared fixtures.
+
+chDB opens one data path per process at a time, so the whole test session shares one path and
+each test that needs a store gets a database of its own on it (``store`` fixture).
+"""
+from __future__ import annotations
+
+import itertools
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+_counter = itertools.count()
+
+
+def shared_path(*parts: str) -> Path:
+    p = SHARED.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"{p} is not here: the tests read ../shared from the repository root")
+    return p
+
+
+@pytest.fixture(scope="session")
+def chdb_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("chdb")
+
+
+@pytest.fixture
+def store_dsn(chdb_path: Path) -> str:
+    return f"chdb://{chdb_path}?database=t{next(_counter)}"
+
+
+@pytest.fixture
+def store(store_dsn: str) -> Iterator["object"]:
+    from gpuq.store import open_store
+
+    s = open_store(store_dsn)
+    try:
+        yield s
+    finally:
+        s.command(f"DROP DATABASE IF EXISTS {s.database}")
+        s.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound then released)."""
+    return free_port()

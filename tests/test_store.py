@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from gpuq.errors import ConfigError, StoreQueryError, StoreUnavailable
+from gpuq.store import COLUMNS, connect, migrate, parse_dsn
+from gpuq.store.migrate import load_migrations
+
+from tests.conftest import closed_port
+
+NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)
+
+
+@pytest.mark.parametrize(
+    "dsn, kind, database",
+    [
+        ("chdb:///var/lib/gpuq", "chdb", "gpuq"),
+        ("chdb:///var/lib/gpuq?database=other", "chdb", "other"),
+        ("http://u:p@ch:8123/metrics", "http", "metrics"),
+        ("https://ch:8443", "https", "gpuq"),
+    ],
+    ids=["chdb-default-db", "chdb-db-param", "http-db-path", "https-default-db"],
+)
+def test_parse_dsn(dsn: str, kind: str, database: str) -> None:
+    d = parse_dsn(dsn)
+    assert d.kind == ("http" if kind.startswith("http") else kind)
+    assert d.database == database
+
+
+def test_dsn_hides_password() -> None:
+    assert "secret" not in parse_dsn("http://user:secret@ch:8123/db").display
+
+
+@pytest.mark.parametrize("dsn", ["postgres://x", "chdb://", "chdb:///x?database=bad-name"],
+                         ids=["scheme", "no-path", "bad-db"])
+def test_bad_dsn(dsn: str) -> None:
+    with pytest.raises(ConfigError, match="store.dsn"):
+        parse_dsn(dsn)
+
+
+def test_columns_match_migrated_tables(store) -> None:
+    for table, cols in COLUMNS.items():
+        got = tuple(r[0] for r in store.query(f"DESCRIBE TABLE {store.database}.{table}").rows)
+        assert got == cols, table
+
+
+def test_migrations_are_recorded_and_idempotent(store) -> None:
+    versions = [m.version for m in load_migrations()]
+    recorded = sorted(r[0] for r in store.query(f"SELECT version FROM {store.database}.schema_migrations FINAL").rows)
+    assert recorded == versions
+    assert migrate(store) == []            # nothing left to apply
+    recorded2 = store.query(f"SELECT count() FROM {store.database}.schema_migrations FINAL").rows[0][0]
+    assert recorded2 == len(versions)
+
+
+def test_ttl_follows_settings(store) -> None:
+    migrate(store, ttl_days=7)
+    full = store.query("SELECT engine_full FROM system.tables WHERE database={d:String} AND name='gpu_samples'",
+                       {"d": store.database}).rows[0][0]
+    assert "toIntervalDay(7)" in full
+
+
+def test_rollup_view_aggregates_samples(store) -> None:
+    rows = [(NOW + dt.timedelta(seconds=15 * i), "c", "n1", "GPU-1", 0, "H100", "", "", "p", "ns", "ctr",
+             "DCGM_FI_DEV_GPU_UTIL", float(v), "dcgm") for i, v in enumerate([10, 20, 30, 40])]
+    store.insert("gpu_samples", rows, COLUMNS["gpu_samples"])
+    got = store.query(f"SELECT minute, sum(value_sum)/sum(value_count), min(value_min), max(value_max) "
+                      f"FROM {store.database}.gpu_samples_1m GROUP BY minute").rows
+    assert got == [(NOW.replace(tzinfo=None), 25.0, 10.0, 40.0)]
+
+
+def test_insert_dedup_token_makes_retries_idempotent(store) -> None:
+    rows = [(NOW, "c", "n", "GPU", "USED", 2.0)]
+    for _ in range(3):
+        store.insert("ray_resources", rows, COLUMNS["ray_resources"], dedup_token="batch-1")
+    store.insert("ray_resources", rows, COLUMNS["ray_resources"], dedup_token="batch-2")
+    assert store.query(f"SELECT count() FROM {store.database}.ray_resources").rows[0][0] == 2
+
+
+def test_bad_sql_is_a_query_error_not_unavailable(store) -> None:
+    with pytest.raises(StoreQueryError, match="UNKNOWN_TABLE|Unknown table"):
+        store.query(f"SELECT * FROM {store.database}.nope")
+
+
+def test_unreachable_server_is_unavailable() -> None:
+    port = closed_port()
+    with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port}"):
+        connect(f"http://127.0.0.1:{port}/gpuq", connect_timeout_s=1)
