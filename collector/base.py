@@ -32,9 +32,14 @@ class ScrapeResult:
 
 
 class ScrapeTarget(Protocol):
-    source: str          # "ray", "ray-state", "dcgm", "nvml"
-    cluster: str
-    name: str            # what a human recognises: the URL, or "nvml@host"
+    @property
+    def source(self) -> str: ...     # "ray", "ray-state", "dcgm", "nvml"
+
+    @property
+    def cluster(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...       # what a human recognises: the URL, or "nvml@host"
 
     async def scrape(self, client: httpx.AsyncClient, now: dt.datetime) -> ScrapeResult:
         """One round. Raise a collector.errors.CollectorError for a failed target."""
@@ -48,9 +53,14 @@ class Discoverer(Protocol):
 
 
 class Watcher(Protocol):
-    source: str
-    cluster: str
-    name: str
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def cluster(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
 
     def run(self, emit: Emit, stop: threading.Event, once: bool = False) -> None:
         """Watch until ``stop`` is set (or, with ``once``, after one full list), emitting rows."""

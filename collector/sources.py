@@ -64,7 +64,9 @@ def build_sources(settings: Settings, state: StoreState) -> tuple[list[ScrapeTar
     if cs.dcgm:
         from collector.dcgm import DcgmDiscoverer
 
-        discoverers.extend(DcgmDiscoverer(t) for t in cs.dcgm)
+        discoverers.extend(
+            DcgmDiscoverer(t, next((k for k in cs.kubernetes if k.cluster == t.cluster), None))
+            for t in cs.dcgm)
     if cs.nvml.enabled:
         from collector.nvml import NvmlTarget
 

@@ -65,9 +65,14 @@ def _delegate(module: str, func: str) -> Callable[[argparse.Namespace, Settings]
 
 
 def _simulate(args: argparse.Namespace, settings: Settings) -> int:
+    rest = list(args.rest)
+    if "--compare" in rest:
+        from scheduler.compare import compare_main
+
+        return int(compare_main(rest, settings))
     from scheduler.cli import simulate_main
 
-    return int(simulate_main(list(args.rest)))
+    return int(simulate_main(rest))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module, func, text in (
         ("queues", "accounting.cli", "queues_main", "per queue and GPU type now"),
         ("usage", "accounting.cli", "usage_main", "GPU-seconds, idle and cost over a window"),
-        ("import-trace", "scheduler.cli", "import_trace_main", "turn a public trace into a scenario"),
+        ("import-trace", "scheduler.traces", "import_trace_main", "turn a public trace into a scenario"),
         ("serve", "scheduler.cli", "serve_main", "the API, collectors, accounting and scheduler"),
         ("workloads", "scheduler.cli", "workloads_main", "the scheduler's workloads"),
         ("explain", "scheduler.cli", "explain_main", "why a workload is pending"),

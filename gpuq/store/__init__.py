@@ -16,6 +16,7 @@ def open_store(dsn: str, *, default_database: str = "gpuq", ttl_days: int = 90,
         except Exception:
             store.close()
             raise
+        store.use_database()
     return store
 
 

@@ -118,6 +118,11 @@ class Store:
             raise self._wrap(exc, f"insert into {table} failed") from exc
         return len(rows)
 
+    def use_database(self) -> None:
+        """Make unqualified table names resolve in this store's database (it must exist)."""
+        with _LOCK:
+            self._client.database = self.database
+
     def ping(self) -> bool:
         try:
             self.query("SELECT 1")

@@ -64,7 +64,7 @@ CREATE TABLE IF NOT EXISTS {db}.ray_jobs (
     metadata       Map(String, String)
 ) ENGINE = ReplacingMergeTree(ts)
 PARTITION BY toYYYYMM(ts)
-ORDER BY (cluster, job_id, submission_id)
+ORDER BY (cluster, if(submission_id = '', job_id, submission_id))
 TTL toDateTime(ts) + INTERVAL {ttl_days} DAY;
 
 CREATE TABLE IF NOT EXISTS {db}.ray_placement_groups (

@@ -1,0 +1,31 @@
+-- Accounting rollups (owned by the accounting package). Placeholders: {db}, {ttl_days}.
+-- gpu_activity_1h: per hour, GPU and pod, the DCGM activity the idle detection needs, so a month
+-- of idle GPU-hours reads ~720 rows per GPU instead of every sample.
+--   prof_max / util_max: highest DCGM_FI_PROF_GR_ENGINE_ACTIVE (times 100) / DCGM_FI_DEV_GPU_UTIL;
+--   prof_minutes / util_minutes: bit m is set when minute m of the hour had such a sample.
+CREATE TABLE IF NOT EXISTS {db}.gpu_activity_1h (
+    hour          DateTime('UTC'),
+    cluster       LowCardinality(String),
+    node          LowCardinality(String),
+    gpu_uuid      LowCardinality(String),
+    mig_instance  LowCardinality(String),
+    namespace     LowCardinality(String),
+    pod           String,
+    prof_max      SimpleAggregateFunction(max, Float64),
+    util_max      SimpleAggregateFunction(max, Float64),
+    prof_minutes  SimpleAggregateFunction(groupBitOr, UInt64),
+    util_minutes  SimpleAggregateFunction(groupBitOr, UInt64)
+) ENGINE = AggregatingMergeTree
+PARTITION BY toYYYYMM(hour)
+ORDER BY (cluster, hour, namespace, pod, node, gpu_uuid, mig_instance)
+TTL hour + INTERVAL {ttl_days} DAY;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.gpu_activity_1h_mv TO {db}.gpu_activity_1h AS
+SELECT toStartOfHour(ts) AS hour, cluster, node, gpu_uuid, mig_instance, namespace, pod,
+       maxIf(value * 100, metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_max,
+       maxIf(value, metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_max,
+       groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_minutes,
+       groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_minutes
+FROM {db}.gpu_samples
+WHERE metric IN ('DCGM_FI_PROF_GR_ENGINE_ACTIVE', 'DCGM_FI_DEV_GPU_UTIL') AND pod != ''
+GROUP BY hour, cluster, node, gpu_uuid, mig_instance, namespace, pod;

@@ -1,0 +1,161 @@
+"""Fixtures of the collector tests: a local HTTP server that replays recorded answers, and one
+real Ray head for the whole session. Import the fixture functions you use into the test module
+(``http_server_fixture``, ``ray_head_fixture``); the tests ask for them as ``http_server``, ``ray_head``.
+
+The Ray head is started with ``ray start --head --block`` in a session of its own, on free ports
+and its own temp dir, and is stopped by signalling that process group: ``ray stop`` would stop
+every Ray on the machine, other people's included.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+
+# -- a local HTTP server with canned answers ----------------------------------------------------
+
+@dataclass
+class Canned:
+    """Answers by path (query string included, else the bare path): (status, content type, body)."""
+
+    routes: dict[str, tuple[int, str, bytes]] = field(default_factory=dict)
+    requests: list[str] = field(default_factory=list)
+    base: str = ""
+
+    def set(self, path: str, body: str | bytes, *, status: int = 200,
+            content_type: str = "text/plain; version=0.0.4") -> str:
+        self.routes[path] = (status, content_type, body.encode() if isinstance(body, str) else body)
+        return self.base + path
+
+
+@pytest.fixture(name="http_server")
+def http_server_fixture() -> Iterator[Canned]:
+    canned = Canned()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            canned.requests.append(self.path)
+            hit = canned.routes.get(self.path) or canned.routes.get(self.path.split("?", 1)[0])
+            status, ctype, body = hit or (404, "text/plain", b"404: Not Found")
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    canned.base = f"http://127.0.0.1:{server.server_address[1]}"
+    th = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    th.start()
+    try:
+        yield canned
+    finally:
+        server.shutdown()
+        server.server_close()
+        th.join(timeout=5)
+
+
+# -- one real Ray head --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RayHead:
+    address: str          # GCS address for ray.init
+    dashboard_url: str
+    metrics_url: str
+    metrics_port: int
+    node_ip: str
+
+
+def _wait_alive(dashboard_url: str, proc: subprocess.Popen[bytes], log: Path, deadline_s: float) -> str:
+    """Wait for the head to be ALIVE in the State API; return its node IP."""
+    end = time.monotonic() + deadline_s
+    last = ""
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            r = httpx.get(f"{dashboard_url}/api/v0/nodes?limit=10", timeout=2)
+            alive = [n for n in r.json()["data"]["result"]["result"] if n["state"] == "ALIVE"] \
+                if r.status_code == 200 else []
+            if alive:
+                return str(alive[0]["node_ip"])
+            last = f"HTTP {r.status_code}"
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(0.5)
+    raise RuntimeError(f"Ray dashboard not up after {deadline_s}s ({last}):\n{log.read_text()[-3000:]}")
+
+
+def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
+    """SIGTERM the process group we started, SIGKILL what is left after ``grace_s`` (gcs_server
+    ignores TERM). Workers run in groups of their own and exit with their raylet."""
+    pgid = proc.pid                       # start_new_session=True: the group is ours
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                break
+            proc.poll()
+            time.sleep(0.1)
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session", name="ray_head")
+def ray_head_fixture() -> Iterator[RayHead]:
+    pytest.importorskip("ray")
+    ray_cli = Path(sys.executable).with_name("ray")
+    if not ray_cli.exists():
+        pytest.skip(f"no ray command next to {sys.executable}")
+    tmp = Path(tempfile.mkdtemp(prefix="gpuq-ray-", dir="/tmp"))   # short: Ray's socket paths
+    ports: list[int] = []
+    while len(ports) < 5:
+        if (p := free_port()) not in ports:
+            ports.append(p)
+    gcs, dash, metrics, agent, client_port = ports
+    cmd = [
+        str(ray_cli), "start", "--head", "--block", "--disable-usage-stats",
+        f"--port={gcs}", "--num-cpus=2", "--num-gpus=4",
+        '--resources={"accelerator_type:H100": 4}', f"--metrics-export-port={metrics}",
+        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+        f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client_port}",
+        f"--temp-dir={tmp}",
+    ]
+    log = tmp / "ray-start.log"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    dashboard_url = f"http://127.0.0.1:{dash}"
+    try:
+        ip = _wait_alive(dashboard_url, proc, log, deadline_s=90)    # the address Ray picked
+        yield RayHead(f"{ip}:{gcs}", dashboard_url, f"http://{ip}:{metrics}/metrics", metrics, ip)
+    finally:
+        try:
+            import ray
+
+            ray.shutdown()
+        finally:
+            _stop_group(proc)
+            shutil.rmtree(tmp, ignore_errors=True)
