@@ -39,7 +39,7 @@ import httpx
 
 from collector.base import ScrapeResult, ScrapeTarget
 from collector.errors import ConfigurationError, ScrapeError
-from collector.http import fetch, sample_time, status_error, utc
+from collector.http import fetch, sample_time, utc
 from collector.prometheus import Sample, parse
 from gpuq.settings import DcgmTarget as DcgmSettings
 from gpuq.settings import KubernetesTarget
