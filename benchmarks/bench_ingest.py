@@ -71,11 +71,10 @@ def rss_mib() -> float:
 
 
 def run_round(runner, stop) -> tuple[float, int]:  # noqa: ANN001
-    import httpx
+    from collector.http import HttpClient
 
     async def go() -> int:
-        limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
-        async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        async with HttpClient(timeout_s=60, max_connections=128) as client:
             rep = await runner.run_round(client, stop)
             if rep.failed:
                 raise SystemExit(f"{len(rep.failed)} targets failed, e.g. {next(iter(rep.failed.items()))}")
@@ -105,6 +104,9 @@ def main() -> int:
     server.start()
     port = q.get(timeout=60)
 
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.parser import text_string_to_metric_families
+
     import collector.ray as ray_mod
     from collector.health import CollectorMetrics
     from collector.prometheus import Page, Sample
@@ -112,8 +114,6 @@ def main() -> int:
     from collector.runner import CollectorRunner, spans_tracer
     from gpuq.store import open_store
     from gpuq.store.writer import BatchWriter
-    from prometheus_client import CollectorRegistry
-    from prometheus_client.parser import text_string_to_metric_families
 
     tmp = tempfile.mkdtemp(prefix="gpuq-bench-ingest-")
     store = open_store(f"chdb://{tmp}/data")

@@ -12,9 +12,11 @@ import datetime as dt
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
+if TYPE_CHECKING:
+    from collector.http import HttpClient
+
 
 Rows = dict[str, list[tuple[Any, ...]]]
 Emit = Callable[[str, Sequence[tuple[Any, ...]]], None]
@@ -41,7 +43,7 @@ class ScrapeTarget(Protocol):
     @property
     def name(self) -> str: ...       # what a human recognises: the URL, or "nvml@host"
 
-    async def scrape(self, client: httpx.AsyncClient, now: dt.datetime) -> ScrapeResult:
+    async def scrape(self, client: HttpClient, now: dt.datetime) -> ScrapeResult:
         """One round. Raise a collector.errors.CollectorError for a failed target."""
         ...
 
@@ -49,7 +51,7 @@ class ScrapeTarget(Protocol):
 class Discoverer(Protocol):
     """Produces the current list of scrape targets (e.g. Ray nodes found through the State API)."""
 
-    async def targets(self, client: httpx.AsyncClient) -> list[ScrapeTarget]: ...
+    async def targets(self, client: HttpClient) -> list[ScrapeTarget]: ...
 
 
 class Watcher(Protocol):

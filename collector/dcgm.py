@@ -35,11 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from collector.base import ScrapeResult, ScrapeTarget
 from collector.errors import ConfigurationError, ScrapeError
-from collector.http import fetch, sample_time, utc
+from collector.http import HttpClient, fetch, sample_time, utc
 from collector.prometheus import Sample, parse
 from gpuq.settings import DcgmTarget as DcgmSettings
 from gpuq.settings import KubernetesTarget
@@ -118,7 +116,7 @@ class DcgmTarget:
     def name(self) -> str:
         return self.url
 
-    async def scrape(self, client: httpx.AsyncClient, now: dt.datetime) -> ScrapeResult:
+    async def scrape(self, client: HttpClient, now: dt.datetime) -> ScrapeResult:
         resp = await fetch(client, self.url)
         page = parse(resp.text, keep=keep_metric, source=self.url)
         mapped = gpu_sample_rows(page, cluster=self.cluster,
@@ -151,7 +149,7 @@ class DcgmDiscoverer:
         self.kubernetes = kubernetes
         self.name = f"dcgm:{settings.cluster}"
 
-    async def targets(self, client: httpx.AsyncClient) -> list[ScrapeTarget]:
+    async def targets(self, client: HttpClient) -> list[ScrapeTarget]:
         s = self.settings
         found: list[ScrapeTarget] = [DcgmTarget(s.cluster, u) for u in s.urls]
         if s.discover_kubernetes:

@@ -9,7 +9,7 @@ global one, so tests and several collectors in one process do not collide):
 * ``parse_errors_total{source,cluster,target}``       malformed lines skipped
 * ``rows_written_total{table}`` / ``rows_spilled_total{table}`` / ``rows_replayed_total{table}``
 * ``rows_buffered{table}`` and ``spill_files``           what the writer holds now
-* ``store_write_errors_total``
+* ``store_write_errors_total``, ``watch_errors_total{kind}``
 """
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ class CollectorMetrics:
                              registry=registry)
         self.parse_errors = Counter("gpuq_collector_parse_errors", "Malformed lines skipped", labels,
                                     registry=registry)
-        self.watch_restarts = Counter("gpuq_collector_watch_restarts", "Watch streams restarted",
-                                      ["source", "cluster", "target"], registry=registry)
+        self.watch_errors = Counter("gpuq_collector_watch_errors", "Errors reported by watchers "
+                                    "(dropped streams, 410 Gone, unreadable objects)", ["kind"],
+                                    registry=registry)
         if writer is not None:
             registry.register(_WriterCollector(writer))

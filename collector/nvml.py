@@ -33,11 +33,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from collector.base import ScrapeResult
-from collector.http import utc
 from collector.errors import CollectorError
+from collector.http import HttpClient, utc
 
 __all__ = ["METRICS", "GpuReading", "NvmlTarget", "read_gpus", "reading_rows"]
 
@@ -199,7 +197,7 @@ class NvmlTarget:
     def name(self) -> str:
         return f"nvml@{self.node}"
 
-    async def scrape(self, client: httpx.AsyncClient, now: dt.datetime) -> ScrapeResult:
+    async def scrape(self, client: HttpClient, now: dt.datetime) -> ScrapeResult:
         readings, errors = await asyncio.to_thread(_collect, self.node)
         result = ScrapeResult(samples=len(readings), errors=list(errors))
         result.add("gpu_samples", reading_rows(readings, cluster=self.cluster, node=self.node, now=now))

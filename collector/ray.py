@@ -36,11 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from collector.base import ScrapeResult, ScrapeTarget
-from collector.http import fetch, sample_time, status_error, utc
 from collector.errors import CollectorError, ConfigurationError, ScrapeError
+from collector.http import HttpClient, fetch, sample_time, status_error, utc
 from collector.prometheus import Sample, parse
 from gpuq.settings import RayTarget
 
@@ -101,7 +99,7 @@ class RayNodeMetricsTarget:
     def name(self) -> str:
         return self.url
 
-    async def scrape(self, client: httpx.AsyncClient, now: dt.datetime) -> ScrapeResult:
+    async def scrape(self, client: HttpClient, now: dt.datetime) -> ScrapeResult:
         resp = await fetch(client, self.url)
         page = parse(resp.text, keep=keep_metric, source=self.url)
         rows = page_rows(page, cluster=self.cluster, now=now,
@@ -181,7 +179,7 @@ def placement_group_rows(pgs: Iterable[Mapping[str, Any]], *, cluster: str,
 
 # -- State API (I/O) --------------------------------------------------------------------------
 
-async def get_json(client: httpx.AsyncClient, url: str) -> Any:
+async def get_json(client: HttpClient, url: str) -> Any:
     """GET and decode JSON. An HTTP error answered with Ray's envelope is reported with Ray's
     ``msg``; one without, with the start of the body."""
     resp = await fetch(client, url, accept=JSON_ACCEPT, check_status=False)
@@ -197,11 +195,11 @@ async def get_json(client: httpx.AsyncClient, url: str) -> Any:
     return payload
 
 
-async def list_state(client: httpx.AsyncClient, url: str) -> Entries:
+async def list_state(client: HttpClient, url: str) -> Entries:
     return state_api_items(await get_json(client, url), url)
 
 
-async def list_jobs(client: httpx.AsyncClient, url: str) -> Entries:
+async def list_jobs(client: HttpClient, url: str) -> Entries:
     payload = await get_json(client, url)
     if not isinstance(payload, list) or not all(isinstance(j, dict) for j in payload):
         raise ScrapeError(f"{url}: unexpected Jobs API answer (expected a JSON list of jobs)",
@@ -233,7 +231,7 @@ class RayStateTarget:
             "ray_jobs": f"{base}/api/jobs/",
         }
 
-    async def scrape(self, client: httpx.AsyncClient, now: dt.datetime) -> ScrapeResult:
+    async def scrape(self, client: HttpClient, now: dt.datetime) -> ScrapeResult:
         urls = self.urls()
         got = await asyncio.gather(list_state(client, urls["ray_nodes"]),
                                    list_state(client, urls["ray_placement_groups"]),
@@ -298,7 +296,7 @@ class RayDiscoverer:
         self._ports: dict[str, int] = {}          # node_id -> metrics export port
         self._last: list[RayNodeMetricsTarget] = []
 
-    async def targets(self, client: httpx.AsyncClient) -> list[ScrapeTarget]:
+    async def targets(self, client: HttpClient) -> list[ScrapeTarget]:
         s = self.settings
         state = RayStateTarget(s.cluster, s.dashboard_url) if s.dashboard_url else None
         found: list[ScrapeTarget] = [] if state is None else [state]
@@ -316,7 +314,7 @@ class RayDiscoverer:
         found.extend(self._last)
         return found
 
-    async def _discover(self, client: httpx.AsyncClient,
+    async def _discover(self, client: HttpClient,
                         state: RayStateTarget) -> list[RayNodeMetricsTarget]:
         nodes, _ = await list_state(client, state.urls()["ray_nodes"])
         alive = [n for n in nodes if n.get("state") == "ALIVE" and n.get("node_ip")]

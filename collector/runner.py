@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 from collector.base import Discoverer, ScrapeResult, ScrapeTarget, Watcher
 from collector.errors import CollectorError
 from collector.health import CollectorMetrics
+from collector.http import HttpClient
 from gpuq.store.writer import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class CollectorRunner:
         interval_s: float = 15.0,
         timeout_s: float = 5.0,
         jitter_s: float = 1.0,
+        max_connections: int = 256,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
         rng: random.Random | None = None,
     ) -> None:
@@ -66,12 +67,13 @@ class CollectorRunner:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.jitter_s = jitter_s
+        self.max_connections = max_connections
         self.clock = clock
         self.rng = rng or random.Random()
         self._threads: list[threading.Thread] = []
 
     # -- scrape targets ------------------------------------------------------------------
-    async def _current_targets(self, client: httpx.AsyncClient, report: RoundReport) -> list[ScrapeTarget]:
+    async def _current_targets(self, client: HttpClient, report: RoundReport) -> list[ScrapeTarget]:
         found: list[ScrapeTarget] = list(self.targets)
         for disc in self.discoverers:
             name = getattr(disc, "name", type(disc).__name__)
@@ -89,7 +91,7 @@ class CollectorRunner:
                 unique.append(t)
         return unique
 
-    async def _scrape_one(self, target: ScrapeTarget, client: httpx.AsyncClient, report: RoundReport,
+    async def _scrape_one(self, target: ScrapeTarget, client: HttpClient, report: RoundReport,
                           stop: threading.Event) -> None:
         if self.jitter_s:
             await asyncio.sleep(self.rng.uniform(0, self.jitter_s))
@@ -132,7 +134,7 @@ class CollectorRunner:
                                         ("timeout" if outcome == "timeout" else "error")).inc()
             report.outcomes[target.name] = outcome
 
-    async def run_round(self, client: httpx.AsyncClient, stop: threading.Event | None = None) -> RoundReport:
+    async def run_round(self, client: HttpClient, stop: threading.Event | None = None) -> RoundReport:
         stop = stop or threading.Event()
         report = RoundReport()
         targets = await self._current_targets(client, report)
@@ -141,8 +143,7 @@ class CollectorRunner:
 
     async def _loop(self, stop: threading.Event, once: bool) -> list[RoundReport]:
         reports = []
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
+        async with HttpClient(timeout_s=self.timeout_s, max_connections=self.max_connections) as client:
             while not stop.is_set():
                 started = time.monotonic()
                 reports.append(await self.run_round(client, stop))
@@ -186,10 +187,6 @@ class CollectorRunner:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, CollectorError):
         return str(exc)
-    if isinstance(exc, httpx.HTTPError):
-        req = getattr(exc, "_request", None)
-        where = f" ({req.url})" if req is not None else ""
-        return f"{type(exc).__name__}{where}: {exc}"
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -64,7 +64,12 @@ def run_collect(settings: Settings, once: bool = False, stop: threading.Event | 
     metrics = CollectorMetrics(registry, writer)
     tracer, _ = spans_tracer(cs.otel_exporter)
     state = StoreState(lambda: writer.store)
-    targets, discoverers, watchers = build_sources(settings, state)
+
+    def on_watch_error(exc: Exception) -> None:
+        log.warning("%s", exc)
+        metrics.watch_errors.labels(type(exc).__name__).inc()
+
+    targets, discoverers, watchers = build_sources(settings, state, on_watch_error)
     if not (targets or discoverers or watchers):
         log.warning("no sources configured: add collector.ray, collector.dcgm, collector.kubernetes "
                     "or collector.nvml to the config")

@@ -25,34 +25,33 @@ class StoreState:
         self._store = store
 
     def load_state(self, cluster: str, source: str, key: str) -> str | None:
+        from collector.kubernetes import state_loader
+
         store = self._store()
         if store is None:
             return None
         try:
-            rows = store.query(
-                f"SELECT argMax(value, ts) FROM {store.database}.collector_state "
-                "WHERE cluster = {c:String} AND source = {s:String} AND key = {k:String} HAVING count() > 0",
-                {"c": cluster, "s": source, "k": key}).rows
+            return state_loader(store)(cluster, source, key)
         except StoreError as exc:
             log.warning("cannot read collector state: %s", exc)
             return None
-        return str(rows[0][0]) if rows else None
 
-    def open_allocations(self, cluster: str) -> set[str]:
+    def open_allocations(self, cluster: str) -> list[Any]:
+        from collector.kubernetes import open_allocations_loader
+
         store = self._store()
         if store is None:
-            return set()
+            return []
         try:
-            rows = store.query(
-                f"SELECT uid FROM {store.database}.gpu_allocations FINAL "
-                "WHERE cluster = {c:String} AND end IS NULL", {"c": cluster}).rows
+            return list(open_allocations_loader(store)(cluster))
         except StoreError as exc:
             log.warning("cannot read open allocations: %s", exc)
-            return set()
-        return {str(r[0]) for r in rows}
+            return []
 
 
-def build_sources(settings: Settings, state: StoreState) -> tuple[list[ScrapeTarget], list[Discoverer], list[Watcher]]:
+def build_sources(settings: Settings, state: StoreState,
+                  on_error: Callable[[Exception], None] | None = None,
+                  ) -> tuple[list[ScrapeTarget], list[Discoverer], list[Watcher]]:
     cs = settings.collector
     targets: list[ScrapeTarget] = []
     discoverers: list[Discoverer] = []
@@ -74,18 +73,20 @@ def build_sources(settings: Settings, state: StoreState) -> tuple[list[ScrapeTar
     if cs.kubernetes:
         from collector.kubernetes import KubernetesWatcher
 
-        mapping = _queue_mapping(settings)
+        queues = _queue_mapping(settings)
         for t in cs.kubernetes:
-            watchers.append(KubernetesWatcher(t, load_state=state.load_state,
-                                              open_allocations=state.open_allocations, **mapping))
+            watchers.append(KubernetesWatcher(t, queues=queues, load_state=state.load_state,
+                                              open_allocations=state.open_allocations, on_error=on_error))
     return targets, discoverers, watchers
 
 
-def _queue_mapping(settings: Settings) -> dict[str, Any]:
-    """Pod-to-queue mapping from the queue file, as plain values (the collector never imports
-    accounting: the file is read here as YAML)."""
+def _queue_mapping(settings: Settings) -> Any:
+    """Pod-to-queue mapping from the queue file's ``mapping:`` section as plain values (the
+    collector never imports accounting: the file is read here as YAML). Defaults otherwise."""
+    from collector.k8s_extract import QueueKeys
+
     if not settings.queues_file:
-        return {}
+        return QueueKeys()
     import yaml
 
     try:
@@ -93,15 +94,12 @@ def _queue_mapping(settings: Settings) -> dict[str, Any]:
             data = yaml.safe_load(fh) or {}
     except (OSError, yaml.YAMLError) as exc:
         log.warning("queue mapping not read from %s: %s", settings.queues_file, exc)
-        return {}
+        return QueueKeys()
     m = data.get("mapping") or {}
-    out: dict[str, Any] = {}
-    if "labels" in m:
-        out["queue_labels"] = tuple(m["labels"])
-    if "annotations" in m:
-        out["queue_annotations"] = tuple(m["annotations"])
-    if "namespaces" in m:
-        out["queue_namespaces"] = dict(m["namespaces"])
-    if "default" in m:
-        out["queue_default"] = m["default"]
-    return out
+    base = QueueKeys()
+    return QueueKeys(
+        labels=tuple(m.get("labels", base.labels)),
+        annotations=tuple(m.get("annotations", base.annotations)),
+        namespaces=dict(m.get("namespaces") or {}),
+        default=m.get("default"),
+    )

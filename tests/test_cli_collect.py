@@ -132,3 +132,29 @@ def test_collect_once_against_real_ray(tmp_path: Path, ray_head: RayHead) -> Non
     assert got["AVAILABLE"] + got["USED"] == 4.0      # the head has 4 logical GPUs
     nodes = query_json(cfg, "SELECT node_ip, is_head FROM ray_nodes FINAL")
     assert nodes and nodes[0]["is_head"] == 1
+
+
+def test_collect_once_kubernetes_with_queue_mapping(tmp_path: Path) -> None:
+    """The Kubernetes watcher as `gpuq collect` wires it: kubeconfig, queue mapping from the
+    queue file, rows in pod_events / node_events / gpu_allocations."""
+    from tests.k8s_replay import ReplayServer
+
+    queues = tmp_path / "queues.yaml"
+    queues.write_text("mapping:\n  namespaces: {team-speech: speech}\n  default: unassigned\n"
+                      "queues:\n  speech: {}\n  unassigned: {}\n")
+    with ReplayServer.recorded() as api:
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        cfg = write_config(tmp_path, f"queues_file: {queues}\ncollector:\n  kubernetes:\n"
+                                     f"    - cluster: prod\n      kubeconfig: {kubeconfig}\n")
+        r = gpuq("collect", "--once", "--config", str(cfg))
+    assert r.returncode == 0, r.stderr
+    pods = query_json(cfg, "SELECT namespace, pod, queue, gpus FROM pod_events FINAL WHERE gpus > 0")
+    queue_of = {p["pod"]: p["queue"] for p in pods}
+    assert queue_of["asr-train-0"] == "speech"                 # namespace mapping from the queue file
+    assert queue_of["train-resnet-0"] == "vision"              # Kueue label
+    assert queue_of["notebook-alice-0"] == "root.nlp.interactive"   # YuniKorn annotation
+    allocs = query_json(cfg, "SELECT count() AS n FROM gpu_allocations FINAL")[0]["n"]
+    nodes = query_json(cfg, "SELECT count() AS n FROM node_events FINAL")[0]["n"]
+    assert allocs > 0 and nodes > 0
+    state = query_json(cfg, "SELECT key FROM collector_state FINAL WHERE source = 'kubernetes' ORDER BY key")
+    assert {s["key"] for s in state} >= {"nodes", "pods"}

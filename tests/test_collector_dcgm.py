@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-import httpx
 import pytest
 
 from collector.base import ScrapeResult
 from collector.dcgm import DcgmDiscoverer, DcgmTarget, gpu_sample_rows, targets_from_pods
 from collector.errors import ConfigurationError, ParseError, ScrapeError
+from collector.http import HttpClient
 from collector.prometheus import parse
 from gpuq.settings import DcgmTarget as DcgmSettings
 from gpuq.settings import KubernetesTarget
@@ -34,7 +34,7 @@ def page() -> str:
 
 def scrape(url: str, node: str = "") -> ScrapeResult:
     async def go() -> ScrapeResult:
-        async with httpx.AsyncClient(timeout=5) as client:
+        async with HttpClient(timeout_s=5) as client:
             return await DcgmTarget("prod", url, node=node).scrape(client, NOW)
     return asyncio.run(go())
 
@@ -190,7 +190,7 @@ def test_rows_insert_into_store(store: Any, http_server: Canned, page: str) -> N
 
 def discover(disc: DcgmDiscoverer) -> list[Any]:
     async def go() -> list[Any]:
-        async with httpx.AsyncClient() as client:
+        async with HttpClient() as client:
             return await disc.targets(client)
     return asyncio.run(go())
 

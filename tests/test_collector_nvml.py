@@ -7,11 +7,11 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 
 from collector.base import ScrapeResult
 from collector.errors import CollectorError
+from collector.http import HttpClient
 from collector.nvml import METRICS, GpuReading, NvmlTarget, read_gpus, reading_rows
 from gpuq.store import COLUMNS
 
@@ -21,7 +21,7 @@ MIB = 1 << 20
 
 def scrape(target: NvmlTarget) -> ScrapeResult:
     async def go() -> ScrapeResult:
-        async with httpx.AsyncClient() as client:
+        async with HttpClient() as client:
             return await target.scrape(client, NOW)
     return asyncio.run(go())
 

@@ -15,6 +15,7 @@ import pytest
 
 from collector.base import ScrapeResult
 from collector.errors import ConfigurationError, ScrapeError
+from collector.http import HttpClient
 from collector.prometheus import parse
 from collector.ray import (
     STATE_LIMIT,
@@ -71,13 +72,13 @@ def run(coro: Any) -> Any:
 
 
 async def scrape(target: Any) -> ScrapeResult:
-    async with httpx.AsyncClient(timeout=5) as client:
+    async with HttpClient(timeout_s=5) as client:
         result: ScrapeResult = await target.scrape(client, NOW)
         return result
 
 
 async def discover(disc: RayDiscoverer) -> list[Any]:
-    async with httpx.AsyncClient(timeout=5) as client:
+    async with HttpClient(timeout_s=5) as client:
         return await disc.targets(client)
 
 

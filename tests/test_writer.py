@@ -10,7 +10,6 @@ from pathlib import Path
 
 from gpuq.store import COLUMNS
 from gpuq.store.writer import BatchWriter
-
 from tests.conftest import REPO, closed_port
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)
@@ -38,8 +37,8 @@ def test_large_buffer_is_split_into_batches(store, tmp_path: Path) -> None:
     w.write("ray_resources", rr(20))
     w.flush()
     assert count(store) == 20
-    parts = store.query(f"SELECT count() FROM system.parts WHERE database={{d:String}} "
-                        f"AND table='ray_resources' AND active", {"d": store.database}).rows[0][0]
+    parts = store.query("SELECT count() FROM system.parts WHERE database={d:String} "
+                        "AND table='ray_resources' AND active", {"d": store.database}).rows[0][0]
     assert parts >= 3          # 7 + 7 + 6 rows, one insert each (merges may fold some)
 
 
@@ -132,3 +131,15 @@ def test_unknown_table_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreQueryError, match="unknown table"):
         BatchWriter(None, tmp_path).write("nope", [(1,)])
     assert "ray_resources" in COLUMNS
+
+
+def test_resume_points_are_flushed_after_the_rows_they_cover(store, tmp_path: Path) -> None:
+    """A watcher emits its resourceVersion (collector_state) after its rows; the writer must not
+    store the resume point first, or a crash between the two inserts would skip those rows."""
+    w = BatchWriter(store, tmp_path / "spill")
+    w.write("collector_state", [(NOW, "c", "kubernetes", "pods", "41")])     # first into the buffer
+    w.write("ray_resources", rr(3))
+    w.flush()
+    # rows_written records tables in the order their inserts succeeded
+    assert list(w.stats.rows_written.items()) == [("ray_resources", 3), ("collector_state", 1)]
+    assert count(store, "collector_state") == 1

@@ -33,6 +33,7 @@ from gpuq.store.schema import COLUMNS
 log = logging.getLogger(__name__)
 
 Row = Sequence[Any]
+LAST_TABLES = ("collector_state",)
 
 
 @dataclass(slots=True)
@@ -126,8 +127,11 @@ class BatchWriter:
 
     # -- flushing --------------------------------------------------------------------------
     def _take(self) -> dict[str, list[Row]]:
+        """Everything buffered, with ``collector_state`` last: a resume point must never be
+        stored ahead of the rows it covers (a crash between tables would then skip them)."""
         with self._lock:
-            taken = {t: r for t, r in self._buf.items() if r}
+            taken = {t: r for t, r in self._buf.items() if r and t not in LAST_TABLES}
+            taken.update({t: self._buf[t] for t in LAST_TABLES if self._buf.get(t)})
             self._buf = {}
         return taken
 

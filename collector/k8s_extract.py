@@ -1,0 +1,321 @@
+"""Pure extraction from Kubernetes Pod and Node objects (the API's JSON, as dicts).
+
+No I/O, no clock: every function here takes the raw object (``metadata``/``spec``/``status``
+exactly as the API server sends them) and returns frozen values.
+
+GPU count of a pod
+    Kubernetes' *effective request* rule, per GPU resource (``nvidia.com/gpu`` and every MIG
+    resource ``nvidia.com/mig-<profile>``): ``max(sum(app containers) + sum(sidecars),
+    max over init containers i of (init_i + sidecars started before i))``, where a sidecar is an
+    init container with ``restartPolicy: Always``. A container's amount is its request, or its
+    limit when no request is given (for extended resources the two must be equal). ``gpus`` is
+    the sum over the GPU resources (a MIG slice counts as one); ``gpu_resource`` names the
+    resource, or the sorted resources joined by ``,`` when a pod asks for several.
+
+GPU model of a node
+    The ``nvidia.com/gpu.product`` label as gpu-feature-discovery publishes it. With the MIG
+    *single* strategy GFD already appends ``-MIG-<profile>`` (``NVIDIA-A100-SXM4-40GB-MIG-1g.5gb``)
+    and with time-slicing ``-SHARED``; the value is kept as published (it is what
+    ``GpuType.node_labels`` lists). :func:`base_gpu_model` strips the suffixes.
+
+GPU model of a pod
+    Its node's model. A pod holding MIG slices of the *mixed* strategy (``nvidia.com/mig-1g.10gb``)
+    gets ``<node model>-MIG-1g.10gb``: the same name the single strategy would publish, so a MIG
+    slice reads the same whichever strategy the node runs. A pod without GPUs has no model.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+RAY_GROUP_LABEL = "ray.io/group"
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_MIG_SUFFIX = re.compile(r"-MIG-(\d+g\.\d+gb(?:\+me)?)$")
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+))?([a-zA-Z]*)$")
+_SUFFIX = {
+    "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
+}
+
+
+class QueueLookup(Protocol):
+    """How a pod finds its queue. ``accounting.queues.QueueMapping`` has this shape; the collector
+    does not import accounting, so the runner passes that object (or a :class:`QueueKeys`)."""
+
+    @property
+    def labels(self) -> tuple[str, ...]: ...
+    @property
+    def annotations(self) -> tuple[str, ...]: ...
+    @property
+    def namespaces(self) -> Mapping[str, str]: ...
+    @property
+    def default(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """The default queue lookup (the same defaults as ``accounting.queues.QueueMapping``)."""
+
+    labels: tuple[str, ...] = ("kueue.x-k8s.io/queue-name", "queue", "yunikorn.apache.org/queue")
+    annotations: tuple[str, ...] = ("yunikorn.apache.org/queue",)
+    namespaces: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    default: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    gpus: float = 0.0
+    resource: str = ""                    # "" when the pod holds no GPU
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    phase: str
+    node: str                             # spec.nodeName, "" while unscheduled
+    gpus: float
+    gpu_resource: str
+    queue: str
+    priority: int
+    ray_cluster: str
+    ray_node_type: str
+    ray_group: str
+    created_at: dt.datetime | None
+    scheduled_at: dt.datetime | None      # PodScheduled=True lastTransitionTime
+    started_at: dt.datetime | None        # status.startTime
+    finished_at: dt.datetime | None       # last finishedAt once every container terminated
+    deleted_at: dt.datetime | None        # metadata.deletionTimestamp
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    uid: str
+    resource_version: str
+    ready: bool
+    unschedulable: bool
+    gpu_model: str                        # nvidia.com/gpu.product as published, "" if absent
+    mig_strategy: str                     # "single", "mixed" or "none"
+    mig_config: str                       # nvidia.com/mig.config, "" if absent
+    gpu_capacity: float
+    gpu_allocatable: float
+    mig_resources: Mapping[str, float]    # allocatable nvidia.com/mig-* by resource name
+    labels: Mapping[str, str]
+
+    def content(self) -> tuple[Any, ...]:
+        """What a node event records, without the resource version (to skip heartbeats)."""
+        return (self.uid, self.ready, self.unschedulable, self.gpu_model, self.gpu_capacity,
+                self.gpu_allocatable, tuple(sorted(self.mig_resources.items())),
+                tuple(sorted(self.labels.items())))
+
+
+# -- scalars --------------------------------------------------------------------------------
+def parse_quantity(value: Any) -> float:
+    """A Kubernetes quantity (``"2"``, ``"500m"``, ``"1Ki"``, ``"1e3"``) as a float."""
+    if isinstance(value, bool):
+        raise TypeError(f"invalid quantity {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = _QUANTITY.match(str(value).strip())
+    if not m or m.group(3) not in _SUFFIX:
+        raise ValueError(f"invalid quantity {value!r}")
+    number = float(m.group(1)) * (10.0 ** int(m.group(2)) if m.group(2) else 1.0)
+    return number * _SUFFIX[m.group(3)]
+
+
+def parse_time(value: Any) -> dt.datetime | None:
+    """An RFC 3339 API timestamp as an aware UTC datetime (None when absent)."""
+    if not value:
+        return None
+    t = dt.datetime.fromisoformat(str(value))
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    return t.astimezone(dt.UTC)
+
+
+def is_gpu_resource(name: str) -> bool:
+    return name == GPU_RESOURCE or name.startswith(MIG_PREFIX)
+
+
+# -- pods -----------------------------------------------------------------------------------
+def _container_gpus(container: Mapping[str, Any]) -> dict[str, float]:
+    res = container.get("resources") or {}
+    requests = res.get("requests") or {}
+    limits = res.get("limits") or {}
+    out: dict[str, float] = {}
+    for name in set(requests) | set(limits):
+        if is_gpu_resource(name):
+            raw = requests[name] if name in requests else limits[name]
+            out[name] = parse_quantity(raw)
+    return out
+
+
+def effective_gpus(spec: Mapping[str, Any]) -> dict[str, float]:
+    """Effective GPU requests of a pod spec, per resource (see the module docstring)."""
+    app: dict[str, float] = {}
+    for c in spec.get("containers") or ():
+        for r, n in _container_gpus(c).items():
+            app[r] = app.get(r, 0.0) + n
+    sidecars: dict[str, float] = {}
+    init_peak: dict[str, float] = {}
+    for c in spec.get("initContainers") or ():
+        amounts = _container_gpus(c)
+        if c.get("restartPolicy") == "Always":       # a sidecar keeps running
+            for r, n in amounts.items():
+                sidecars[r] = sidecars.get(r, 0.0) + n
+                init_peak[r] = max(init_peak.get(r, 0.0), sidecars[r])
+        else:
+            for r in set(amounts) | set(sidecars):
+                peak = amounts.get(r, 0.0) + sidecars.get(r, 0.0)
+                init_peak[r] = max(init_peak.get(r, 0.0), peak)
+    out: dict[str, float] = {}
+    for r in set(app) | set(sidecars) | set(init_peak):
+        n = max(app.get(r, 0.0) + sidecars.get(r, 0.0), init_peak.get(r, 0.0))
+        if n > 0:
+            out[r] = n
+    return out
+
+
+def pod_gpu_request(spec: Mapping[str, Any]) -> GpuRequest:
+    per = effective_gpus(spec)
+    if not per:
+        return GpuRequest()
+    return GpuRequest(gpus=sum(per.values()), resource=",".join(sorted(per)))
+
+
+def pod_queue(labels: Mapping[str, str], annotations: Mapping[str, str], namespace: str,
+              lookup: QueueLookup) -> str:
+    """Configured label keys, then annotation keys, then the namespace map, then the default."""
+    for key in lookup.labels:
+        if labels.get(key):
+            return labels[key]
+    for key in lookup.annotations:
+        if annotations.get(key):
+            return annotations[key]
+    if namespace in lookup.namespaces:
+        return lookup.namespaces[namespace]
+    return lookup.default or ""
+
+
+def _condition_time(status: Mapping[str, Any], kind: str) -> dt.datetime | None:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return parse_time(cond.get("lastTransitionTime"))
+    return None
+
+
+def _finished_at(status: Mapping[str, Any]) -> dt.datetime | None:
+    statuses = list(status.get("containerStatuses") or ())
+    if not statuses:
+        return None
+    ends: list[dt.datetime] = []
+    for cs in statuses:
+        term = (cs.get("state") or {}).get("terminated")
+        t = parse_time(term.get("finishedAt")) if term else None
+        if t is None:
+            return None                               # a container still runs (or never ran)
+        ends.append(t)
+    return max(ends)
+
+
+def pod_info(obj: Mapping[str, Any], lookup: QueueLookup | None = None) -> PodInfo:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    namespace = meta.get("namespace") or ""
+    req = pod_gpu_request(spec)
+    return PodInfo(
+        namespace=namespace,
+        name=meta.get("name") or "",
+        uid=meta.get("uid") or "",
+        resource_version=str(meta.get("resourceVersion") or ""),
+        phase=status.get("phase") or "",
+        node=spec.get("nodeName") or "",
+        gpus=req.gpus,
+        gpu_resource=req.resource,
+        queue=pod_queue(labels, annotations, namespace, lookup or QueueKeys()),
+        priority=int(spec.get("priority") or 0),
+        ray_cluster=labels.get(RAY_CLUSTER_LABEL, ""),
+        ray_node_type=labels.get(RAY_NODE_TYPE_LABEL, ""),
+        ray_group=labels.get(RAY_GROUP_LABEL, ""),
+        created_at=parse_time(meta.get("creationTimestamp")),
+        scheduled_at=_condition_time(status, "PodScheduled"),
+        started_at=parse_time(status.get("startTime")),
+        finished_at=_finished_at(status),
+        deleted_at=parse_time(meta.get("deletionTimestamp")),
+    )
+
+
+def pod_gpu_model(pod: PodInfo, node_model: str) -> str:
+    """The model of what the pod holds: its node's, with the MIG profile for mixed-strategy slices."""
+    if pod.gpus <= 0 or not node_model:
+        return ""
+    migs = [r for r in pod.gpu_resource.split(",") if r.startswith(MIG_PREFIX)]
+    if len(migs) == 1 and pod.gpu_resource == migs[0] and not _MIG_SUFFIX.search(node_model):
+        return f"{node_model}-MIG-{migs[0][len(MIG_PREFIX):]}"
+    return node_model
+
+
+# -- nodes ----------------------------------------------------------------------------------
+def base_gpu_model(product: str) -> str:
+    """``NVIDIA-A100-SXM4-40GB-MIG-1g.5gb`` and ``...-SHARED`` -> ``NVIDIA-A100-SXM4-40GB``."""
+    product = product.removesuffix("-SHARED")
+    return _MIG_SUFFIX.sub("", product)
+
+
+def mig_strategy(labels: Mapping[str, str], mig_resources: Iterable[str]) -> str:
+    declared = labels.get(MIG_STRATEGY_LABEL, "")
+    if declared in ("single", "mixed", "none"):
+        return declared
+    if any(True for _ in mig_resources):
+        return "mixed"
+    product = labels.get(PRODUCT_LABEL, "")
+    return "single" if _MIG_SUFFIX.search(product.removesuffix("-SHARED")) else "none"
+
+
+def node_info(obj: Mapping[str, Any]) -> NodeInfo:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    capacity = status.get("capacity") or {}
+    allocatable = status.get("allocatable") or {}
+    migs = {r: parse_quantity(v) for r, v in (allocatable or capacity).items() if r.startswith(MIG_PREFIX)}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or ())
+    return NodeInfo(
+        name=meta.get("name") or "",
+        uid=meta.get("uid") or "",
+        resource_version=str(meta.get("resourceVersion") or ""),
+        ready=ready,
+        unschedulable=bool(spec.get("unschedulable", False)),
+        gpu_model=labels.get(PRODUCT_LABEL, ""),
+        mig_strategy=mig_strategy(labels, migs),
+        mig_config=labels.get(MIG_CONFIG_LABEL, ""),
+        gpu_capacity=parse_quantity(capacity.get(GPU_RESOURCE, 0)),
+        gpu_allocatable=parse_quantity(allocatable.get(GPU_RESOURCE, 0)),
+        mig_resources=MappingProxyType(dict(sorted(migs.items()))),
+        labels=MappingProxyType(labels),
+    )

@@ -1,0 +1,191 @@
+"""What the Kubernetes watcher remembers between events, and the rows each event produces.
+
+Pure (no I/O, no clock: ``now`` is passed in) and not thread-safe: the watcher calls it under
+its lock. Rows come back as ``{table: [tuple in COLUMNS[table] order]}``.
+
+* ``pod_events``: one row per pod seen in a list (event ``SYNC``) or a watch event (``ADDED``,
+  ``MODIFIED``, ``DELETED``). Keyed by (uid, resourceVersion, event), so a pod re-listed
+  unchanged, or an event replayed after a restart, collapses onto the row already written.
+* ``node_events``: the same for nodes, except that a ``MODIFIED`` event whose recorded content
+  (readiness, GPU labels and counts, labels) did not change is skipped: node status heartbeats
+  would otherwise dominate the table.
+* ``gpu_allocations``: see :mod:`collector.k8s_alloc`. A row is emitted only when it differs
+  from the last one emitted for that uid; a closed allocation is never reopened or moved.
+
+GPU model filled in later: a GPU pod seen before its node (a node the node watch has not
+reported yet) is recorded with an empty ``gpu_model`` and remembered. When the node arrives,
+the pod's latest ``pod_events`` row is emitted again with the model (same key: it replaces the
+first one) and so is its allocation (same version: the later insert wins).
+"""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from collector.k8s_alloc import (
+    Allocation,
+    allocation_for,
+    close_by_relist,
+    node_event_row,
+    pod_event_row,
+)
+from collector.k8s_extract import (
+    NodeInfo,
+    PodInfo,
+    QueueKeys,
+    QueueLookup,
+    node_info,
+    pod_gpu_model,
+    pod_info,
+)
+
+Rows = dict[str, list[tuple[Any, ...]]]
+_MODEL_COL = 10          # index of gpu_model in a pod_events row
+
+
+@dataclass(slots=True)
+class _Awaiting:
+    row: tuple[Any, ...]
+    pod: PodInfo
+    event: str
+
+
+@dataclass(slots=True)
+class ClusterTracker:
+    cluster: str
+    queues: QueueLookup = field(default_factory=QueueKeys)
+    closed_memory_s: float = 3600.0   # how long a closed allocation is remembered (vs. a lagging store)
+    nodes: dict[str, NodeInfo] = field(default_factory=dict)
+    _node_content: dict[str, tuple[Any, ...]] = field(default_factory=dict, init=False)
+    _allocs: dict[str, Allocation] = field(default_factory=dict, init=False)       # last row emitted, per uid
+    _closed_at: dict[str, dt.datetime] = field(default_factory=dict, init=False)   # deleted and closed here
+    _awaiting: dict[str, _Awaiting] = field(default_factory=dict, init=False)      # GPU pods on unknown nodes
+
+    # -- nodes ------------------------------------------------------------------------------
+    def prime_nodes(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        """Fill the node cache without rows (a restart that resumes the node watch)."""
+        for obj in objs:
+            info = node_info(obj)
+            self.nodes[info.name] = info
+
+    def on_node(self, event: str, obj: Mapping[str, Any], now: dt.datetime) -> Rows:
+        info = node_info(obj)
+        rows: Rows = {}
+        if event == "DELETED":
+            self.nodes.pop(info.name, None)
+            self._node_content.pop(info.name, None)
+            _add(rows, "node_events", node_event_row(now, self.cluster, event, info))
+            return rows
+        self.nodes[info.name] = info
+        content = info.content()
+        if event != "MODIFIED" or self._node_content.get(info.name) != content:
+            self._node_content[info.name] = content
+            _add(rows, "node_events", node_event_row(now, self.cluster, event, info))
+        self._fill_models(info, rows)
+        return rows
+
+    def nodes_relisted(self, listed: set[str], now: dt.datetime) -> Rows:
+        """Nodes known here but absent from a relist were deleted meanwhile."""
+        rows: Rows = {}
+        for name in sorted(set(self.nodes) - listed):
+            info = self.nodes.pop(name)
+            self._node_content.pop(name, None)
+            _add(rows, "node_events", node_event_row(now, self.cluster, "DELETED", info))
+        return rows
+
+    def _fill_models(self, node: NodeInfo, rows: Rows) -> None:
+        for uid in [u for u, a in self._awaiting.items() if a.pod.node == node.name]:
+            waiting = self._awaiting.pop(uid)
+            model = pod_gpu_model(waiting.pod, node.gpu_model)
+            if not model:
+                continue
+            row = waiting.row[:_MODEL_COL] + (model,) + waiting.row[_MODEL_COL + 1:]
+            _add(rows, "pod_events", row)
+            alloc = allocation_for(waiting.pod, model, self.cluster, waiting.event, row[0])
+            if alloc is not None:
+                self._offer(alloc, rows)
+
+    # -- pods -------------------------------------------------------------------------------
+    def on_pod(self, event: str, obj: Mapping[str, Any], now: dt.datetime) -> Rows:
+        pod = pod_info(obj, self.queues)
+        rows: Rows = {}
+        node = self.nodes.get(pod.node)
+        model = pod_gpu_model(pod, node.gpu_model if node else "")
+        row = pod_event_row(now, self.cluster, event, pod, model)
+        _add(rows, "pod_events", row)
+        if pod.gpus > 0 and pod.node and node is None and event != "DELETED":
+            self._awaiting[pod.uid] = _Awaiting(row, pod, event)
+        else:
+            self._awaiting.pop(pod.uid, None)
+        alloc = allocation_for(pod, model, self.cluster, event, now)
+        if alloc is not None:
+            self._offer(alloc, rows)
+        if event == "DELETED":
+            gone = self._allocs.pop(pod.uid, None)
+            if gone is not None:
+                self._closed_at[pod.uid] = now
+                self._forget_closed(now)
+        return rows
+
+    def _offer(self, alloc: Allocation, rows: Rows) -> None:
+        prev = self._allocs.get(alloc.uid)
+        if prev is None and alloc.uid in self._closed_at:
+            return
+        if prev is not None and (prev == alloc or alloc.version < prev.version
+                                 or (not prev.open and alloc.version != prev.version)):
+            return
+        self._allocs[alloc.uid] = alloc
+        _add(rows, "gpu_allocations", alloc.row())
+
+    def pods_relisted(self, namespace: str | None, listed: set[str],
+                      stored_open: Iterable[Allocation], now: dt.datetime) -> Rows:
+        """After a pod list (all namespaces, or ``namespace``): close what is no longer there.
+
+        ``stored_open`` are the allocations the store holds open for this cluster (from before a
+        restart); what this tracker emitted since overrides them.
+        """
+        def in_scope(a: Allocation) -> bool:
+            return a.cluster == self.cluster and (namespace is None or a.namespace == namespace)
+
+        self._forget_closed(now)
+        candidates = {a.uid: a for a in stored_open if in_scope(a)}
+        candidates.update({u: a for u, a in self._allocs.items() if in_scope(a)})
+        rows: Rows = {}
+        for uid in sorted(candidates):
+            alloc = candidates[uid]
+            if uid in listed or uid in self._closed_at:
+                continue
+            self._allocs.pop(uid, None)
+            if alloc.open:
+                closed = close_by_relist(alloc, now)
+                _add(rows, "gpu_allocations", closed.row())
+                self._closed_at.pop(uid, None)
+                self._closed_at[uid] = now
+        for uid in [u for u, a in self._awaiting.items()
+                    if u not in listed and (namespace is None or a.pod.namespace == namespace)]:
+            del self._awaiting[uid]
+        return rows
+
+    def _forget_closed(self, now: dt.datetime) -> None:
+        """Drop closed uids older than ``closed_memory_s`` (kept in the order they closed)."""
+        horizon = now - dt.timedelta(seconds=self.closed_memory_s)
+        while self._closed_at:
+            uid, at = next(iter(self._closed_at.items()))
+            if at >= horizon:
+                break
+            del self._closed_at[uid]
+
+    def open_allocations(self) -> list[Allocation]:
+        return [a for a in self._allocs.values() if a.open]
+
+
+def _add(rows: Rows, table: str, row: tuple[Any, ...]) -> None:
+    rows.setdefault(table, []).append(row)
+
+
+def merge(into: Rows, more: Rows) -> Rows:
+    for table, rs in more.items():
+        into.setdefault(table, []).extend(rs)
+    return into

@@ -1,0 +1,283 @@
+"""The Kubernetes watcher: list and watch nodes and pods, emit pod_events, node_events,
+gpu_allocations and the resume points in collector_state.
+
+Wiring (the runner's side)::
+
+    watcher = KubernetesWatcher(
+        target,                                   # gpuq.settings.KubernetesTarget
+        queues=queue_config.mapping,              # anything shaped like QueueMapping
+        load_state=state_loader(store),           # (cluster, source, key) -> value | None
+        open_allocations=open_allocations_loader(store),   # cluster -> open Allocation rows
+        on_error=record_health,                   # every WatchError, as it happens
+    )
+    watcher.run(writer.write, stop)               # in a thread; returns within ~2 s of stop
+
+Streams: ``nodes``, and ``pods`` (or one ``pods/<ns>`` per configured namespace), each in its own
+thread (:mod:`collector.k8s_stream`). The pod streams wait for the node stream's first list, so
+pods get their node's GPU model from the start.
+
+Resume: each stream's resourceVersion is emitted as a ``collector_state`` row
+(``source="kubernetes"``, ``key`` = ``nodes`` / ``pods`` / ``pods/<ns>``) after the rows it covers:
+after a list, at every bookmark, when a watch ends, at stop, and at most every
+``checkpoint_interval_s`` in between. At start ``load_state`` gives it back and the stream
+watches from there without relisting; the node stream reads the node list once (no rows) to
+refill its GPU-model cache. If the server answers 410 the stream relists. Events replayed
+because the stored resourceVersion lags collapse in the store (see :mod:`collector.k8s_state`).
+
+Relists: after a pod list the allocations still open, in the store (``open_allocations``) or
+here, whose pod is not in the list are closed at the list time; the others are re-emitted with
+the same version, so they read the same.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kubernetes import config as k8s_config
+from kubernetes.client import ApiClient, Configuration, CoreV1Api
+
+from collector.base import Emit
+from collector.errors import CollectorError, WatchError
+from collector.k8s_alloc import Allocation
+from collector.k8s_extract import QueueKeys, QueueLookup
+from collector.k8s_state import ClusterTracker, Rows, merge
+from collector.k8s_stream import ResourceStream, StreamOptions, StreamSpec
+from gpuq.settings import KubernetesTarget
+
+log = logging.getLogger(__name__)
+
+SOURCE = "kubernetes"
+LoadState = Callable[[str, str, str], "str | None"]
+OpenAllocations = Callable[[str], Iterable["Allocation | Sequence[Any]"]]
+OnError = Callable[[CollectorError], None]
+Clock = Callable[[], dt.datetime]
+_TABLE_ORDER = ("node_events", "pod_events", "gpu_allocations")
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def api_configuration(target: KubernetesTarget) -> Configuration:
+    """The client configuration of a target (kubeconfig path + context, or in-cluster)."""
+    cfg = Configuration()
+    where = "in-cluster service account" if target.in_cluster else (target.kubeconfig or "default kubeconfig")
+    try:
+        if target.in_cluster:
+            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            path = str(Path(target.kubeconfig).expanduser()) if target.kubeconfig else None
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, context=target.context, client_configuration=cfg, persist_config=False)
+    except (k8s_config.ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
+        ctx = f" (context {target.context!r})" if target.context else ""
+        raise WatchError(f"kubernetes cluster {target.cluster!r}: cannot load {where}{ctx}: {exc}",
+                         source=where, cluster=target.cluster, retryable=False) from exc
+    cfg.retries = 0                       # the streams retry, with backoff
+    return cfg
+
+
+class KubernetesWatcher:
+    source = SOURCE
+
+    def __init__(self, target: KubernetesTarget, *, queues: QueueLookup | None = None,
+                 load_state: LoadState | None = None,
+                 open_allocations: OpenAllocations | None = None,
+                 on_error: OnError | None = None, clock: Clock = utc_now,
+                 rng: random.Random | None = None, options: StreamOptions | None = None,
+                 checkpoint_interval_s: float = 1.0, stop_grace_s: float = 2.0) -> None:
+        self.target = target
+        self.cluster = target.cluster
+        self.name = target.kubeconfig or ("in-cluster" if target.in_cluster else "kubeconfig")
+        self.server = ""
+        self._load_state = load_state
+        self._open_allocations = open_allocations
+        self._on_error = on_error
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self.options = options or StreamOptions(watch_timeout_s=target.watch_timeout_s)
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.stop_grace_s = stop_grace_s
+        self.tracker = ClusterTracker(self.cluster, queues or QueueKeys())
+        self._lock = threading.RLock()
+        self._emit: Emit | None = None
+        self._checkpoints: dict[str, tuple[str, float]] = {}
+
+    @property
+    def specs(self) -> list[StreamSpec]:
+        pods = [StreamSpec("pods", ns) for ns in self.target.namespaces] or [StreamSpec("pods")]
+        return [StreamSpec("nodes"), *pods]
+
+    # -- run ----------------------------------------------------------------------------------
+    def run(self, emit: Emit, stop: threading.Event, once: bool = False) -> None:
+        """Watch until ``stop`` (or, with ``once``, list everything once and return)."""
+        cfg = api_configuration(self.target)
+        self.server = self.name = str(cfg.host)
+        api_client = ApiClient(cfg)
+        api = CoreV1Api(api_client)
+        with self._lock:
+            self._emit = emit
+        try:
+            streams = [ResourceStream(spec, api, self, cluster=self.cluster, server=self.server,
+                                      stop=stop, options=self.options,
+                                      rng=random.Random(self._rng.random()))
+                       for spec in self.specs]
+            if once:
+                for stream in streams:
+                    stream.list_once()
+                return
+            self._watch_all(streams, stop)
+        finally:
+            with self._lock:
+                self._emit = None                 # a straggling thread emits nothing more
+            api_client.close()  # type: ignore[no-untyped-call]
+
+    def _watch_all(self, streams: list[ResourceStream], stop: threading.Event) -> None:
+        nodes = streams[0]
+        threads = []
+        for stream in streams:
+            resume = self._resume_point(stream.spec)
+            is_nodes = stream is nodes
+            thread = threading.Thread(
+                target=self._run_stream, name=f"k8s-{self.cluster}-{stream.spec.key}", daemon=True,
+                args=(stream, resume, is_nodes, None if is_nodes else nodes.synced))
+            thread.start()
+            threads.append(thread)
+        stop.wait()
+        for stream in streams:
+            stream.interrupt()
+        deadline = time.monotonic() + self.stop_grace_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _run_stream(self, stream: ResourceStream, resume: str | None, prime: bool,
+                    wait_for: threading.Event | None) -> None:
+        try:
+            stream.run(resume, prime=prime, wait_for=wait_for)
+        except Exception as exc:  # a last resort: the stream itself catches and retries
+            log.exception("kubernetes stream %s crashed", stream.spec.key)
+            self.on_error(WatchError(f"kubernetes cluster {self.cluster!r} at {self.server}: "
+                                     f"{stream.spec.key}: stream stopped: {exc!r}",
+                                     source=self.server, cluster=self.cluster,
+                                     resource=stream.spec.key, retryable=False))
+
+    def _resume_point(self, spec: StreamSpec) -> str | None:
+        if self._load_state is None:
+            return None
+        try:
+            return self._load_state(self.cluster, SOURCE, spec.key) or None
+        except Exception as exc:  # noqa: BLE001 - the store may be down: list instead
+            self.on_error(WatchError(f"kubernetes cluster {self.cluster!r}: cannot read the resume "
+                                     f"point of {spec.key}, listing instead: {exc}",
+                                     source=self.server, cluster=self.cluster, resource=spec.key))
+            return None
+
+    # -- the streams' handler (called from the stream threads) ---------------------------------
+    def on_listed(self, spec: StreamSpec, items: list[dict[str, Any]], resource_version: str) -> None:
+        stored = [] if spec.kind == "nodes" else self._stored_open()
+        with self._lock:
+            now = self._clock()
+            rows: Rows = {}
+            for obj in items:
+                merge(rows, self._apply(spec, "SYNC", obj, now))
+            if spec.kind == "nodes":
+                names = {str((o.get("metadata") or {}).get("name") or "") for o in items}
+                merge(rows, self.tracker.nodes_relisted(names, now))
+            else:
+                uids = {str((o.get("metadata") or {}).get("uid") or "") for o in items}
+                merge(rows, self.tracker.pods_relisted(spec.namespace, uids, stored, now))
+            self._write(rows)
+            self.on_resource_version(spec, resource_version, True)
+
+    def on_primed(self, spec: StreamSpec, items: list[dict[str, Any]]) -> None:
+        with self._lock:
+            if spec.kind == "nodes":
+                self.tracker.prime_nodes(items)
+
+    def on_event(self, spec: StreamSpec, event: str, obj: dict[str, Any]) -> None:
+        with self._lock:
+            self._write(self._apply(spec, event, obj, self._clock()))
+
+    def on_resource_version(self, spec: StreamSpec, resource_version: str, force: bool) -> None:
+        with self._lock:
+            last, at = self._checkpoints.get(spec.key, ("", 0.0))
+            mono = time.monotonic()
+            if not resource_version or resource_version == last:
+                return
+            if not force and mono - at < self.checkpoint_interval_s:
+                return
+            if self._emit is None:
+                return
+            self._emit("collector_state", [(self._clock(), self.cluster, SOURCE, spec.key, resource_version)])
+            self._checkpoints[spec.key] = (resource_version, mono)
+
+    def on_error(self, error: CollectorError) -> None:
+        log.warning("%s", error)
+        if self._on_error is not None:
+            self._on_error(error)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _apply(self, spec: StreamSpec, event: str, obj: Mapping[str, Any], now: dt.datetime) -> Rows:
+        try:
+            if spec.kind == "nodes":
+                return self.tracker.on_node(event, obj, now)
+            return self.tracker.on_pod(event, obj, now)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            meta = obj.get("metadata") or {}
+            ident = "/".join(p for p in (meta.get("namespace"), meta.get("name")) if p) or "?"
+            self.on_error(WatchError(
+                f"kubernetes cluster {self.cluster!r} at {self.server}: {spec.key}: cannot read "
+                f"{ident} (resourceVersion {meta.get('resourceVersion')}): {exc}",
+                source=self.server, cluster=self.cluster, resource=spec.key, retryable=False))
+            return {}
+
+    def _write(self, rows: Rows) -> None:
+        if self._emit is None:
+            return
+        for table in _TABLE_ORDER:
+            if rows.get(table):
+                self._emit(table, rows[table])
+
+    def _stored_open(self) -> list[Allocation]:
+        if self._open_allocations is None:
+            return []
+        try:
+            got = self._open_allocations(self.cluster)
+            return [a if isinstance(a, Allocation) else Allocation.from_row(a) for a in got]
+        except Exception as exc:  # noqa: BLE001 - keep listing; only in-memory allocations close
+            self.on_error(WatchError(f"kubernetes cluster {self.cluster!r}: cannot read the open "
+                                     f"allocations from the store: {exc}", source=self.server,
+                                     cluster=self.cluster, resource="pods"))
+            return []
+
+
+# -- store adapters for the runner -----------------------------------------------------------
+def state_loader(store: Any) -> LoadState:
+    """``load_state`` reading ``collector_state`` from a :class:`gpuq.store.Store`."""
+    def load(cluster: str, source: str, key: str) -> str | None:
+        rows = store.query(
+            f"SELECT value FROM {store.database}.collector_state FINAL WHERE cluster = {{c:String}} "
+            f"AND source = {{s:String}} AND key = {{k:String}} ORDER BY ts DESC LIMIT 1",
+            {"c": cluster, "s": source, "k": key}).rows
+        return str(rows[0][0]) if rows else None
+    return load
+
+
+def open_allocations_loader(store: Any) -> OpenAllocations:
+    """``open_allocations`` reading ``gpu_allocations FINAL`` rows with no end."""
+    from gpuq.store.schema import COLUMNS
+
+    cols = ", ".join(f"`{c}`" for c in COLUMNS["gpu_allocations"])
+
+    def load(cluster: str) -> list[Allocation]:
+        rows = store.query(
+            f"SELECT {cols} FROM (SELECT {cols} FROM {store.database}.gpu_allocations FINAL "
+            f"WHERE cluster = {{c:String}}) WHERE `end` IS NULL", {"c": cluster}).rows
+        return [Allocation.from_row(r) for r in rows]
+    return load

@@ -1,0 +1,387 @@
+"""A local Kubernetes API server that replays recorded objects in the API's wire format.
+
+Serves, for ``pods`` (``/api/v1/pods``, ``/api/v1/namespaces/<ns>/pods``) and ``nodes``
+(``/api/v1/nodes``):
+
+* list: ``{"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": ...},
+  "items": [...]}``, paged with ``limit``/``continue`` (a consistent snapshot, like etcd);
+* watch (``?watch=true&resourceVersion=N&allowWatchBookmarks=true&timeoutSeconds=S``): chunked
+  newline-delimited JSON events ``{"type": ..., "object": ...}`` newer than ``N``, then every event
+  pushed while the stream is open, until ``timeoutSeconds`` (or :attr:`max_watch_s`) passes and
+  the stream ends with its terminating chunk. BOOKMARK events only with ``allowWatchBookmarks``.
+
+The test scripts it (all thread-safe):
+
+* :meth:`add` / :meth:`modify` / :meth:`delete`: an event with the next resourceVersion
+  (the object's ``metadata.resourceVersion`` is set to it, as etcd would);
+* :meth:`bookmark`: a BOOKMARK with a fresh resourceVersion (as if other kinds moved on);
+* :meth:`expire`: the next watch asking for that resourceVersion gets an ``ERROR`` event with a
+  410 ``Expired`` Status (or, with ``http=True``, an HTTP 410); :meth:`compact`: every watch
+  from before a resourceVersion gets the 410 (etcd compaction);
+* :meth:`drop_next_watch`: the next watch connection is closed after ``n`` events without the
+  terminating chunk (a dropped connection);
+* :meth:`interrupt_watches`: the watches open now ``"end"`` (terminating chunk, as at
+  ``timeoutSeconds``), are ``"drop"``-ped (socket closed mid-stream), or get an ``"expire"``
+  ERROR 410 event;
+* :attr:`requests`: every request received (path, query), for resume assertions.
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Self
+from urllib.parse import parse_qs, urlsplit
+
+DATA = Path(__file__).parent / "data" / "k8s"
+KINDS = {"pods": "Pod", "nodes": "Node"}
+
+
+def load(name: str) -> Any:
+    return json.loads((DATA / name).read_text())
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    resource: str                 # "pods" or "nodes" ("" for anything else)
+    namespace: str | None
+
+    @property
+    def watch(self) -> bool:
+        return self.query.get("watch") in ("true", "1")
+
+
+@dataclass(slots=True)
+class _Event:
+    rv: int
+    type: str
+    obj: dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Resource:
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)   # "ns/name" -> object
+    history: list[_Event] = field(default_factory=list)
+    compacted: int = 0
+    expire: dict[int, bool] = field(default_factory=dict)              # rv -> http?
+    drops: list[int] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)                   # for the open watches
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta['name']}"
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+class ReplayServer:
+    def __init__(self, pods: Iterable[dict[str, Any]] = (), nodes: Iterable[dict[str, Any]] = (),
+                 resource_version: int = 1, max_watch_s: float = 30.0) -> None:
+        self._cond = threading.Condition()
+        self._rv = resource_version
+        self._res = {"pods": _Resource(), "nodes": _Resource()}
+        for kind, items in (("pods", pods), ("nodes", nodes)):
+            for obj in items:
+                obj = copy.deepcopy(obj)
+                self._rv = max(self._rv, int(obj["metadata"].get("resourceVersion") or 0))
+                self._res[kind].objects[_key(obj)] = obj
+        self.max_watch_s = max_watch_s
+        self.requests: list[Request] = []
+        self._snapshots: dict[int, dict[str, list[dict[str, Any]]]] = {}
+        self._closing = False
+        self._open: dict[str, int] = {}
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,),
+                                        name="k8s-replay", daemon=True)
+
+    @classmethod
+    def recorded(cls, **kw: Any) -> ReplayServer:
+        """The recorded lists of tests/data/k8s."""
+        pods, nodes = load("pods.json"), load("nodes.json")
+        rv = max(int(pods["metadata"]["resourceVersion"]), int(nodes["metadata"]["resourceVersion"]))
+        return cls(pods["items"], nodes["items"], resource_version=rv, **kw)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def kubeconfig(self, path: Path, context: str = "replay") -> Path:
+        """A kubeconfig pointing the real client at this server (plain HTTP, no auth)."""
+        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": context,
+               "clusters": [{"name": "replay", "cluster": {"server": self.url}}],
+               "users": [{"name": "anonymous", "user": {}}],
+               "contexts": [{"name": context, "context": {"cluster": "replay", "user": "anonymous"}}]}
+        path.write_text(json.dumps(cfg))
+        return path
+
+    # -- scripting ------------------------------------------------------------------------------
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
+    def _push(self, kind: str, type_: str, obj: dict[str, Any] | None) -> int:
+        with self._cond:
+            self._rv += 1
+            res = self._res[kind]
+            body: dict[str, Any]
+            if obj is None:                           # a bookmark
+                body = {"kind": KINDS[kind], "apiVersion": "v1",
+                        "metadata": {"resourceVersion": str(self._rv)}}
+            else:
+                body = copy.deepcopy(obj)
+                body.setdefault("kind", KINDS[kind])
+                body.setdefault("apiVersion", "v1")
+                body["metadata"]["resourceVersion"] = str(self._rv)
+                item = {k: v for k, v in body.items() if k not in ("kind", "apiVersion")}
+                if type_ == "DELETED":
+                    res.objects.pop(_key(body), None)
+                else:
+                    res.objects[_key(body)] = item
+            res.history.append(_Event(self._rv, type_, body))
+            self._cond.notify_all()
+            return self._rv
+
+    def add(self, kind: str, obj: dict[str, Any]) -> int:
+        return self._push(kind, "ADDED", obj)
+
+    def modify(self, kind: str, obj: dict[str, Any]) -> int:
+        return self._push(kind, "MODIFIED", obj)
+
+    def delete(self, kind: str, obj: dict[str, Any]) -> int:
+        return self._push(kind, "DELETED", obj)
+
+    def event(self, kind: str, event: dict[str, Any]) -> int:
+        """Push a recorded watch event ``{"type": ..., "object": ...}``."""
+        return self._push(kind, event["type"], event["object"])
+
+    def bookmark(self, kind: str) -> int:
+        return self._push(kind, "BOOKMARK", None)
+
+    def expire(self, kind: str, resource_version: int | str, http: bool = False) -> None:
+        with self._cond:
+            self._res[kind].expire[int(resource_version)] = http
+
+    def compact(self, kind: str, before: int | str) -> None:
+        with self._cond:
+            self._res[kind].compacted = int(before)
+
+    def drop_next_watch(self, kind: str, after_events: int = 0) -> None:
+        with self._cond:
+            self._res[kind].drops.append(after_events)
+
+    def interrupt_watches(self, kind: str, how: str = "end") -> None:
+        if how not in ("end", "drop", "expire"):
+            raise ValueError(how)
+        with self._cond:
+            self._res[kind].actions.append(how)
+            self._cond.notify_all()
+
+    def open_watches(self, kind: str) -> int:
+        with self._cond:
+            return self._open.get(kind, 0)
+
+    def watch_requests(self, kind: str) -> list[str]:
+        """The resourceVersion of every watch request for ``kind``, in order."""
+        return [r.query.get("resourceVersion", "") for r in list(self.requests)
+                if r.resource == kind and r.watch]
+
+    def list_requests(self, kind: str) -> list[Request]:
+        return [r for r in list(self.requests) if r.resource == kind and not r.watch]
+
+    def wait(self, predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.01)
+        return predicate()
+
+    # -- serving (called from the handler threads) ------------------------------------------------
+    def _list(self, kind: str, ns: str | None, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        token = query.get("continue")
+        limit = int(query.get("limit") or 0)
+        with self._cond:
+            if token:
+                rv_s, _, start_s = base64.urlsafe_b64decode(token.encode()).decode().partition("/")
+                rv, start = int(rv_s), int(start_s)
+                snap = self._snapshots.get(rv, {}).get(ns or "")
+                if snap is None:
+                    return 410, _status(410, "Expired", "The provided continue parameter is too old")
+            else:
+                rv, start = self._rv, 0
+                snap = sorted((o for k, o in self._res[kind].objects.items()
+                               if ns is None or k.startswith(f"{ns}/")), key=_key)
+                self._snapshots.setdefault(rv, {})[ns or ""] = snap
+        end = start + limit if limit else len(snap)
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if end < len(snap):
+            meta["continue"] = base64.urlsafe_b64encode(f"{rv}/{end}".encode()).decode()
+            meta["remainingItemCount"] = len(snap) - end
+        return 200, {"kind": f"{KINDS[kind]}List", "apiVersion": "v1", "metadata": meta,
+                     "items": snap[start:end]}
+
+    def _watch_plan(self, kind: str, rv: int) -> tuple[str, int | None, int]:
+        """(plan, drop-after, first action index) for a new watch from ``rv``."""
+        with self._cond:
+            res = self._res[kind]
+            seen = len(res.actions)
+            if rv in res.expire:
+                return ("expire-http" if res.expire.pop(rv) else "expire"), None, seen
+            if rv < res.compacted:
+                return "expire", None, seen
+            self._open[kind] = self._open.get(kind, 0) + 1
+            return "ok", (res.drops.pop(0) if res.drops else None), seen
+
+    def _watch_closed(self, kind: str) -> None:
+        with self._cond:
+            self._open[kind] -= 1
+
+    def _next_events(self, kind: str, ns: str | None, after: int, deadline: float,
+                     bookmarks: bool, seen: int) -> list[_Event] | str | None:
+        """New events, an action ("end", "drop", "expire") or None at the deadline."""
+        with self._cond:
+            while True:
+                res = self._res[kind]
+                got = [e for e in res.history if e.rv > after
+                       and (bookmarks or e.type != "BOOKMARK")
+                       and (ns is None or e.type == "BOOKMARK"
+                            or e.obj["metadata"].get("namespace") == ns)]
+                if len(res.actions) > seen:
+                    return res.actions[seen]
+                if got or self._closing:
+                    return got
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(min(left, 0.2))
+
+
+def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:   # quiet
+            pass
+
+        def do_GET(self) -> None:
+            parts = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+            segs = parts.path.strip("/").split("/")
+            kind, ns = "", None
+            if segs[:2] == ["api", "v1"] and len(segs) == 3 and segs[2] in KINDS:
+                kind = segs[2]
+            elif segs[:3] == ["api", "v1", "namespaces"] and len(segs) == 5 and segs[4] == "pods":
+                kind, ns = "pods", segs[3]
+            req = Request("GET", parts.path, query, kind, ns)
+            server.requests.append(req)
+            if not kind:
+                self._json(404, _status(404, "NotFound", f"the server could not find {parts.path}"))
+            elif req.watch:
+                self._watch(kind, ns, query)
+            else:
+                self._json(*server._list(kind, ns, query))
+
+        def _json(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body, separators=(",", ":")).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _watch(self, kind: str, ns: str | None, query: dict[str, str]) -> None:
+            rv = int(query.get("resourceVersion") or 0)
+            plan, drop_after, seen = server._watch_plan(kind, rv)
+            if plan == "expire-http":
+                self._json(410, _status(410, "Expired", f"too old resource version: {rv}"))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Cache-Control", "no-cache, private")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            if plan == "expire":
+                self._expired(rv)
+                self._chunk(b"")
+                return
+            try:
+                self._stream(kind, ns, query, rv, drop_after, seen)
+            except OSError:
+                self.close_connection = True          # the client went away
+            finally:
+                server._watch_closed(kind)
+
+        def _expired(self, rv: int) -> None:
+            err = _status(410, "Expired", f"too old resource version: {rv} ({server.resource_version})")
+            self._chunk(json.dumps({"type": "ERROR", "object": err}).encode() + b"\n")
+
+        def _stream(self, kind: str, ns: str | None, query: dict[str, str], rv: int,
+                    drop_after: int | None, seen: int) -> None:
+            timeout = float(query.get("timeoutSeconds") or server.max_watch_s)
+            deadline = time.monotonic() + min(timeout, server.max_watch_s)
+            bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+            sent, after = 0, rv
+            while drop_after is None or sent < drop_after:
+                got = server._next_events(kind, ns, after, deadline, bookmarks, seen)
+                if got == "drop":
+                    break
+                if got == "expire":
+                    self._expired(after)
+                if not got or isinstance(got, str):
+                    self._chunk(b"")                  # the terminating chunk
+                    return
+                for e in got[: None if drop_after is None else drop_after - sent]:
+                    self._chunk(json.dumps({"type": e.type, "object": e.obj}).encode() + b"\n")
+                    sent += 1
+                    after = e.rv
+            self._drop()                              # close without the terminating chunk
+
+        def _drop(self) -> None:
+            self.close_connection = True
+            try:
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    return Handler
