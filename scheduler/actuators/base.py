@@ -1,0 +1,113 @@
+"""The contract between the scheduler service and the actuators that carry out its decisions.
+
+The service (the I/O shell around ``schedule()``) calls an actuator for every admission,
+preemption and cancellation. Actuators are idempotent (admitting an already admitted
+workload, suspending a suspended one, stopping a stopped job all answer ``ok``), do their own
+retries with backoff for transient failures (:func:`with_retries`), and never raise for a
+failure of the outside world: they answer an :class:`ActionResult` whose message becomes the
+workload's reason ("kubernetes: PATCH rayjobs/team-a/train-1 failed: HTTP 403 ...").
+
+Actuators, chosen by ``scheduler.actuator`` in the settings:
+
+* ``dry-run``    :class:`DryRunActuator`: records what it would do; nothing is touched.
+* ``kubernetes`` Kueue-style: a RayJob/RayCluster created with ``spec.suspend: true`` is admitted
+  by unsuspending it with a node selector for its GPU type, preempted by suspending it again;
+  plain pods are preempted through the Eviction API.
+* ``ray``        workloads submitted to gpuq are started with the Ray Job Submission API and
+  stopped on preemption.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from scheduler.model import Placement, Workload
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What a workload is in the real world.
+
+    ``kind``: ``RayJob`` or ``RayCluster`` (KubeRay custom resources, ``api_version``
+    ``ray.io/v1``), ``Pod``, ``RaySubmission`` (a Ray job gpuq submits itself: ``entrypoint``,
+    ``runtime_env``, ``metadata``), or ``""`` for a workload known only to the scheduler.
+    """
+
+    kind: str = ""
+    namespace: str = ""
+    name: str = ""
+    api_version: str = ""
+    entrypoint: str = ""
+    runtime_env: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    metadata: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    ok: bool
+    message: str = ""
+    retryable: bool = False
+    detail: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)   # e.g. a Ray submission id
+
+
+class Actuator(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def admit(self, workload: Workload, target: Target, placement: Placement) -> ActionResult: ...
+
+    def preempt(self, workload: Workload, target: Target, reason: str) -> ActionResult: ...
+
+    def cancel(self, workload: Workload, target: Target) -> ActionResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    verb: str                      # admit | preempt | cancel
+    workload: str
+    target: Target
+    detail: str = ""
+
+
+class DryRunActuator:
+    """Records decisions; touches nothing. ``actions`` is what a real actuator would have done."""
+
+    name = "dry-run"
+
+    def __init__(self) -> None:
+        self.actions: list[Action] = []
+
+    def admit(self, workload: Workload, target: Target, placement: Placement) -> ActionResult:
+        where = ", ".join(f"{n}:{g}" for n, g in placement.nodes)
+        self.actions.append(Action("admit", workload.id, target, f"{placement.gpu_type} on {where}"))
+        return ActionResult(True, f"dry-run: would admit on {placement.gpu_type} ({where})")
+
+    def preempt(self, workload: Workload, target: Target, reason: str) -> ActionResult:
+        self.actions.append(Action("preempt", workload.id, target, reason))
+        return ActionResult(True, f"dry-run: would preempt ({reason})")
+
+    def cancel(self, workload: Workload, target: Target) -> ActionResult:
+        self.actions.append(Action("cancel", workload.id, target))
+        return ActionResult(True, "dry-run: would cancel")
+
+
+def with_retries(call: Callable[[], ActionResult], *, attempts: int = 4, backoff_s: float = 0.2,
+                 cap_s: float = 5.0, sleep: Callable[[float], None] = time.sleep,
+                 rng: random.Random | None = None) -> ActionResult:
+    """Retry ``call`` while it answers ``retryable`` failures, with capped, jittered backoff."""
+    rng = rng or random.Random()
+    delay = backoff_s
+    result = call()
+    for _ in range(attempts - 1):
+        if result.ok or not result.retryable:
+            return result
+        sleep(min(cap_s, delay) * (0.5 + rng.random() / 2))
+        delay *= 2
+        result = call()
+    return result

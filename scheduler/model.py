@@ -1,0 +1,129 @@
+"""Values of the scheduler core: nodes, workloads, placements and the decisions of one cycle.
+
+All are frozen and slotted; times are seconds on the caller's clock (``*_s``), GPU amounts are
+integers. A workload is one gang (a pod set): ``pods`` pods of ``gpus_per_pod`` GPUs each, all of
+one GPU type, started and stopped together.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    gpu_type: str
+    gpus: int
+    cpu_millicores: int = 0      # informational: placement packs GPUs only
+    memory_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A gang. ``gpu_types`` lists acceptable types in order of preference; empty means any type.
+
+    ``originator`` marks the workload that holds its application's originator pod (the Ray head):
+    it is preempted last. ``order_key`` is the documented in-queue order
+    ``(-priority, submit_s, id)``: higher priority first, then older, then the stable id.
+    """
+
+    id: str
+    queue: str
+    pods: int = 1
+    gpus_per_pod: int = 1
+    gpu_types: tuple[str, ...] = ()
+    priority: int = 0
+    preemptible: bool = True
+    submit_s: float = 0.0
+    duration_s: float = 0.0
+    checkpoint: bool = False
+    originator: bool = False
+    cpu_millicores_per_pod: int = 0
+    memory_per_pod_bytes: int = 0
+    order_key: tuple[int, float, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "order_key", (-self.priority, self.submit_s, self.id))
+
+    @property
+    def gpus(self) -> int:
+        return self.pods * self.gpus_per_pod
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a gang runs: one GPU type and GPUs taken per node (node order of the cluster)."""
+
+    gpu_type: str
+    nodes: tuple[tuple[str, int], ...]
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """An admitted workload. ``idle`` is the accounting's view that its GPUs sit idle."""
+
+    workload: Workload
+    placement: Placement
+    start_s: float
+    idle: bool = False
+
+
+class ReasonCode(Enum):
+    """Why a workload is still pending after a cycle."""
+
+    QUOTA_MAX = "quota_max"                        # its queue or an ancestor would exceed max
+    NO_FIT = "no_fit"                              # no acceptable nodes with enough free GPUs
+    WAITING_PREEMPTION_DELAY = "waiting_preemption_delay"  # may preempt once the delay has passed
+    WAITING_FOR_VICTIMS = "waiting_for_victims"    # adapters: admitted, victims still stopping
+    NO_VICTIMS = "no_victims"                      # may preempt, but no allowed victim set fits it
+    FENCED = "fenced"                              # the only victims are behind a preemption fence
+    STRICT_FIFO = "strict_fifo"                    # behind a blocked head in a strict-FIFO queue
+    BEHIND_HIGHER_PRIORITY = "behind_higher_priority"  # strict FIFO, head has higher priority
+    NEVER_FITS = "never_fits"                      # larger than its queue's max or any node group
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReason:
+    workload: str
+    queue: str
+    code: ReasonCode
+    message: str
+    position: int                # 1-based place among its queue's pending workloads
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Start ``workload`` at ``placement``; ``victims`` (ids) must stop first, in this order."""
+
+    workload: Workload
+    placement: Placement
+    victims: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    preemptor: str
+    queue: str                   # the preemptor's queue
+    victims: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    """One cycle's outcome. ``admissions`` are in the order they take effect; an admission with
+    victims follows its :class:`Preemption` (same preemptor), which is listed in ``preemptions``."""
+
+    now_s: float
+    admissions: tuple[Admission, ...]
+    preemptions: tuple[Preemption, ...]
+    pending: tuple[PendingReason, ...]
+
+    def reason(self, workload_id: str) -> PendingReason | None:
+        for p in self.pending:
+            if p.workload == workload_id:
+                return p
+        return None

@@ -1,0 +1,150 @@
+"""The frozen input of a cycle: the static cluster, the settings, and what runs and waits now.
+
+:class:`Cluster` holds what changes rarely (nodes, queue tree) with tables precomputed once.
+:class:`Occupancy` holds the derived "who holds what" (free GPUs per node, usage per queue with
+ancestors included); it is computed from the running workloads by :func:`occupancy_of`, or kept
+up to date cheaply between cycles by :func:`occupancy_after` so a cycle need not re-read the
+whole cluster.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from accounting.queues import QueueConfig
+from scheduler.errors import SnapshotError
+from scheduler.model import Node, Running, Workload
+
+_NONE: Mapping[str, int] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    preemption: bool = True
+    preemption_delay_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    config: QueueConfig
+    nodes: tuple[Node, ...]
+    node_index: Mapping[str, int]
+    types: tuple[str, ...]                       # GPU types in order of first appearance
+    type_nodes: Mapping[str, tuple[int, ...]]    # node indices per type
+    type_cap: Mapping[str, int]                  # most GPUs on one node of the type
+    type_sizes: Mapping[str, tuple[tuple[int, int], ...]]   # (GPUs per node, nodes) per type
+    chains: Mapping[str, tuple[str, ...]]        # queue -> (queue, parent, ..., root)
+    guarantee: Mapping[str, Mapping[str, int]]   # effective guarantees (gpu defaults to 0)
+    fences: Mapping[str, frozenset[str]]         # fenced queues on each queue's chain
+    # memo of pure functions of the fields above (scheduler.cycle.static_fit); not state
+    memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+
+
+def build_cluster(config: QueueConfig, nodes: Iterable[Node]) -> Cluster:
+    node_t = tuple(nodes)
+    index: dict[str, int] = {}
+    type_nodes: dict[str, list[int]] = {}
+    for i, n in enumerate(node_t):
+        if n.name in index:
+            raise SnapshotError(f"node {n.name}", "duplicate node name")
+        if n.gpus < 0:
+            raise SnapshotError(f"node {n.name}", f"negative GPU count {n.gpus}")
+        index[n.name] = i
+        type_nodes.setdefault(n.gpu_type, []).append(i)
+    chains: dict[str, tuple[str, ...]] = {}
+    guarantee: dict[str, Mapping[str, int]] = {}
+    fences: dict[str, frozenset[str]] = {}
+    for path, q in config.queues.items():
+        chain = (path, *config.ancestors(path))
+        chains[path] = chain
+        guarantee[path] = MappingProxyType({"gpu": 0, **q.guaranteed})
+        fences[path] = frozenset(c for c in chain if config.queues[c].preemption_fence)
+    return Cluster(
+        config=config,
+        nodes=node_t,
+        node_index=MappingProxyType(index),
+        types=tuple(type_nodes),
+        type_nodes=MappingProxyType({t: tuple(v) for t, v in type_nodes.items()}),
+        type_cap=MappingProxyType({t: max(node_t[i].gpus for i in v) for t, v in type_nodes.items()}),
+        type_sizes=MappingProxyType(
+            {t: tuple(sorted(Counter(node_t[i].gpus for i in v).items())) for t, v in type_nodes.items()}
+        ),
+        chains=MappingProxyType(chains),
+        guarantee=MappingProxyType(guarantee),
+        fences=MappingProxyType(fences),
+    )
+
+
+def demand(w: Workload, gpu_type: str) -> tuple[tuple[str, int], ...]:
+    """The usage vector of ``w`` running on ``gpu_type``: ``gpu``, ``gpu/<type>``, cpu, memory."""
+    n = w.pods * w.gpus_per_pod
+    vec: tuple[tuple[str, int], ...] = (("gpu", n), ("gpu/" + gpu_type, n))
+    if w.cpu_millicores_per_pod:
+        vec += (("cpu", w.cpu_millicores_per_pod * w.pods),)
+    if w.memory_per_pod_bytes:
+        vec += (("memory", w.memory_per_pod_bytes * w.pods),)
+    return vec
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    node_free: tuple[int, ...]                      # free GPUs per node, cluster node order
+    usage: Mapping[str, Mapping[str, int]]          # queue -> resource -> amount, ancestors included
+
+
+def occupancy_of(cluster: Cluster, running: Iterable[Running]) -> Occupancy:
+    return occupancy_after(
+        cluster, Occupancy(tuple(n.gpus for n in cluster.nodes), MappingProxyType({})), (), running
+    )
+
+
+def occupancy_after(
+    cluster: Cluster, occ: Occupancy, stopped: Iterable[Running], started: Iterable[Running]
+) -> Occupancy:
+    """``occ`` with ``stopped`` workloads' GPUs returned and ``started`` ones' taken."""
+    free = list(occ.node_free)
+    usage: dict[str, Mapping[str, int]] = dict(occ.usage)
+    copied: dict[str, dict[str, int]] = {}
+    for sign, items in ((1, stopped), (-1, started)):
+        for r in items:
+            w = r.workload
+            for name, n in r.placement.nodes:
+                i = cluster.node_index[name]
+                free[i] += sign * n
+                if free[i] < 0 or free[i] > cluster.nodes[i].gpus:
+                    raise SnapshotError(f"node {name}", f"GPU count out of range after {w.id}")
+            chain = cluster.chains.get(w.queue)
+            if chain is None:
+                raise SnapshotError(f"workload {w.id}", f"unknown queue {w.queue}")
+            for q in chain:
+                d = copied.get(q)
+                if d is None:
+                    d = copied[q] = dict(usage.get(q, _NONE))
+                    usage[q] = d
+                for key, amt in demand(w, r.placement.gpu_type):
+                    d[key] = d.get(key, 0) - sign * amt
+    for q, d in copied.items():
+        usage[q] = MappingProxyType(d)
+    return Occupancy(tuple(free), MappingProxyType(usage))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    cluster: Cluster
+    running: tuple[Running, ...]
+    pending: tuple[Workload, ...]
+    occupancy: Occupancy
+    settings: Settings = field(default_factory=Settings)
+
+
+def snapshot(
+    cluster: Cluster,
+    running: Iterable[Running],
+    pending: Iterable[Workload],
+    settings: Settings | None = None,
+) -> Snapshot:
+    """Build a snapshot, computing the occupancy from ``running``."""
+    run = tuple(running)
+    return Snapshot(cluster, run, tuple(pending), occupancy_of(cluster, run), settings or Settings())

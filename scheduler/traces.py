@@ -1,0 +1,359 @@
+"""Import the Alibaba GPU cluster trace v2023 (openb) as a ``gpuq simulate`` scenario.
+
+``import_alibaba_v2023(trace_dir)`` returns a scenario mapping in the format of
+``../shared/scenarios/FORMAT.md``; ``gpuq import-trace alibaba-v2023 DIR --out FILE`` writes it
+(:func:`import_trace_main`). docs/TRACES.md explains every choice with the counts on the real
+trace. In short:
+
+* **Nodes**: ``openb_node_list_gpu_node.csv``, one node group per (model, GPUs per node), named
+  ``<model lower>-<gpus>g`` with its ``count`` (``t4-2g`` x 387 expands to ``t4-2g-0`` ..). The
+  models become ``gpu_types``. CPU and memory are not carried (FORMAT.md has no field for them).
+* **Pods**: only GPU pods (``num_gpu >= 1``). Each pod is a gang of one pod with ``num_gpu``
+  GPUs (the trace has no gangs). A fractional pod (``num_gpu == 1``, ``gpu_milli < 1000``) is
+  **rounded up to one whole GPU**, because the scheduler allocates whole GPUs; the import counts
+  them. ``gpu_spec`` ``A|B`` becomes ``gpu_types: [A, B]`` (that order, duplicates dropped,
+  types without nodes dropped); empty means any type.
+* **Times**: ``submit = (creation_time - first creation_time) * time_scale``; ``duration =
+  (deletion_time - scheduled_time) * duration_scale``. ``time_scale < 1`` packs arrivals closer,
+  which raises the load. A pod never scheduled in the trace (the 861 GPU pods still ``Pending``
+  at its end) has no running time: it is **skipped** unless ``pending_duration_s`` gives one.
+  Pods that ran until the end of the trace keep the censored running time the trace shows.
+* **QoS**: priority ``LS 2, Guaranteed 2, Burstable 1, BE 0``; LS and Guaranteed pods are not
+  preemptible, Burstable and BE are. No checkpointing (a preempted pod starts over).
+* **Queues**: see :mod:`scheduler.traces_queues` (``hash:N`` by CRC-32 of the pod name, ``qos``,
+  an explicit QoS table, or a user queue file). Created queues get ``guaranteed.gpu`` in
+  proportion to their GPU-seconds demand (integers summing to the cluster's GPUs) and
+  ``max.gpu`` the whole cluster.
+* **Ids** are the pod names (``openb-pod-0017``). The output depends only on the inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from scheduler.traces_queues import Assignment, TraceError, default_quotas, parse_assignment
+
+__all__ = ["ImportStats", "TraceError", "TraceImport", "dump_scenario", "import_alibaba_v2023",
+           "import_trace_main", "load_alibaba_v2023"]
+
+NODES_FILE = "openb_node_list_gpu_node.csv"
+PODS_FILE = "openb_pod_list_default.csv"
+QOS_PRIORITY: Mapping[str, int] = MappingProxyType({"LS": 2, "Guaranteed": 2, "Burstable": 1, "BE": 0})
+QOS_PREEMPTIBLE: Mapping[str, bool] = MappingProxyType(
+    {"LS": False, "Guaranteed": False, "Burstable": True, "BE": True})
+_NODE_COLUMNS = ("sn", "gpu", "model")
+_POD_COLUMNS = ("name", "num_gpu", "gpu_milli", "gpu_spec", "qos", "creation_time",
+                "deletion_time", "scheduled_time")
+
+
+@dataclass(slots=True)
+class ImportStats:
+    """What an import kept, dropped and changed. ``skipped`` maps a reason to a count:
+    ``cpu_only`` (no GPU), ``never_scheduled`` (no ``scheduled_time``), ``no_deletion_time``,
+    ``nonpositive_duration``, ``unknown_gpu_type`` (``gpu_spec`` names no node type),
+    ``unknown_qos``."""
+
+    pods_file: str
+    rule: str
+    rows_read: int = 0
+    imported: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    rounded_fractional: int = 0          # num_gpu == 1, gpu_milli < 1000 -> 1 whole GPU
+    pending_given_duration: int = 0      # never scheduled, kept with pending_duration_s
+    never_fits: int = 0                  # more GPUs than any node of an acceptable type has
+    by_qos: Counter[str] = field(default_factory=Counter)
+    nodes_by_type: dict[str, int] = field(default_factory=dict)
+    cluster_gpus_by_type: dict[str, int] = field(default_factory=dict)
+    requested_gpus_by_type: Counter[str] = field(default_factory=Counter)   # first choice or "any"
+    demand_gpu_s: dict[str, float] = field(default_factory=dict)            # per queue
+
+    def summary_lines(self) -> list[str]:
+        skipped = sum(self.skipped.values())
+        why = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
+        gpus = sum(self.cluster_gpus_by_type.values())
+        lines = [
+            f"imported {self.imported} workloads from {self.rows_read} rows of {self.pods_file}",
+            f"skipped {skipped}: {why}",
+            f"fractional GPUs rounded up to 1 whole GPU: {self.rounded_fractional}",
+            "qos: " + ", ".join(f"{k} {v}" for k, v in sorted(self.by_qos.items())),
+            f"cluster: {sum(self.nodes_by_type.values())} nodes, {gpus} GPUs: "
+            + ", ".join(f"{t} {n}" for t, n in sorted(self.cluster_gpus_by_type.items())),
+            "requested GPUs by first choice: "
+            + ", ".join(f"{t} {n}" for t, n in sorted(self.requested_gpus_by_type.items())),
+            f"queues ({self.rule}), GPU-hours demanded: "
+            + ", ".join(f"{q} {d / 3600:.0f}" for q, d in self.demand_gpu_s.items()),
+        ]
+        if self.pending_given_duration:
+            lines.append(f"never-scheduled pods kept with the default duration: {self.pending_given_duration}")
+        if self.never_fits:
+            lines.append(f"larger than any node of an acceptable type (the simulator rejects them): "
+                         f"{self.never_fits}")
+        return lines
+
+
+@dataclass(frozen=True, slots=True)
+class TraceImport:
+    scenario: dict[str, Any]
+    stats: ImportStats
+
+
+@dataclass(frozen=True, slots=True)
+class _Pod:
+    name: str
+    gpus: int
+    gpu_types: tuple[str, ...]
+    qos: str
+    creation_s: int
+    duration_s: float
+
+
+def _rows(path: Path, needed: tuple[str, ...], hint: str = "") -> Iterator[tuple[int, dict[str, str]]]:
+    try:
+        handle = path.open(newline="")
+    except OSError as exc:
+        raise TraceError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+    with handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in needed if c not in (reader.fieldnames or [])]
+        if missing:
+            raise TraceError(str(path), f"missing columns {', '.join(missing)} (has: "
+                                        f"{', '.join(reader.fieldnames or [])}){hint}", line=1)
+        for row in reader:
+            yield reader.line_num, row
+
+
+def _int(row: Mapping[str, str], col: str, path: Path, line: int) -> int | None:
+    text = (row.get(col) or "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise TraceError(str(path), f"column {col}: expected an integer, got {text!r}", line=line) from None
+
+
+def _read_nodes(path: Path) -> tuple[list[dict[str, Any]], dict[str, int], dict[str, int]]:
+    groups: Counter[tuple[str, int]] = Counter()
+    for line, row in _rows(path, _NODE_COLUMNS):
+        gpus, model = _int(row, "gpu", path, line), row["model"].strip()
+        if gpus is None or gpus < 1 or not model:
+            raise TraceError(str(path), "a GPU node needs gpu >= 1 and a model", line=line)
+        groups[(model, gpus)] += 1
+    nodes = [{"name": f"{m.lower()}-{g}g", "gpu_type": m, "gpus": g, "count": n}
+             for (m, g), n in sorted(groups.items())]
+    by_type: Counter[str] = Counter()
+    gpus_by_type: Counter[str] = Counter()
+    for (m, g), n in groups.items():
+        by_type[m] += n
+        gpus_by_type[m] += n * g
+    return nodes, dict(sorted(by_type.items())), dict(sorted(gpus_by_type.items()))
+
+
+def _seconds(x: float) -> int | float:
+    r = round(x, 3)
+    return int(r) if float(r).is_integer() else r
+
+
+def _read_pods(path: Path, types: Mapping[str, int], stats: ImportStats, *, limit: int | None,
+               pending_duration_s: float | None) -> list[_Pod]:
+    pods: list[_Pod] = []
+    hint = f"; {path.name} carries no times and cannot be replayed" if "multigpu" in path.name else ""
+    for line, row in _rows(path, _POD_COLUMNS, hint):
+        if limit is not None and len(pods) >= limit:
+            break
+        stats.rows_read += 1
+        num_gpu = _int(row, "num_gpu", path, line) or 0
+        milli = _int(row, "gpu_milli", path, line)
+        created = _int(row, "creation_time", path, line)
+        scheduled = _int(row, "scheduled_time", path, line)
+        deleted = _int(row, "deletion_time", path, line)
+        qos = row["qos"].strip()
+        spec = [t.strip() for t in row["gpu_spec"].split("|") if t.strip()]
+        wanted = tuple(dict.fromkeys(t for t in spec if t in types))
+        reason = None
+        if num_gpu < 1:
+            reason = "cpu_only"
+        elif created is None:
+            raise TraceError(str(path), "a GPU pod without creation_time", line=line)
+        elif qos not in QOS_PRIORITY:
+            reason = "unknown_qos"
+        elif spec and not wanted:
+            reason = "unknown_gpu_type"
+        elif scheduled is None and pending_duration_s is None:
+            reason = "never_scheduled"
+        elif scheduled is not None and deleted is None:
+            reason = "no_deletion_time"
+        elif scheduled is not None and deleted is not None and deleted - scheduled <= 0:
+            reason = "nonpositive_duration"
+        if reason is not None:
+            stats.skipped[reason] += 1
+            continue
+        if scheduled is None or deleted is None:
+            assert pending_duration_s is not None
+            duration: float = pending_duration_s
+            stats.pending_given_duration += 1
+        else:
+            duration = deleted - scheduled
+        if num_gpu == 1 and milli is not None and milli < 1000:
+            stats.rounded_fractional += 1
+        assert created is not None
+        pods.append(_Pod(row["name"].strip(), num_gpu, wanted, qos, created, duration))
+    return pods
+
+
+def load_alibaba_v2023(trace_dir: str | Path, *, pods_file: str = PODS_FILE, assignment: str = "hash:8",
+                       queues: Mapping[str, Any] | None = None, limit: int | None = None,
+                       time_scale: float = 1.0, duration_scale: float = 1.0,
+                       pending_duration_s: float | None = None, name: str | None = None,
+                       scheduler: Mapping[str, Any] | None = None) -> TraceImport:
+    """Read the trace and build the scenario and the import statistics (see the module docstring).
+
+    ``assignment`` is a rule of :mod:`scheduler.traces_queues`; ``queues`` a parsed queue file
+    (``{"queues": ..., "gpu_types": ...}``) whose quotas are used unchanged; ``limit`` stops after
+    that many imported workloads; ``scheduler`` is copied to the scenario's ``scheduler:``.
+    """
+    if time_scale <= 0 or duration_scale <= 0:
+        raise TraceError("--time-scale", "time_scale and duration_scale must be positive")
+    if pending_duration_s is not None and pending_duration_s <= 0:
+        raise TraceError("--pending-duration", "must be positive")
+    if limit is not None and limit < 0:
+        raise TraceError("--limit", "must not be negative")
+    trace = Path(trace_dir)
+    rule: Assignment = parse_assignment(assignment, queues)
+    nodes, nodes_by_type, gpus_by_type = _read_nodes(trace / NODES_FILE)
+    stats = ImportStats(pods_file=pods_file, rule=assignment, nodes_by_type=nodes_by_type,
+                        cluster_gpus_by_type=gpus_by_type)
+    pods = _read_pods(trace / pods_file, gpus_by_type, stats, limit=limit,
+                      pending_duration_s=pending_duration_s)
+    biggest: dict[str, int] = {}
+    for n in nodes:
+        biggest[n["gpu_type"]] = max(biggest.get(n["gpu_type"], 0), n["gpus"])
+    start = min((p.creation_s for p in pods), default=0)
+    demand: dict[str, float] = dict.fromkeys(rule.leaves, 0.0)
+    workloads: list[tuple[float, int, dict[str, Any]]] = []
+    for i, pod in enumerate(pods):
+        queue = rule.queue_of(pod.name, pod.qos)
+        submit = _seconds((pod.creation_s - start) * time_scale)
+        duration = max(_seconds(pod.duration_s * duration_scale), 0.001)
+        demand[queue] = demand.get(queue, 0.0) + pod.gpus * duration
+        w: dict[str, Any] = {"id": pod.name, "queue": queue, "submit": submit, "duration": duration,
+                             "pods": 1, "gpus_per_pod": pod.gpus}
+        if pod.gpu_types:
+            w["gpu_types"] = list(pod.gpu_types)
+        w["priority"] = QOS_PRIORITY[pod.qos]
+        w["preemptible"] = QOS_PREEMPTIBLE[pod.qos]
+        workloads.append((submit, i, w))
+        stats.by_qos[pod.qos] += 1
+        stats.requested_gpus_by_type[pod.gpu_types[0] if pod.gpu_types else "any"] += pod.gpus
+        if pod.gpus > max(biggest[t] for t in (pod.gpu_types or tuple(biggest))):
+            stats.never_fits += 1
+    workloads.sort(key=lambda x: (x[0], x[1]))
+    stats.imported = len(workloads)
+    stats.demand_gpu_s = demand
+    total_gpus = sum(gpus_by_type.values())
+    types: dict[str, Any] = {t: {} for t in gpus_by_type}
+    if queues is not None:
+        types = {**dict(queues.get("gpu_types") or {}), **{t: v for t, v in types.items()
+                                                          if t not in (queues.get("gpu_types") or {})}}
+        tree = dict(queues["queues"])
+    else:
+        tree = default_quotas(rule.leaves, demand, total_gpus)
+    scenario: dict[str, Any] = {"name": name or f"alibaba-v2023-{Path(pods_file).stem}"}
+    if scheduler:
+        scenario["scheduler"] = dict(scheduler)
+    scenario.update({"gpu_types": types, "nodes": nodes, "queues": tree,
+                     "workloads": [w for _, _, w in workloads]})
+    return TraceImport(scenario, stats)
+
+
+def import_alibaba_v2023(trace_dir: str | Path, **options: Any) -> dict[str, Any]:
+    """The scenario mapping of :func:`load_alibaba_v2023` (same keyword options)."""
+    return load_alibaba_v2023(trace_dir, **options).scenario
+
+
+def dump_scenario(scenario: Mapping[str, Any], comment: list[str] | None = None) -> str:
+    """YAML text of a scenario: block style, one flow-style line per workload and node."""
+    head = {k: v for k, v in scenario.items() if k != "workloads"}
+    text = "".join(f"# {c}\n" for c in comment or [])
+    text += yaml.safe_dump(head, sort_keys=False, default_flow_style=None, width=110)
+    rows = [yaml.safe_dump(w, sort_keys=False, default_flow_style=True, width=1 << 30).strip()
+            for w in scenario.get("workloads", [])]
+    return text + ("workloads:\n" + "".join(f"  - {r}\n" for r in rows) if rows else "workloads: []\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuq import-trace", description="Turn a public GPU trace into a "
+                                "scenario for gpuq simulate (docs/TRACES.md).")
+    p.add_argument("trace", choices=["alibaba-v2023"])
+    p.add_argument("trace_dir", metavar="TRACE_DIR")
+    p.add_argument("--out", "-o", required=True, help="scenario YAML to write ('-' for stdout)")
+    p.add_argument("--pods-file", default=PODS_FILE)
+    p.add_argument("--queues", default="hash:8", metavar="hash:N|qos|qos:QOS=Q,...|FILE.yaml",
+                   help="queue rule, or a queue file whose leaves take the pods (default hash:8)")
+    p.add_argument("--assign", default="hash", metavar="hash|qos|qos:QOS=Q,...",
+                   help="with a queue file: how pods pick its leaf queues (default hash)")
+    p.add_argument("--limit", type=int, help="stop after N imported workloads")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply submit times (0.1: 10x the load)")
+    p.add_argument("--duration-scale", type=float, default=1.0, help="multiply running times")
+    p.add_argument("--pending-duration", type=float, metavar="S",
+                   help="keep never-scheduled pods with this running time (default: skip them)")
+    p.add_argument("--name", help="scenario name (default alibaba-v2023-<pods file>)")
+    p.add_argument("--cycle-interval", type=float, metavar="S", help="scheduler.cycle_interval_s")
+    p.add_argument("--no-preemption", action="store_true", help="scheduler.preemption: false")
+    return p
+
+
+def import_trace_main(argv: list[str], settings: object = None) -> int:
+    """``gpuq import-trace alibaba-v2023 TRACE_DIR --out FILE ...``; ``settings`` is accepted for
+    the CLI's uniform signature and not used."""
+    args = _parser().parse_args(argv)
+    sched: dict[str, Any] = {}
+    if args.no_preemption:
+        sched["preemption"] = False
+    if args.cycle_interval is not None:
+        sched["cycle_interval_s"] = args.cycle_interval
+    try:
+        queues, rule = None, args.queues
+        if args.queues.endswith((".yaml", ".yml")) or Path(args.queues).is_file():
+            queues, rule = _read_queue_file(Path(args.queues)), args.assign
+        result = load_alibaba_v2023(args.trace_dir, pods_file=args.pods_file, assignment=rule,
+                                    queues=queues, limit=args.limit, time_scale=args.time_scale,
+                                    duration_scale=args.duration_scale,
+                                    pending_duration_s=args.pending_duration, name=args.name,
+                                    scheduler=sched or None)
+        lines = result.stats.summary_lines()
+        text = dump_scenario(result.scenario, [f"gpuq import-trace {' '.join(argv)}", *lines])
+        if args.out == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.out).write_text(text)
+    except (TraceError, OSError) as exc:
+        print(f"gpuq import-trace: error: {exc}", file=sys.stderr)
+        return 2
+    out = sys.stderr if args.out == "-" else sys.stdout
+    for line in lines:
+        print(line, file=out)
+    if args.out != "-":
+        print(f"wrote {args.out}", file=out)
+    return 0
+
+
+def _read_queue_file(path: Path) -> Mapping[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise TraceError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise TraceError(str(path), f"invalid YAML: {exc}") from exc
+    if not isinstance(data, Mapping) or not isinstance(data.get("queues"), Mapping):
+        raise TraceError(str(path), "expected a mapping with a 'queues:' section")
+    return data
