@@ -6,12 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEB_STAMP := .deb-installed
-DEB_PACKAGES := prometheus chromium
+DEB_PACKAGES := prometheus
 
 .PHONY: test demo setup deb lint bench clean
 
 $(DEB_STAMP):
-	@if command -v promtool >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1; then \
+	@if command -v promtool >/dev/null 2>&1; then \
 	  echo "debian packages already present"; \
 	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_PACKAGES)) \
