@@ -103,6 +103,23 @@ def _wait_alive(dashboard_url: str, proc: subprocess.Popen[bytes], log: Path, de
     raise RuntimeError(f"Ray dashboard not up after {deadline_s}s ({last}):\n{log.read_text()[-3000:]}")
 
 
+def _wait_gpu_metrics(url: str, proc: subprocess.Popen[bytes], log: Path, deadline_s: float) -> None:
+    """Ray's metrics agent publishes ``ray_resources`` some seconds after the node is ALIVE:
+    hand out the head only once its page carries the GPU resource."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            text = httpx.get(url, timeout=2).text
+            if any(line.startswith("ray_resources{") and 'Name="GPU"' in line for line in text.splitlines()):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} showed no ray_resources for GPU after {deadline_s}s")
+
+
 def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
     """SIGTERM the process group we started, SIGKILL what is left after ``grace_s`` (gcs_server
     ignores TERM). Workers run in groups of their own and exit with their raylet."""
@@ -150,6 +167,7 @@ def ray_head_fixture() -> Iterator[RayHead]:
     dashboard_url = f"http://127.0.0.1:{dash}"
     try:
         ip = _wait_alive(dashboard_url, proc, log, deadline_s=90)    # the address Ray picked
+        _wait_gpu_metrics(f"http://{ip}:{metrics}/metrics", proc, log, deadline_s=90)
         yield RayHead(f"{ip}:{gcs}", dashboard_url, f"http://{ip}:{metrics}/metrics", metrics, ip)
     finally:
         try:
