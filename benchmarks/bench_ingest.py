@@ -85,6 +85,30 @@ def run_round(runner, stop) -> tuple[float, int]:  # noqa: ANN001
     return time.perf_counter() - t0, rows
 
 
+def fetch_compare(port: int, nodes: int) -> tuple[float, float]:
+    """Seconds to GET every page once with our aiohttp client and with httpx's AsyncClient."""
+    import httpx
+
+    from collector.http import HttpClient
+
+    urls = [f"http://127.0.0.1:{port}/node/{i}/metrics" for i in range(nodes)]
+
+    async def ours() -> float:
+        async with HttpClient(timeout_s=900, max_connections=128) as c:
+            t = time.perf_counter()
+            await asyncio.gather(*(c.get(u) for u in urls))
+            return time.perf_counter() - t
+
+    async def peer() -> float:
+        limits = httpx.Limits(max_connections=128)
+        async with httpx.AsyncClient(timeout=900, limits=limits) as c:
+            t = time.perf_counter()
+            rs = await asyncio.gather(*(c.get(u) for u in urls))
+            [r.text for r in rs]
+            return time.perf_counter() - t
+    return min(asyncio.run(ours()) for _ in range(2)), min(asyncio.run(peer()) for _ in range(2))
+
+
 def writer_throughput(store, spill: str, n: int) -> tuple[float, float]:  # noqa: ANN001
     """Rows/s through BatchWriter.flush (50k-row batches) against 100-row inserts, same rows."""
     import datetime as dt
@@ -160,6 +184,9 @@ def main() -> int:
               f"{rows / best:,.0f} rows/s into chDB ({rows:,} rows a round)")
         return rows / best
 
+    f_ours, f_peer = fetch_compare(port, a.nodes)
+    print(f"{'fetch only':>18}: aiohttp {f_ours:.2f} s, httpx {f_peer:.2f} s for {a.nodes} pages "
+          f"({f_peer / f_ours:.1f}x)")
     ours = measure("gpuq parser")
 
     real_parse = ray_mod.parse
