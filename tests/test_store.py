@@ -7,7 +7,6 @@ import pytest
 from gpuq.errors import ConfigError, StoreQueryError, StoreUnavailable
 from gpuq.store import COLUMNS, connect, migrate, parse_dsn
 from gpuq.store.migrate import load_migrations
-
 from tests.conftest import closed_port
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)

@@ -37,4 +37,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "priority", "ray_cluster", "start", "end", "version",
     ),
     "collector_state": ("ts", "cluster", "source", "key", "value"),
+    "scheduler_events": (
+        "ts", "cluster", "t", "seq", "event", "workload", "queue", "gpu_type", "placement", "by",
+        "reason", "spec",
+    ),
 }

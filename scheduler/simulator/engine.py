@@ -16,16 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 from scheduler.cycle import never_fits, schedule
+from scheduler.events import event as make_event
 from scheduler.model import Decisions, Running, Workload
 from scheduler.simulator.report import QueueStats, SimResult, summarize
 from scheduler.simulator.scenario import Scenario
 from scheduler.snapshot import Occupancy, Snapshot, occupancy_after, occupancy_of
 
 EPS = 1e-9
-
-
-def _t(x: float) -> float:
-    return round(x, 6) + 0.0
 
 
 class _Sim:
@@ -52,7 +49,7 @@ class _Sim:
         self.last_t = 0.0
 
     def emit(self, t: float, event: str, w: Workload, **extra: Any) -> None:
-        self.events.append({"t": _t(t), "event": event, "workload": w.id, "queue": w.queue, **extra})
+        self.events.append(make_event(t, event, w.id, w.queue, **extra))
         self.last_t = max(self.last_t, t)
 
     def advance(self, until: float) -> None:

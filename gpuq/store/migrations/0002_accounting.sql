@@ -29,3 +29,31 @@ SELECT toStartOfHour(ts) AS hour, cluster, node, gpu_uuid, mig_instance, namespa
 FROM {db}.gpu_samples
 WHERE metric IN ('DCGM_FI_PROF_GR_ENGINE_ACTIVE', 'DCGM_FI_DEV_GPU_UTIL') AND pod != ''
 GROUP BY hour, cluster, node, gpu_uuid, mig_instance, namespace, pod;
+
+-- accounting_usage_1h: the accounting engine's own results per closed hour (exact, minute-level idle
+-- detection), written by accounting.rollup.materialize_hours; a month per queue reads ~720 rows per
+-- (queue, namespace, type). A recomputed hour replaces the old rows (ReplacingMergeTree(computed_at)).
+-- The idle parameters it used are recorded with each row.
+CREATE TABLE IF NOT EXISTS {db}.accounting_usage_1h (
+    hour                DateTime('UTC'),
+    cluster             LowCardinality(String),
+    queue               LowCardinality(String),
+    namespace           LowCardinality(String),
+    gpu_model           LowCardinality(String),
+    gpu_resource        LowCardinality(String),
+    gpu_seconds         Float64,
+    idle_gpu_seconds    Float64,
+    idle_threshold_pct  Float64,
+    idle_window_s       Float64,
+    computed_at         DateTime64(3, 'UTC')
+) ENGINE = ReplacingMergeTree(computed_at)
+PARTITION BY toYYYYMM(hour)
+ORDER BY (hour, cluster, queue, namespace, gpu_model, gpu_resource)
+TTL hour + INTERVAL {ttl_days} DAY;
+
+-- The hours accounting_usage_1h holds (an hour without any usage has no row there, but one here).
+CREATE TABLE IF NOT EXISTS {db}.accounting_hours (
+    hour         DateTime('UTC'),
+    computed_at  DateTime64(3, 'UTC')
+) ENGINE = ReplacingMergeTree(computed_at)
+ORDER BY hour;
