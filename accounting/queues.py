@@ -1,0 +1,273 @@
+"""Queue configuration: the hierarchy, guaranteed/max quotas, GPU types and pod-to-queue mapping.
+
+This module is the contract shared by the accounting engine and the scheduler. It is pure: it
+turns a mapping (parsed YAML) into frozen values and raises :class:`QueueConfigError` naming
+the YAML path of the first problem (:mod:`accounting.queue_rules` holds the quota rules).
+
+File layout (every section optional except ``queues``)::
+
+    gpu_types:                      # when present, gpu/<TYPE> must name one of these
+      H100: {price_per_hour: 4.0, node_labels: [NVIDIA-H100-80GB-HBM3]}
+    mapping:                        # how a pod finds its queue, tried in this order
+      labels: [kueue.x-k8s.io/queue-name, queue]
+      annotations: [yunikorn.apache.org/queue]
+      namespaces: {ml-team: research.vision}
+      default: research.nlp
+    queues:
+      research:
+        guaranteed: {gpu: 24}
+        max: {gpu: 80, gpu/H100: 8, cpu: 512, memory: 4Ti}
+        priority: 0
+        weight: 2                   # share of idle capacity (over-quota), > 0
+        preemption: {fence: true}   # no preemption leaves or enters this subtree
+        strict_fifo: false
+        queues: {vision: {...}}
+
+Resources
+---------
+A quota is a mapping from resource name to an integer amount:
+
+* ``gpu``        GPUs of any type;
+* ``gpu/<TYPE>`` GPUs of that type only (``TYPE`` must be declared in ``gpu_types`` when that
+  section is present);
+* ``cpu`` in **millicores** (the file takes ``8`` cores or ``500m``) and ``memory`` in bytes (the
+  file takes ``64Gi``, ``1G`` or a plain integer), optional.
+
+``max``: a resource absent from ``max`` is not limited by this queue (its ancestors' max still
+apply). ``guaranteed``: a resource absent from ``guaranteed`` has a guarantee of 0 for ``gpu``
+(a queue without ``guaranteed`` is guaranteed nothing and does not inherit its parent's); typed
+``gpu/<TYPE>`` and ``cpu``/``memory`` guarantees constrain only where they are given.
+
+A usage vector uses the same keys: a pod holding 8 H100 counts as ``{"gpu": 8, "gpu/H100": 8}``.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from accounting.errors import QueueConfigError
+from accounting.quantity import cpu_millicores, gpu_count, memory_bytes
+
+ROOT = "root"
+
+Resources = Mapping[str, int]
+
+_EMPTY: Mapping[str, int] = MappingProxyType({})
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+QUEUE_KEYS = frozenset({"guaranteed", "max", "priority", "weight", "preemption", "strict_fifo", "queues"})
+TOP_KEYS = frozenset({"queues", "gpu_types", "mapping"})
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """One queue of the hierarchy. ``path`` is dotted below the implicit root (``research.vision``);
+    the root itself has path ``root``."""
+
+    path: str
+    parent: str | None
+    guaranteed: Resources = field(default_factory=lambda: _EMPTY)
+    max: Resources = field(default_factory=lambda: _EMPTY)
+    priority: int = 0
+    weight: float = 1.0
+    preemption_fence: bool = False   # no preemption leaves or enters this queue's subtree
+    strict_fifo: bool = False        # a blocked head blocks the work behind it
+    children: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+
+@dataclass(frozen=True, slots=True)
+class GpuType:
+    name: str
+    price_per_hour: float = 0.0
+    # node label values (nvidia.com/gpu.product, MIG profiles) that mean this type
+    node_labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMapping:
+    """How a pod finds its queue, tried in order: labels, annotations, then namespace map."""
+
+    labels: tuple[str, ...] = ("kueue.x-k8s.io/queue-name", "queue", "yunikorn.apache.org/queue")
+    annotations: tuple[str, ...] = ("yunikorn.apache.org/queue",)
+    namespaces: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    default: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    queues: Mapping[str, Queue]          # every queue by path, the root included
+    gpu_types: Mapping[str, GpuType] = field(default_factory=lambda: MappingProxyType({}))
+    mapping: QueueMapping = field(default_factory=QueueMapping)
+
+    @property
+    def root(self) -> Queue:
+        return self.queues[ROOT]
+
+    def leaves(self) -> tuple[str, ...]:
+        return tuple(p for p, q in self.queues.items() if q.is_leaf and p != ROOT)
+
+    def ancestors(self, path: str) -> tuple[str, ...]:
+        """The queue's parent, grandparent, ... up to and including ``root``."""
+        out: list[str] = []
+        parent = self.queues[path].parent
+        while parent is not None:
+            out.append(parent)
+            parent = self.queues[parent].parent
+        return tuple(out)
+
+    def type_of_label(self, label_value: str) -> str | None:
+        for t in self.gpu_types.values():
+            if label_value == t.name or label_value in t.node_labels:
+                return t.name
+        return None
+
+
+def _resources(raw: Any, where: str, gpu_types: Mapping[str, GpuType] | None) -> Mapping[str, int]:
+    if raw is None:
+        return _EMPTY
+    if not isinstance(raw, Mapping):
+        raise QueueConfigError(where, f"expected a mapping of resource to amount, got {type(raw).__name__}")
+    out: dict[str, int] = {}
+    for key, value in raw.items():
+        key = str(key)
+        if key == "gpu" or key.startswith("gpu/"):
+            if key.startswith("gpu/") and gpu_types is not None and key[4:] not in gpu_types:
+                known = ", ".join(sorted(gpu_types)) or "none"
+                raise QueueConfigError(f"{where}.{key}", f"unknown gpu type {key[4:]!r} (declared: {known})")
+            amount, err = gpu_count(value)
+        elif key == "cpu":
+            amount, err = cpu_millicores(value)
+        elif key == "memory":
+            amount, err = memory_bytes(value)
+        else:
+            raise QueueConfigError(f"{where}.{key}",
+                                   "unknown resource (expected gpu, gpu/<TYPE>, cpu or memory)")
+        if err is not None or amount is None:
+            raise QueueConfigError(f"{where}.{key}", err or "invalid amount")
+        out[key] = amount
+    return MappingProxyType(out)
+
+
+def _number(spec: Mapping[str, Any], key: str, default: float, where: str, *, integer: bool = False) -> Any:
+    value = spec.get(key, default)
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        kind = "an integer" if integer else "a number"
+        raise QueueConfigError(f"{where}.{key}", f"expected {kind}, got {value!r}")
+    return value
+
+
+def _flag(spec: Mapping[str, Any], key: str, where: str) -> bool:
+    value = spec.get(key, False)
+    if not isinstance(value, bool):
+        raise QueueConfigError(f"{where}.{key}", f"expected true or false, got {value!r}")
+    return value
+
+
+def _unknown_keys(spec: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
+    extra = sorted(str(k) for k in spec if k not in allowed)
+    if extra:
+        raise QueueConfigError(f"{where}.{extra[0]}", f"unknown key (expected one of {', '.join(sorted(allowed))})")
+
+
+def _queue(name: Any, spec: Any, parent: str, path: str, where: str,
+           gpu_types: Mapping[str, GpuType] | None) -> tuple[Queue, Mapping[str, Any]]:
+    if not _NAME.match(str(name)):
+        raise QueueConfigError(where, "invalid queue name (letters, digits, '_' and '-' only)")
+    spec = {} if spec is None else spec
+    if not isinstance(spec, Mapping):
+        raise QueueConfigError(where, f"expected a mapping, got {type(spec).__name__}")
+    _unknown_keys(spec, QUEUE_KEYS, where)
+    weight = float(_number(spec, "weight", 1.0, where))
+    if weight <= 0:
+        raise QueueConfigError(f"{where}.weight", f"must be positive, got {spec['weight']!r}")
+    pre = spec.get("preemption") or {}
+    if not isinstance(pre, Mapping):
+        raise QueueConfigError(f"{where}.preemption", f"expected a mapping, got {type(pre).__name__}")
+    _unknown_keys(pre, frozenset({"fence"}), f"{where}.preemption")
+    kids = spec.get("queues") or {}
+    if not isinstance(kids, Mapping):
+        raise QueueConfigError(f"{where}.queues", f"expected a mapping of queues, got {type(kids).__name__}")
+    queue = Queue(
+        path=path, parent=parent,
+        guaranteed=_resources(spec.get("guaranteed"), f"{where}.guaranteed", gpu_types),
+        max=_resources(spec.get("max"), f"{where}.max", gpu_types),
+        priority=int(_number(spec, "priority", 0, where, integer=True)),
+        weight=weight,
+        preemption_fence=_flag(pre, "fence", f"{where}.preemption"),
+        strict_fifo=_flag(spec, "strict_fifo", where),
+    )
+    return queue, kids
+
+
+def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
+                       strict_top: bool = False) -> QueueConfig:
+    """Build and validate a :class:`QueueConfig` from the parsed YAML of a queue file.
+
+    ``source`` prefixes queue paths in messages (``queues.research.vision.max``). Top-level keys
+    other than ``queues``, ``gpu_types`` and ``mapping`` are ignored (a scenario file carries
+    more), unless ``strict_top`` (the production file) refuses them.
+    """
+    from accounting.queue_rules import check_quotas, parse_gpu_types, parse_mapping
+
+    if not isinstance(data, Mapping):
+        raise QueueConfigError(source, f"expected a mapping at the top level, got {type(data).__name__}")
+    if strict_top:
+        _unknown_keys(data, TOP_KEYS, "(top)")
+    gpu_types = parse_gpu_types(data.get("gpu_types"))
+    declared = gpu_types if data.get("gpu_types") is not None else None
+    queues: dict[str, Queue] = {}
+
+    def walk(raw: Mapping[str, Any], parent: str, prefix: str) -> tuple[str, ...]:
+        names: list[str] = []
+        for name, spec in raw.items():
+            path = f"{prefix}{name}"
+            queue, kids_raw = _queue(name, spec, parent, path, f"{source}.{path}", declared)
+            kids = walk(kids_raw, path, f"{path}.")
+            queues[path] = replace(queue, children=kids)
+            names.append(path)
+        return tuple(names)
+
+    raw_queues = data.get("queues") or {}
+    if not isinstance(raw_queues, Mapping):
+        raise QueueConfigError(source, f"expected a mapping of queues, got {type(raw_queues).__name__}")
+    top = walk(raw_queues, ROOT, "")
+    queues[ROOT] = Queue(path=ROOT, parent=None, children=top)
+    config = QueueConfig(queues=MappingProxyType(queues), gpu_types=gpu_types,
+                         mapping=parse_mapping(data.get("mapping"), queues))
+    check_quotas(config, source)
+    return config
+
+
+def load_queue_config(path: str | Path) -> QueueConfig:
+    """Read and validate a queue file; errors carry the file and the line of the YAML path."""
+    import yaml
+
+    from accounting.queue_rules import line_of
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+        data = yaml.safe_load(text) or {}
+    except OSError as exc:
+        raise QueueConfigError(str(p), f"cannot read: {exc.strerror or exc}", file=str(p)) from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise QueueConfigError(str(p), f"invalid YAML: {getattr(exc, 'problem', None) or exc}",
+                               file=str(p), line=mark.line + 1 if mark else None) from exc
+    try:
+        return parse_queue_config(data, source="queues", strict_top=True)
+    except QueueConfigError as exc:
+        exc.file, exc.line = str(p), line_of(text, exc.where)
+        raise
