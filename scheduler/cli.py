@@ -1,11 +1,25 @@
-"""``gpuq simulate SCENARIO.yaml --out DIR``: self-contained, argparse-based; the lead wires
-:func:`simulate_main` into the ``gpuq`` console script."""
+"""Scheduler commands, argparse-based; ``gpuq.cli`` delegates to them with the arguments after the
+command and the loaded settings:
+
+    gpuq simulate SCENARIO.yaml --out DIR          replay a scenario (simulate_main)
+    gpuq serve [--nodes FILE] [--cluster NAME]     the API, collectors, accounting and scheduler
+    gpuq workloads [--queue Q] [--state S]         the workloads, from a running serve (HTTP)
+    gpuq explain ID                                why a workload is pending, from a running serve
+
+chDB lets one process open a data path, so ``workloads`` and ``explain`` ask ``gpuq serve`` over
+HTTP (``--api URL``, default ``api.host:api.port``; ``--token``, default the first configured).
+"""
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import sys
+from pathlib import Path
+from typing import Any
 
 from scheduler.errors import ScenarioError
+from scheduler.model import Node
 
 
 def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
@@ -35,6 +49,168 @@ def simulate_main(argv: list[str]) -> int:
           f"{s['preemptions']} preemptions, {s['scheduler']['cycles']} cycles in "
           f"{s['scheduler']['wall_s']:.3f} s; wrote {events} and {summary}")
     return 0
+
+
+
+
+# -- gpuq serve / workloads / explain ----------------------------------------------------------------
+def serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuq serve",
+        description="Run the API, the collectors, the accounting loop and the scheduler on one store. "
+        "SIGTERM or Ctrl-C stops everything within seconds.")
+    p.add_argument("--nodes", metavar="FILE", help="static node list: a YAML list of node groups as in a "
+                   "scenario's nodes ({name, gpu_type, gpus, count}); default: the accounting's view of capacity")
+    p.add_argument("--cluster", default="default", help="the name the scheduler's events carry (default: default)")
+    p.add_argument("--no-collect", action="store_true", help="do not run the collectors in this process")
+    return p
+
+
+def load_nodes(path: str) -> list[Node]:
+    """A node list file: ``[{name, gpu_type, gpus, count}, ...]`` or ``{nodes: [...]}``."""
+    import yaml
+
+    from scheduler.simulator.scenario import parse_scenario
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ScenarioError("(file)", f"cannot read: {exc.strerror or exc}", path) from exc
+    except yaml.YAMLError as exc:
+        raise ScenarioError("(file)", f"invalid YAML: {exc}", path) from exc
+    nodes = data.get("nodes") if isinstance(data, dict) else data
+    return list(parse_scenario({"nodes": nodes}, source=path).cluster.nodes)
+
+
+def serve_main(argv: list[str], settings: Any) -> int:
+    """Exit status: 0 stopped cleanly, 1 the API could not start, 2 bad arguments or configuration."""
+    import threading
+
+    from accounting.errors import QueueConfigError
+    from collector.service import install_stop_handlers
+    from scheduler.service_runtime import serve
+
+    args = serve_parser().parse_args(argv)
+    try:
+        nodes = load_nodes(args.nodes) if args.nodes else None
+    except ScenarioError as exc:
+        print(f"gpuq serve: error: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    previous = install_stop_handlers(stop)
+    try:
+        return serve(settings, stop, nodes=nodes, cluster=args.cluster, collect=not args.no_collect)
+    except QueueConfigError as exc:
+        print(f"gpuq serve: error: queue file: {exc.located()}", file=sys.stderr)
+        return 2
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _client_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--api", metavar="URL", help="the gpuq serve API (default: http://api.host:api.port "
+                   "from the config)")
+    p.add_argument("--token", help="bearer token (default: the first of api.tokens in the config, if any)")
+    return p
+
+
+def _call(args: argparse.Namespace, settings: Any, prog: str, path: str,
+          params: dict[str, str] | None = None) -> Any:
+    """GET ``path`` from the API; raise SystemExit(1) with the problem's detail on failure."""
+    import logging
+
+    import httpx
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)     # no request log lines on a CLI's stderr
+    host = settings.api.host if settings.api.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    base = (args.api or f"http://{host}:{settings.api.port}").rstrip("/")
+    token = args.token or (settings.api.tokens[0].token if settings.api.tokens else None)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx.get(base + path, params=params, headers=headers, timeout=10.0)
+    except httpx.HTTPError as exc:
+        print(f"{prog}: error: cannot reach {base}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail") or r.text
+        except ValueError:
+            detail = r.text
+        print(f"{prog}: error: {detail} (HTTP {r.status_code})", file=sys.stderr)
+        raise SystemExit(1)
+    return r.json()
+
+
+WORKLOAD_COLUMNS = ("id", "queue", "state", "gpus", "priority", "gpu_type", "reason_code", "position", "message")
+
+
+def workloads_main(argv: list[str], settings: Any) -> int:
+    """``gpuq workloads [--queue Q] [--state S] [--format table|json|csv]``: 0 or 1 (API failed)."""
+    from gpuq.output import render
+
+    p = _client_parser("gpuq workloads", "The scheduler's workloads, from a running gpuq serve.")
+    p.add_argument("--queue", help="a queue and its subtree")
+    p.add_argument("--state", choices=["pending", "running", "finished", "cancelled", "rejected"])
+    p.add_argument("--format", "-f", choices=["table", "json", "csv"], default="table")
+    args = p.parse_args(argv)
+    params = {k: v for k, v in (("queue", args.queue), ("state", args.state)) if v}
+    try:
+        rows = _call(args, settings, "gpuq workloads", "/workloads", params)
+    except SystemExit as exc:
+        return int(exc.code or 1)
+    if args.format == "json":
+        print(json.dumps(rows, indent=1))
+    else:
+        sys.stdout.write(render(WORKLOAD_COLUMNS, [[r.get(c) for c in WORKLOAD_COLUMNS] for r in rows], args.format))
+    return 0
+
+
+def explain_main(argv: list[str], settings: Any) -> int:
+    """``gpuq explain ID [--format text|json]``: why a workload is where it is. 0, or 1 (unknown
+    workload, API failed)."""
+    from urllib.parse import quote
+
+    p = _client_parser("gpuq explain", "Why a workload is pending (its reason and position), or where it runs.")
+    p.add_argument("id", help="workload id")
+    p.add_argument("--format", "-f", choices=["text", "json"], default="text")
+    args = p.parse_args(argv)
+    try:
+        w = _call(args, settings, "gpuq explain", f"/workloads/{quote(args.id, safe='/')}")
+    except SystemExit as exc:
+        return int(exc.code or 1)
+    if args.format == "json":
+        print(json.dumps(w, indent=1))
+        return 0
+    print(explain_text(w), end="")
+    return 0
+
+
+def explain_text(w: dict[str, Any]) -> str:
+    gang = f"{w['pods']} x {w['gpus_per_pod']} GPUs" if w["pods"] > 1 else f"{w['gpus_per_pod']} GPUs"
+    types = ", ".join(w["gpu_types"]) or "any type"
+    lines = [f"workload {w['id']} in queue {w['queue']}: {w['state']} ({gang} of {types}, priority {w['priority']})"]
+    if w["state"] == "pending":
+        lines.append(f"reason: {w['reason_code']}")
+        lines.append(f"  {w['message']}")
+        lines.append(f"position: {w['position']} in queue {w['queue']}")
+    elif w["state"] == "running":
+        where = ", ".join(f"{n}:{g}" for n, g in (w["placement"] or {}).items())
+        lines.append(f"running on {w['gpu_type']} ({where}) since {_iso(w['start_s'])}")
+    elif w.get("message"):
+        lines.append(f"{w['reason_code']}: {w['message']}")
+    if w.get("preempted"):
+        lines.append(f"preempted {w['preempted']} time(s)")
+    return "\n".join(lines) + "\n"
+
+
+def _iso(t: float | None) -> str:
+    import datetime as dt
+
+    if t is None:
+        return "-"
+    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 if __name__ == "__main__":  # pragma: no cover

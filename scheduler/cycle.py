@@ -12,7 +12,9 @@ ones behind it unless its queue is ``strict_fifo``.
 from __future__ import annotations
 
 import heapq
-from typing import cast
+from itertools import chain
+from operator import attrgetter
+from typing import NamedTuple, cast
 
 from scheduler import reasons
 from scheduler.errors import SnapshotError
@@ -42,18 +44,10 @@ def schedule(snap: Snapshot, now: float) -> Decisions:
     cursor = dict.fromkeys(groups, 0)
     while heap:
         _, q = heapq.heappop(heap)
-        lst, i = groups[q], cursor[q]
-        while i < len(lst):
-            w = lst[i]
-            i += 1
-            if cycle.nominate(w):
-                if i < len(lst):
-                    cursor[q] = i
-                    heapq.heappush(heap, (queue_key(cycle.cluster, cycle.ledger, q), q))
-                break
-            if cycle.cluster.config.queues[q].strict_fifo:
-                cycle.block_behind(w, lst[i:], q)
-                break
+        lst = groups[q]
+        cursor[q] = i = cycle.walk(q, lst, cursor[q])
+        if i < len(lst):                  # one started and work waits behind it
+            heapq.heappush(heap, (queue_key(cycle.cluster, cycle.ledger, q), q))
     return Decisions(now, tuple(cycle.admissions), tuple(cycle.preemptions), cycle.requeue(groups))
 
 
@@ -65,17 +59,18 @@ class _Cycle:
         self.now = now
         self.cluster: Cluster = snap.cluster
         self.ledger = Ledger(snap.occupancy.usage)
-        self.index = FreeIndex(snap.cluster, snap.occupancy.node_free)
+        self.index = FreeIndex(snap.cluster, snap.occupancy.node_free, snap.occupancy.levels)
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
-        self.verdicts: dict[str, Verdict] = {}
-        self.started: set[str] = set()
+        self.waiting: dict[str, list[PendingReason]] = {}   # queue -> its waiting ones, in order
         self.dead: set[str] = set()          # no longer victims this cycle (see preemption.plan)
         self.pool: list[Candidate] | None = None
         self.pool_dead = 0
         # a gang shape that found no room stays without room until capacity is freed (admissions
         # only take): (type, gpus per pod, pods) -> its message; cleared by every preemption
         self.no_room: dict[tuple[str, int, int], str] = {}
+        # Fit.room (types, gpus per pod, pods) whose every type is in no_room -> the joined message
+        self.all_full: dict[int, str] = {}
         self.no_plan: dict[tuple[str, tuple[str, ...], int, int, int], NoPlan] = {}
         self.ineligible: dict[tuple[str, int, int], str] = {}
 
@@ -85,16 +80,54 @@ class _Cycle:
             if q not in queues or not queues[q].is_leaf or q == "root":
                 raise SnapshotError(f"workload {groups[q][0].id}", f"queue {q} is not a leaf queue")
 
-    def nominate(self, w: Workload) -> bool:
-        """Try to start ``w`` now: free capacity first, then preemption. False: it waits."""
+    def walk(self, q: str, lst: list[Workload], i: int) -> int:
+        """Nominate ``lst[i:]`` (queue ``q``'s pending, in order) until one starts; return the index
+        after it, or ``len(lst)`` when none does. Nothing the queue's verdicts read changes until one
+        starts, so the common verdict "no room for the shape anywhere, and the queue is above its
+        guarantee" comes from memos (the same steps :meth:`nominate` would take, without the work)."""
+        out = self.waiting.setdefault(q, [])
+        cluster, all_full = self.cluster, self.all_full
+        fits = _fits(cluster, q)
+        used, g = self.ledger.used(q, "gpu"), cluster.guarantee[q]["gpu"]
+        preemption = self.snap.settings.preemption
+        strict = cluster.config.queues[q].strict_fifo
+        whys: dict[int, str] = {}             # gpus asked -> why the queue may not preempt
+        n = len(lst)
+        while i < n:
+            w = lst[i]
+            i += 1
+            fit = fits.get(_SHAPE(w)) or static_fit(cluster, w)
+            never, types, room = fit
+            miss = None if never is not None else all_full.get(room)
+            gpus = w.pods * w.gpus_per_pod
+            if never is not None:
+                out.append(PendingReason(w.id, q, ReasonCode.NEVER_FITS, never, len(out) + 1))
+            elif miss is not None and not preemption:
+                out.append(PendingReason(w.id, q, ReasonCode.NO_FIT, miss, len(out) + 1))
+            elif miss is not None and used + gpus > g:      # as in _preempt: the quick no
+                why = whys.get(gpus)
+                if why is None:
+                    why = whys[gpus] = self._not_eligible(q, used, gpus, g)
+                out.append(PendingReason(w.id, q, ReasonCode.NO_FIT, f"{miss}; {why}", len(out) + 1))
+            else:
+                verdict = self.nominate(w, fit)
+                if verdict is None:
+                    return i
+                out.append(PendingReason(w.id, q, verdict[0], verdict[1], len(out) + 1))
+            if strict:
+                self.block_behind(w, lst[i:], out)
+                return n
+        return n
+
+    def nominate(self, w: Workload, fit: Fit) -> Verdict | None:
+        """Try to start ``w`` on one of its types: free capacity first, then preemption. ``None``:
+        it starts; otherwise why it waits."""
         cluster, ledger, index = self.cluster, self.ledger, self.index
-        never, types = static_fit(cluster, w)
-        if never is not None:
-            self.verdicts[w.id] = (ReasonCode.NEVER_FITS, never)
-            return False
+        types = fit.types
         k, pods = w.gpus_per_pod, w.pods
         misses: list[str] = []
         code = ReasonCode.QUOTA_MAX
+        room_only = True
         for t in types:
             miss = self.no_room.get((t, k, pods))
             if miss is None:
@@ -102,33 +135,36 @@ class _Cycle:
                 short = over_max(cluster, ledger, w.queue, vec)
                 if short is not None:
                     misses.append(reasons.quota_max(short))
+                    room_only = False
                     continue
                 placement = index.place(t, k, pods)
                 if placement is not None:
                     ledger.add(cluster.chains[w.queue], vec)
-                    self._admit(Admission(w, placement))
-                    return True
+                    self.admissions.append(Admission(w, placement))
+                    return None
                 miss = self.no_room[(t, k, pods)] = reasons.no_fit(
                     w, t, index.slots(t, k, pods), index.largest_free(t))
             code = ReasonCode.NO_FIT
             misses.append(miss)
         message = misses[0] if len(misses) == 1 else "; ".join(dict.fromkeys(misses))
+        if room_only:
+            self.all_full[fit.room] = message
         if self.snap.settings.preemption:
-            verdict = self._preempt(w, types, code, message)
-            if verdict is None:
-                return True
-            code, message = verdict
-        self.verdicts[w.id] = (code, message)
-        return False
+            return self._preempt(w, types, code, message)
+        return code, message
+
+    def _not_eligible(self, queue: str, used: int, gpus: int, g: int) -> str:
+        why = self.ineligible.get((queue, used + gpus, g))
+        if why is None:
+            why = self.ineligible[(queue, used + gpus, g)] = reasons.not_eligible(
+                Shortfall(queue, "gpu", g, used, gpus))
+        return why
 
     def _preempt(self, w: Workload, types: tuple[str, ...], code: ReasonCode, message: str) -> Verdict | None:
         cluster, ledger = self.cluster, self.ledger
         used, g = ledger.used(w.queue, "gpu"), cluster.guarantee[w.queue]["gpu"]
         if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no
-            why = self.ineligible.get((w.queue, used + w.gpus, g))
-            if why is None:
-                why = self.ineligible[(w.queue, used + w.gpus, g)] = reasons.not_eligible(Shortfall(w.queue, "gpu", g, used, w.gpus))
-            return code, f"{message}; {why}"
+            return code, f"{message}; {self._not_eligible(w.queue, used, w.gpus, g)}"
         eligible = [t for t in types if over_guarantee(cluster, ledger, w.queue, demand(w, t)) is None]
         if not eligible:
             short = over_guarantee(cluster, ledger, w.queue, demand(w, types[0]))
@@ -152,10 +188,11 @@ class _Cycle:
         ledger.add(cluster.chains[w.queue], vec)
         victims = tuple(r.workload.id for r in result.victims)
         self.no_room.clear()
+        self.all_full.clear()
         self.preemptions.append(
             Preemption(w.id, w.queue, victims, reasons.preempted(w.queue, holds, w.gpus, g))
         )
-        self._admit(Admission(w, placement, victims))
+        self.admissions.append(Admission(w, placement, victims))
         return None
 
     def _plan(self, w: Workload, types: tuple[str, ...]) -> Plan | NoPlan:
@@ -167,28 +204,26 @@ class _Cycle:
             self.pool_dead = len(self.dead)
         return result
 
-    def _admit(self, a: Admission) -> None:
-        self.admissions.append(a)
-        self.started.add(a.workload.id)
-
-    def block_behind(self, head: Workload, rest: list[Workload], queue: str) -> None:
-        msg = reasons.strict_fifo(head, queue)
+    def block_behind(self, head: Workload, rest: list[Workload], out: list[PendingReason]) -> None:
+        msg = reasons.strict_fifo(head, head.queue)
         for w in rest:
             code = ReasonCode.BEHIND_HIGHER_PRIORITY if head.priority > w.priority else ReasonCode.STRICT_FIFO
-            self.verdicts[w.id] = (code, msg)
+            out.append(PendingReason(w.id, head.queue, code, msg, len(out) + 1))
 
     def requeue(self, groups: dict[str, list[Workload]]) -> tuple[PendingReason, ...]:
-        out: list[PendingReason] = []
-        started, verdicts = self.started, self.verdicts
-        for q, lst in groups.items():
-            pos = 0
-            for w in lst:
-                if w.id in started:
-                    continue
-                pos += 1
-                code, msg = verdicts[w.id]
-                out.append(PendingReason(w.id, q, code, msg, pos))
-        return tuple(out)
+        """The waiting workloads, queue by queue (each one's position counts the waiting ones)."""
+        waiting = self.waiting
+        return tuple(chain.from_iterable(waiting[q] for q in groups if q in waiting))
+
+
+class Fit(NamedTuple):
+    """What a gang shape allows whatever the cluster's state: why it never fits (or ``None``), its
+    acceptable types in order, and a number for ``(types, gpus per pod, pods)``: the shapes
+    that look for the same room (:attr:`_Cycle.all_full`)."""
+
+    never: str | None
+    types: tuple[str, ...]
+    room: int
 
 
 def acceptable_types(cluster: Cluster, w: Workload) -> tuple[str, ...]:
@@ -199,14 +234,29 @@ def acceptable_types(cluster: Cluster, w: Workload) -> tuple[str, ...]:
     return tuple(t for t in w.gpu_types if t in cluster.type_nodes)
 
 
-def static_fit(cluster: Cluster, w: Workload) -> tuple[str | None, tuple[str, ...]]:
-    """``(never_fits(w), acceptable_types(w))``, memoized on the cluster per gang shape: both depend
-    only on the static cluster and queue tree."""
-    shape = (w.queue, w.gpu_types, w.gpus_per_pod, w.pods, w.cpu_millicores_per_pod, w.memory_per_pod_bytes)
-    hit = cluster.memo.get(shape)
+_SHAPE = attrgetter("gpu_types", "gpus_per_pod", "pods", "cpu_millicores_per_pod", "memory_per_pod_bytes")
+
+
+def _fits(cluster: Cluster, queue: str) -> dict[tuple[object, ...], Fit]:
+    """The queue's :class:`Fit` memo on the cluster, keyed by the gang shape (:data:`_SHAPE`)."""
+    fits = cluster.memo.get(("fits", queue))
+    if fits is None:
+        fits = cluster.memo[("fits", queue)] = {}
+    return cast(dict[tuple[object, ...], Fit], fits)
+
+
+def static_fit(cluster: Cluster, w: Workload) -> Fit:
+    """:class:`Fit` of ``w``, memoized on the cluster per queue and gang shape: it depends only on
+    the static cluster and queue tree."""
+    fits = _fits(cluster, w.queue)
+    shape = _SHAPE(w)
+    hit = fits.get(shape)
     if hit is None:
-        hit = cluster.memo[shape] = (never_fits(cluster, w), acceptable_types(cluster, w))
-    return cast(tuple[str | None, tuple[str, ...]], hit)
+        types = acceptable_types(cluster, w)
+        rooms = cast(dict[object, int], cluster.memo.setdefault(("rooms",), {}))
+        room = rooms.setdefault((types, w.gpus_per_pod, w.pods), len(rooms))
+        hit = fits[shape] = Fit(never_fits(cluster, w), types, room)
+    return hit
 
 
 def never_fits(cluster: Cluster, w: Workload) -> str | None:

@@ -11,24 +11,32 @@ per ``(type, f)`` (built on first use) yields such a node. So
   one such slot), so the check never places anything tentatively.
 
 Tie-break among nodes with equal free count: the lowest node index on a fresh stack, then the
-node that most recently reached that count (deterministic; no set or hash order involved).
+node that most recently reached that count (deterministic; no set or hash order involved). A fresh
+stack starts from the snapshot's nodes-by-free-count levels when given (no pass over every node).
 """
 from __future__ import annotations
 
 from collections import Counter
 
 from scheduler.model import Placement
-from scheduler.snapshot import Cluster
+from scheduler.snapshot import Cluster, Levels
 
 
 class FreeIndex:
-    __slots__ = ("_cluster", "_counts", "_stacks", "free")
+    __slots__ = ("_arrived", "_cluster", "_counts", "_levels", "_stacks", "free")
 
-    def __init__(self, cluster: Cluster, node_free: tuple[int, ...]) -> None:
+    def __init__(self, cluster: Cluster, node_free: tuple[int, ...], levels: Levels | None = None) -> None:
+        """``levels``: the snapshot's nodes by free count (:attr:`scheduler.snapshot.Occupancy.levels`),
+        which spares a pass over every node; derived from ``node_free`` when not given."""
         self._cluster = cluster
         self.free = list(node_free)
-        self._counts: dict[str, list[int]] = {}
+        self._levels = levels
         self._stacks: dict[tuple[str, int], list[int]] = {}
+        self._arrived: dict[tuple[str, int], list[int]] = {}   # reached f before its stack existed
+        if levels is not None:
+            self._counts = {t: list(map(len, lv)) for t, lv in levels.items()}
+            return
+        self._counts = {}
         get = self.free.__getitem__
         for t, idxs in cluster.type_nodes.items():
             c = [0] * (cluster.type_cap[t] + 1)
@@ -97,7 +105,14 @@ class FreeIndex:
         free = self.free
         st = self._stacks.get((gpu_type, f))
         if st is None:
-            st = [i for i in reversed(self._cluster.type_nodes[gpu_type]) if free[i] == f]
+            if self._levels is None:
+                st = [i for i in reversed(self._cluster.type_nodes[gpu_type]) if free[i] == f]
+            else:
+                # the nodes at f when the cycle began plus those that reached f since; entries no
+                # longer at f are skipped below, like the ones that leave f later
+                came = self._arrived.get((gpu_type, f))
+                base = self._levels[gpu_type][f]
+                st = sorted((*base, *came), reverse=True) if came else list(reversed(base))
             self._stacks[(gpu_type, f)] = st
         while free[st[-1]] != f:
             st.pop()
@@ -111,6 +126,8 @@ class FreeIndex:
         st = self._stacks.get((gpu_type, new))
         if st is not None:
             st.append(i)
+        elif self._levels is not None:
+            self._arrived.setdefault((gpu_type, new), []).append(i)
 
 
 def node_slots(cluster: Cluster, gpu_type: str, gpus_per_pod: int) -> int:

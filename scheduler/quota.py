@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from scheduler.snapshot import Cluster
+from scheduler.snapshot import Cluster, dict_copy
 
 Vec = tuple[tuple[str, int], ...]
 _NONE: Mapping[str, int] = MappingProxyType({})
@@ -36,7 +36,7 @@ class Ledger:
     __slots__ = ("_own", "_view")
 
     def __init__(self, base: Mapping[str, Mapping[str, int]]) -> None:
-        self._view: dict[str, Mapping[str, int]] = dict(base)   # shallow: entries copied on write
+        self._view: dict[str, Mapping[str, int]] = dict_copy(base)   # shallow: entries copied on write
         self._own: set[str] = set()
 
     def of(self, queue: str) -> Mapping[str, int]:
@@ -51,7 +51,7 @@ class Ledger:
             if q in own:
                 d = view[q]
             else:
-                d = view[q] = dict(view.get(q, _NONE))
+                d = view[q] = dict_copy(view.get(q, _NONE))
                 own.add(q)
             for key, amt in vec:
                 d[key] = d.get(key, 0) + sign * amt  # type: ignore[index]
