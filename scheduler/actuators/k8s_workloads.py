@@ -1,0 +1,345 @@
+"""Where the ``kubernetes`` actuator's workloads come from: suspended KubeRay objects with a queue.
+
+:class:`KubernetesWorkloadSource` lists ``RayJob`` and ``RayCluster`` objects (``ray.io/v1``,
+paged, every namespace or the target's namespaces) and maps each that carries a queue (the first
+of ``queue_labels``, then ``queue_annotations``; Kueue's ``kueue.x-k8s.io/queue-name`` and
+YuniKorn's ``queue`` / ``yunikorn.apache.org/queue`` by default) to a ``(Workload, Target)`` pair:
+:meth:`~KubernetesWorkloadSource.pending` the suspended ones, :meth:`~KubernetesWorkloadSource.admitted`
+the ones gpuq admitted (``gpuq.io/admission``), so a restarted service finds its running work.
+Objects being deleted, or cancelled by gpuq (``gpuq.io/cancelled``), are left out; objects with a
+queue that cannot be mapped are left out with their reason in :attr:`~KubernetesWorkloadSource.skipped`.
+
+The mapping (:func:`workload_of`). The scheduler's Workload is one pod set (``pods`` x
+``gpus_per_pod`` of one type); a Ray cluster is a head plus worker groups. So:
+
+* **the gang is the pods that request GPUs**: every worker group and the head when it requests
+  GPUs (a head with 0 GPUs, the usual case, is not a GPU pod: it needs no GPU placement and its CPU
+  is outside GPU quotas). ``pods`` = sum of their pod counts; a group's count is what KubeRay
+  creates at start: ``replicas`` (``minReplicas`` when unset) clamped to
+  ``[minReplicas, maxReplicas]``, times ``numOfHosts``; 0 for a suspended group. With the in-tree
+  autoscaler, workers it adds later beyond that are not part of the admitted gang (the collector
+  and the accounting still see them; Kueue needs workload slices for the same thing).
+* **gpus_per_pod** = the largest per-pod GPU request among them (``nvidia.com/gpu`` limits, else
+  requests; containers summed, init containers by max). Groups with different counts are
+  over-approximated to the largest (a 1-GPU + an 8-GPU group of 2 pods each counts 4 x 8): the
+  scheduler then never admits a gang that does not fit, at the price of counting more GPUs
+  against quota than the gang holds. cpu/memory per pod come from the same largest template.
+* **originator** = True: the workload holds the Ray head, so it is preempted after plain pods.
+* **gpu_types**: the ``gpuq.io/gpu-types`` annotation (``H100,A100``, in preference order), else
+  the value of ``nvidia.com/gpu.product`` (``node_label_key``) that the GPU templates already
+  select, mapped back to a type through ``node_labels``; else any type.
+* **priority**: the ``gpuq.io/priority`` annotation, else the value of the ``priorityClassName``
+  of the first template that names one (head first, as Kueue), read from
+  ``scheduling.k8s.io/v1`` (a missing class is a mapping error, as pods naming it would be
+  refused); else 0. **preemptible**: ``gpuq.io/preemptible`` ("false" -> False; default True).
+  **submit_s**: ``metadata.creationTimestamp`` (epoch seconds).
+* **id**: ``rayjob/<namespace>/<name>`` or ``raycluster/<namespace>/<name>``.
+
+Not mapped (skipped with the reason): a RayJob without ``rayClusterSpec`` (it runs on an existing
+cluster), a gang requesting no GPUs, unreadable annotations.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+from kubernetes.client import ApiClient, CustomObjectsApi, SchedulingV1Api
+from kubernetes.client.exceptions import ApiException
+
+from accounting.quantity import cpu_millicores, memory_bytes
+from gpuq.settings import KubernetesTarget, Settings
+from scheduler.actuators.base import Target
+from scheduler.actuators.kubernetes import (
+    CANCELLED_ANNOTATION,
+    GPU_PRODUCT_LABEL,
+    PLURALS,
+    RAY_GROUP,
+    RAY_VERSION,
+    ObjectError,
+    admission_record,
+    gpu_node_labels,
+    kubernetes_target,
+    make_api_client,
+    pod_templates,
+    restore_node_selectors,
+)
+from scheduler.errors import SchedulerError
+from scheduler.model import Workload
+
+GPU_TYPES_ANNOTATION = "gpuq.io/gpu-types"
+PRIORITY_ANNOTATION = "gpuq.io/priority"
+PREEMPTIBLE_ANNOTATION = "gpuq.io/preemptible"
+_FALSE = ("false", "0", "no")
+
+
+class WorkloadSourceError(SchedulerError):
+    """Listing failed; ``path`` is the API path, ``retryable`` whether trying again can help."""
+
+    def __init__(self, path: str, message: str, retryable: bool, status: int = 0) -> None:
+        self.path = path
+        self.retryable = retryable
+        self.status = status                  # the HTTP status; 0 when the server was not reached
+        super().__init__(f"kubernetes: GET {path} failed: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceKeys:
+    """Which labels/annotations name the queue, which resources are GPUs, which node label types them."""
+
+    queue_labels: tuple[str, ...] = ("kueue.x-k8s.io/queue-name", "queue", "yunikorn.apache.org/queue")
+    queue_annotations: tuple[str, ...] = ("yunikorn.apache.org/queue",)
+    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)
+    node_label_key: str = GPU_PRODUCT_LABEL
+
+
+# -- the mapping (pure) -----------------------------------------------------------------------------
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def group_pods(group: Mapping[str, Any]) -> int:
+    """Pods KubeRay creates at start for a worker group."""
+    if group.get("suspend") is True:
+        return 0
+    low = _int(group.get("minReplicas"), 0)
+    high = _int(group.get("maxReplicas"), 2**31 - 1)
+    want = _int(group.get("replicas"), low)
+    return max(low, min(want, high)) * max(1, _int(group.get("numOfHosts"), 1))
+
+
+def pod_gpus(spec: Mapping[str, Any], resources: Iterable[str]) -> int:
+    """GPUs one pod of this spec holds: containers summed, init containers by max."""
+    names = tuple(resources)
+
+    def of(container: Mapping[str, Any]) -> int:
+        res = container.get("resources") or {}
+        amounts = res.get("limits") or {}
+        total = 0
+        for name in names:
+            raw = amounts.get(name, (res.get("requests") or {}).get(name, 0))
+            try:
+                total += int(str(raw))
+            except ValueError as exc:
+                raise ObjectError(f"{name}: not a whole number of GPUs: {raw!r}") from exc
+        return total
+
+    main = sum(of(c) for c in spec.get("containers") or ())
+    return max([main, *(of(c) for c in spec.get("initContainers") or ())])
+
+
+def _requests(spec: Mapping[str, Any]) -> tuple[int, int]:
+    cpu = mem = 0
+    for c in spec.get("containers") or ():
+        res = c.get("resources") or {}
+        req = res.get("requests") or res.get("limits") or {}
+        if "cpu" in req:
+            cpu += cpu_millicores(req["cpu"])[0] or 0
+        if "memory" in req:
+            mem += memory_bytes(req["memory"])[0] or 0
+    return cpu, mem
+
+
+def _queue(labels: Mapping[str, str], notes: Mapping[str, str], keys: SourceKeys) -> str:
+    for key in keys.queue_labels:
+        if labels.get(key):
+            return labels[key]
+    for key in keys.queue_annotations:
+        if notes.get(key):
+            return notes[key]
+    return ""
+
+
+def submit_seconds(stamp: Any) -> float:
+    if not isinstance(stamp, str) or not stamp:
+        return 0.0
+    return dt.datetime.fromisoformat(stamp).timestamp()
+
+
+def workload_of(kind: str, obj: Mapping[str, Any], *, keys: SourceKeys = SourceKeys(),
+                node_labels: Mapping[str, str] | None = None,
+                priority_of: Callable[[str], int | None] = lambda _name: None,
+                ) -> tuple[Workload, Target] | None:
+    """The ``(Workload, Target)`` of a KubeRay object; None when it is not gpuq's (no queue,
+    being deleted, cancelled); ObjectError naming the field when it has a queue but cannot be mapped.
+    ``node_labels``: GPU type -> node label value; ``priority_of``: PriorityClass name -> value."""
+    meta = obj.get("metadata") or {}
+    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    queue = _queue(labels, notes, keys)
+    if not queue or meta.get("deletionTimestamp") or notes.get(CANCELLED_ANNOTATION) == "true":
+        return None
+    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    original = json.loads(json.dumps(obj))             # the templates as the user wrote them
+    if admission_record(original) is not None:
+        restore_node_selectors(kind, original)
+    templates = pod_templates(kind, original)
+    cluster = (original["spec"].get("rayClusterSpec") if kind == "RayJob" else original["spec"]) or {}
+    counts = [1] + [group_pods(g) for g in cluster.get("workerGroupSpecs") or ()]
+    counts += [1] * (len(templates) - len(counts))        # the submitter pod, when it has a template
+    per_pod = [pod_gpus((t.get("spec") or {}), keys.gpu_resources) for _, t in templates]
+    gang = [(n, g, t) for n, g, (_, t) in zip(counts, per_pod, templates) if g > 0 and n > 0]
+    if not gang:
+        raise ObjectError("requests no GPUs (no template has " + ", ".join(keys.gpu_resources) + ")")
+    gpus = max(g for _, g, _ in gang)
+    widest = next(t for _, g, t in gang if g == gpus)
+    cpu, mem = _requests(widest.get("spec") or {})
+    workload = Workload(
+        id=f"{kind.lower()}/{ns}/{name}", queue=queue, pods=sum(n for n, _, _ in gang), gpus_per_pod=gpus,
+        gpu_types=_gpu_types(notes, [t for _, _, t in gang], keys, node_labels or {}),
+        priority=_priority(notes, [t for _, t in templates], priority_of),
+        preemptible=str(notes.get(PREEMPTIBLE_ANNOTATION, "true")).strip().lower() not in _FALSE,
+        submit_s=submit_seconds(meta.get("creationTimestamp")), originator=True,
+        cpu_millicores_per_pod=cpu, memory_per_pod_bytes=mem)
+    return workload, Target(kind=kind, namespace=ns, name=name, api_version=f"{RAY_GROUP}/{RAY_VERSION}")
+
+
+def _gpu_types(notes: Mapping[str, str], gang: list[dict[str, Any]], keys: SourceKeys,
+               node_labels: Mapping[str, str]) -> tuple[str, ...]:
+    raw = notes.get(GPU_TYPES_ANNOTATION)
+    if raw:
+        return tuple(dict.fromkeys(t.strip() for t in str(raw).split(",") if t.strip()))
+    values = {((t.get("spec") or {}).get("nodeSelector") or {}).get(keys.node_label_key) for t in gang}
+    if len(values) == 1 and (value := values.pop()):
+        by_label = {v: k for k, v in node_labels.items()}
+        return (by_label.get(value, value),)
+    return ()
+
+
+def _priority(notes: Mapping[str, str], templates: list[dict[str, Any]],
+              priority_of: Callable[[str], int | None]) -> int:
+    raw = notes.get(PRIORITY_ANNOTATION)
+    if raw is not None:
+        try:
+            return int(str(raw).strip())
+        except ValueError as exc:
+            raise ObjectError(f"annotation {PRIORITY_ANNOTATION}: not an integer: {raw!r}") from exc
+    for tmpl in templates:
+        cls = (tmpl.get("spec") or {}).get("priorityClassName")
+        if cls:
+            value = priority_of(str(cls))
+            if value is None:
+                raise ObjectError(f"priorityClassName {cls!r}: no such PriorityClass")
+            return value
+    return 0
+
+
+# -- the source (I/O) -------------------------------------------------------------------------------
+class KubernetesWorkloadSource:
+    """Lists KubeRay objects with the real client; see the module docstring for the mapping."""
+
+    def __init__(self, settings: Settings, *, target: KubernetesTarget | None = None,
+                 api_client: ApiClient | None = None, keys: SourceKeys = SourceKeys(),
+                 node_labels: Mapping[str, str] | None = None,
+                 kinds: tuple[str, ...] = ("RayJob", "RayCluster"), page_size: int = 500,
+                 timeout_s: float = 10.0) -> None:
+        self.target = target or kubernetes_target(settings)
+        self._client = api_client or make_api_client(self.target)
+        self._custom = CustomObjectsApi(self._client)
+        self._scheduling = SchedulingV1Api(self._client)
+        self.keys = keys
+        self.node_labels = dict(node_labels) if node_labels is not None else gpu_node_labels(settings)
+        self.kinds, self.page_size, self.timeout_s = kinds, page_size, timeout_s
+        self.skipped: tuple[str, ...] = ()
+
+    def close(self) -> None:
+        self._client.close()  # type: ignore[no-untyped-call]
+
+    def pending(self) -> list[tuple[Workload, Target]]:
+        """Suspended objects with a queue, by workload id."""
+        return [(w, t) for w, t, obj in self._mapped() if (obj.get("spec") or {}).get("suspend") is True]
+
+    def admitted(self) -> list[tuple[Workload, Target, str]]:
+        """Unsuspended objects gpuq admitted, with the GPU type they were admitted on."""
+        out = []
+        for w, t, obj in self._mapped():
+            rec = admission_record(obj)
+            if rec is not None and (obj.get("spec") or {}).get("suspend") is not True:
+                out.append((w, t, str(rec.get("gpuType") or "")))
+        return out
+
+    def _mapped(self) -> list[tuple[Workload, Target, dict[str, Any]]]:
+        classes: dict[str, int | None] = {}
+
+        def priority_of(name: str) -> int | None:
+            if name not in classes:
+                classes[name] = self._priority_class(name)
+            return classes[name]
+
+        out, skipped = [], []
+        for kind in self.kinds:
+            for obj in self.list_objects(kind):
+                meta = obj.get("metadata") or {}
+                try:
+                    got = workload_of(kind, obj, keys=self.keys, node_labels=self.node_labels,
+                                      priority_of=priority_of)
+                except ObjectError as exc:
+                    skipped.append(f"{kind} {meta.get('namespace')}/{meta.get('name')}: {exc}")
+                    continue
+                if got is not None:
+                    out.append((*got, obj))
+        self.skipped = tuple(skipped)
+        return sorted(out, key=lambda x: x[0].id)
+
+    def list_objects(self, kind: str) -> list[dict[str, Any]]:
+        """Every object of ``kind`` in the target's namespaces (all when none), paged."""
+        items: list[dict[str, Any]] = []
+        namespaces: list[str | None] = [*self.target.namespaces] or [None]
+        for ns in namespaces:
+            token: str | None = None
+            while True:
+                body = self._list_page(kind, ns, token)
+                items.extend(body.get("items") or ())
+                token = (body.get("metadata") or {}).get("continue") or None
+                if not token:
+                    break
+        return items
+
+    def _list_page(self, kind: str, ns: str | None, token: str | None) -> dict[str, Any]:
+        plural = PLURALS[kind]
+        path = f"/apis/{RAY_GROUP}/{RAY_VERSION}/" + (f"namespaces/{ns}/" if ns else "") + plural
+        kw: dict[str, Any] = {"limit": self.page_size, "_preload_content": False,
+                              "_request_timeout": (self.timeout_s, self.timeout_s)}
+        if token:
+            kw["_continue"] = token
+        return self._read(path, lambda: (
+            self._custom.list_namespaced_custom_object(RAY_GROUP, RAY_VERSION, ns, plural, **kw) if ns
+            else self._custom.list_cluster_custom_object(RAY_GROUP, RAY_VERSION, plural, **kw)))
+
+    def _priority_class(self, name: str) -> int | None:
+        path = f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}"
+        try:
+            body = self._read(path, lambda: self._scheduling.read_priority_class(
+                name, _preload_content=False, _request_timeout=(self.timeout_s, self.timeout_s)))
+        except WorkloadSourceError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        value = body.get("value")
+        return value if isinstance(value, int) else None
+
+    def _read(self, path: str, call: Callable[[], Any]) -> dict[str, Any]:
+        try:
+            resp = call()
+            try:
+                body = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+        except ApiException as exc:
+            status = int(exc.status or 0)
+            detail = exc.reason or ""
+            try:
+                detail = json.loads(exc.body or "").get("message") or detail
+            except (ValueError, TypeError, AttributeError):
+                pass
+            raise WorkloadSourceError(path, f"HTTP {status} {detail}".strip(), status=status,
+                                      retryable=status == 0 or status >= 500 or status in (409, 429)) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            host = self._client.configuration.host
+            raise WorkloadSourceError(path, f"cannot reach the API server at {host}: {exc}",
+                                      retryable=True) from exc
+        except ValueError as exc:
+            raise WorkloadSourceError(path, f"the answer is not JSON: {exc}", retryable=True) from exc
+        return body if isinstance(body, dict) else {}
