@@ -1,0 +1,225 @@
+"""The operator API: ``create_app(service, accounting, settings) -> FastAPI`` (OpenAPI at /docs).
+
+Reads for viewers, mutations for operators, configuration for admins (:mod:`scheduler.api.auth`);
+errors are problem JSON (:mod:`scheduler.api.problems`). Routes only translate: the scheduler's
+answers come from :class:`scheduler.service.SchedulerService`, the accounting's from
+:class:`scheduler.service_accounting.LiveAccounting`. ``/healthz``, ``/readyz``, ``/metrics``
+and the OpenAPI pages are open (probes and Prometheus scrape them).
+"""
+# no "from __future__ import annotations": FastAPI must see the route annotations (local aliases)
+import logging
+import math
+import re
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from accounting.errors import AccountingError
+from accounting.timeparse import parse_time
+from accounting.usage import check_by
+from accounting.watcher import Reload
+from gpuq.errors import GpuqError
+from scheduler.api.auth import Auth, Caller
+from scheduler.api.models import DryRunIn, ReloadOut, WorkloadIn
+from scheduler.api.problems import Problem, install, invalid, problem_response
+from scheduler.service import SchedulerService
+from scheduler.service_errors import (
+    ActuatorFailed,
+    ConfigRejected,
+    DuplicateWorkload,
+    InvalidWorkload,
+    NotActive,
+    ServiceError,
+    UnknownWorkload,
+)
+from scheduler.service_metrics import SchedulerCollector
+from scheduler.service_views import DryRun, NodeView, PreemptionRecord, WorkloadView
+
+log = logging.getLogger(__name__)
+
+_STATUS: dict[type[ServiceError], int] = {UnknownWorkload: 404, DuplicateWorkload: 409, NotActive: 409,
+                                          ConfigRejected: 409, ActuatorFailed: 502, InvalidWorkload: 422}
+_STEP = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+DESCRIPTION = """Operator API of the gpuq scheduler and accounting.
+
+Authenticate with `Authorization: Bearer TOKEN` (tokens and roles in `api.tokens`): **viewer**
+reads, **operator** also submits, cancels and runs dry runs, **admin** also reloads the queue
+configuration. Errors are RFC 9457 problem details (`application/problem+json`)."""
+
+
+def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
+               clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None) -> FastAPI:
+    """``accounting``: a :class:`~scheduler.service_accounting.LiveAccounting` (or None: the
+    accounting endpoints answer 503). ``settings``: the gpuq settings (``api.tokens``,
+    ``scheduler.cycle_interval_s``). ``clock`` gives the scheduler's ``now``."""
+    auth = Auth(settings.api.tokens)
+    if not auth.enabled:
+        log.warning("api.tokens is empty: authentication is OFF, every caller may submit, cancel and "
+                    "reconfigure; configure tokens before exposing %s:%s", settings.api.host, settings.api.port)
+    registry = registry or CollectorRegistry()
+    registry.register(SchedulerCollector(service))
+    if accounting is not None:
+        registry.register(accounting.collector)
+    stale_s = max(10.0, 5 * settings.scheduler.cycle_interval_s)
+
+    app = FastAPI(title="gpuq", version="0.1.0", description=DESCRIPTION)
+    install(app)
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        status = next((s for cls, s in _STATUS.items() if isinstance(exc, cls)), 500)
+        if isinstance(exc, InvalidWorkload):
+            return problem_response(request, invalid(f"body.{exc.field}", exc.message))
+        return problem_response(request, Problem(status, exc.message))
+
+    @app.exception_handler(AccountingError)
+    async def _accounting_error(request: Request, exc: AccountingError) -> JSONResponse:
+        return problem_response(request, Problem(503 if getattr(exc, "retryable", False) else 422, str(exc)))
+
+    @app.exception_handler(GpuqError)
+    async def _store_error(request: Request, exc: GpuqError) -> JSONResponse:
+        return problem_response(request, Problem(503, f"store: {exc}"))
+
+    viewer = Annotated[Caller, Depends(auth.require("viewer"))]
+    operator = Annotated[Caller, Depends(auth.require("operator"))]
+    admin = Annotated[Caller, Depends(auth.require("admin"))]
+
+    def need_accounting() -> Any:
+        if accounting is None:
+            raise Problem(503, "the accounting is not configured in this process")
+        return accounting
+
+    # -- probes ------------------------------------------------------------------------------
+    @app.get("/healthz", tags=["probes"], summary="The process is up")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["probes"], summary="Store reachable, configuration loaded, last cycle recent",
+             responses={503: {"description": "not ready (problem JSON with the checks)"}})
+    def readyz(request: Request) -> Any:
+        now = clock()
+        last = service.stats.last_cycle_s
+        checks = {
+            "store": accounting is None or accounting.ping(),
+            "config": accounting is None or accounting.config_loaded,
+            "cycle": last is not None and now - last <= stale_s,
+        }
+        age = None if last is None else round(now - last, 3)
+        error = getattr(accounting, "error", None)
+        if all(checks.values()):
+            return {"status": "ready", "checks": checks, "last_cycle_age_s": age, "config_error": error}
+        failing = ", ".join(k for k, ok in checks.items() if not ok)
+        return problem_response(request, Problem(503, f"not ready: {failing}", checks=checks,
+                                                 last_cycle_age_s=age, config_error=error))
+
+    @app.get("/metrics", tags=["probes"], summary="Prometheus metrics (scheduler and accounting)",
+             response_class=Response)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- the scheduler -------------------------------------------------------------------------
+    @app.get("/workloads", tags=["workloads"], response_model=list[WorkloadView],
+             summary="Workloads, filtered by queue (and its subtree) and state")
+    def list_workloads(_: viewer, queue: str | None = None,
+                       state: Literal["pending", "running", "finished", "cancelled", "rejected"] | None = None) -> Any:
+        return service.workloads(queue, state)
+
+    @app.get("/workloads/{workload_id:path}", tags=["workloads"], response_model=WorkloadView,
+             summary="One workload with its reason code, message and position", responses={404: {}})
+    def get_workload(workload_id: str, _: viewer) -> Any:
+        return service.explain(workload_id)
+
+    @app.post("/workloads", tags=["workloads"], response_model=WorkloadView, status_code=201,
+              summary="Submit a workload", responses={409: {}, 422: {}})
+    def submit(body: WorkloadIn, caller: operator, response: Response) -> Any:
+        now = clock()
+        view = service.submit(body.to_workload(now), body.target.to_target(), now)
+        response.headers["Location"] = f"/workloads/{view.id}"
+        log.info("%s submitted %s to %s", caller.name, view.id, view.queue)
+        return view
+
+    @app.delete("/workloads/{workload_id:path}", tags=["workloads"], response_model=WorkloadView,
+                summary="Cancel a pending or running workload", responses={404: {}, 409: {}, 502: {}})
+    def cancel(workload_id: str, caller: operator) -> Any:
+        return service.cancel(workload_id, clock(), by=caller.name)
+
+    @app.post("/dry-run", tags=["workloads"], response_model=DryRun,
+              summary="What the scheduler would do if this workload arrived now (nothing changes)")
+    def dry_run(body: DryRunIn, _: operator) -> Any:
+        now = clock()
+        return service.dry_run(body.to_workload(now), now)
+
+    @app.get("/nodes", tags=["cluster"], response_model=list[NodeView], summary="Nodes and what the scheduler placed there")
+    def nodes(_: viewer) -> Any:
+        return service.nodes()
+
+    @app.get("/preemptions", tags=["cluster"], response_model=list[PreemptionRecord],
+             summary="Recent preemptions, newest first: preemptor, victims, why")
+    def preemptions(_: viewer, limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> Any:
+        return service.preemptions(limit)
+
+    # -- the accounting --------------------------------------------------------------------------
+    @app.get("/queues", tags=["accounting"], summary='The accounting\'s "now" view per queue and GPU type')
+    def queues(_: viewer) -> Any:
+        return need_accounting().rows()
+
+    @app.get("/accounting/usage", tags=["accounting"], summary="GPU-seconds, idle and cost over a window")
+    def usage(_: viewer, start: Annotated[str, Query(alias="from")] = "-1d",
+              end: Annotated[str, Query(alias="to")] = "now", by: str = "queue", rollup: bool = False) -> Any:
+        acc = need_accounting()
+        now = clock()
+        t0, t1 = _window(start, end, now)
+        try:
+            keys = check_by([k.strip() for k in by.split(",") if k.strip()])
+        except ValueError as exc:
+            raise invalid("query.by", str(exc).replace("--by", "by")) from exc
+        return acc.usage(t0, t1, keys, now, rollup)
+
+    @app.get("/accounting/series", tags=["accounting"],
+             summary="Allocated, guaranteed and max GPUs per queue at a step (the admins' chart)")
+    def series(_: viewer, queue: str | None = None, start: Annotated[str, Query(alias="from")] = "-1d",
+               end: Annotated[str, Query(alias="to")] = "now", step: str = "1h") -> Any:
+        acc = need_accounting()
+        now = clock()
+        t0, t1 = _window(start, end, now)
+        m = _STEP.match(step)
+        step_s = float(m.group(1)) * _UNIT[m.group(2)] if m else 0.0
+        if step_s <= 0:
+            raise invalid("query.step", f"expected a positive duration (300, 5m, 1h, 1d), got {step!r}")
+        if (t1 - t0) / step_s > 10_000:
+            raise invalid("query.step", f"{math.ceil((t1 - t0) / step_s)} steps: at most 10000 per request")
+        return acc.series(t0, t1, step_s, now, queue)
+
+    # -- configuration -------------------------------------------------------------------------------
+    @app.post("/admin/reload-queues", tags=["admin"], response_model=ReloadOut,
+              summary="Read the queue file again now", responses={409: {}})
+    def reload_queues(caller: admin) -> Any:
+        acc = need_accounting()
+        result = acc.reload(accept=service.set_config)
+        leaves = sorted(service.config.leaves())
+        if result is None:
+            return ReloadOut(result="static", queues=leaves)
+        if result is Reload.REJECTED:
+            raise Problem(409, f"queue configuration not taken: {acc.error}")
+        log.info("%s reloaded the queue file: %s", caller.name, result.value)
+        return ReloadOut(result=result.value, error=acc.error, queues=leaves)
+
+    return app
+
+
+def _window(start: str, end: str, now: float) -> tuple[float, float]:
+    out = []
+    for field, value in (("query.from", start), ("query.to", end)):
+        try:
+            out.append(parse_time(value, now))
+        except AccountingError as exc:
+            raise invalid(field, str(exc)) from exc
+    if out[1] < out[0]:
+        raise invalid("query.to", "the window ends before it starts")
+    return out[0], out[1]

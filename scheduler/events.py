@@ -1,0 +1,102 @@
+"""Scheduler events: one shape for the simulator's ``events.jsonl`` and the ``scheduler_events``
+table, so the same tools read both.
+
+An event is a dict with FORMAT.md's keys, in this order: ``t``, ``event``, ``workload``,
+``queue``, then ``gpu_type`` and ``placement`` (``admit``) or ``by`` and ``reason`` (``preempt``;
+``reason`` also on ``reject`` and ``cancel``). :func:`event` builds one (the simulator and the live
+service both call it). In the table a row adds ``ts`` (wall time), ``cluster``, ``seq`` (order
+among events at the same ``t``) and ``spec`` (the submitted workload and its target as JSON, on
+``submit`` rows only, so a restarted service can rebuild its queue; empty elsewhere):
+
+    ts DateTime64(3,'UTC'), cluster, t Float64, seq UInt64, event, workload, queue, gpu_type,
+    placement Map(String, UInt32), by, reason, spec
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.actuators.base import Target
+from scheduler.model import Workload
+
+TABLE = "scheduler_events"
+KINDS = ("submit", "admit", "preempt", "finish", "reject", "cancel")
+COLUMNS = ("ts", "cluster", "t", "seq", "event", "workload", "queue", "gpu_type", "placement", "by",
+           "reason", "spec")
+
+
+def round_t(x: float) -> float:
+    """A clock value as events carry it: rounded to microseconds, never -0.0."""
+    return round(x, 6) + 0.0
+
+
+def event(t: float, kind: str, workload: str, queue: str, **extra: Any) -> dict[str, Any]:
+    """An event dict in FORMAT.md's key order; ``t`` rounded to microseconds."""
+    return {"t": round_t(t), "event": kind, "workload": workload, "queue": queue, **extra}
+
+
+def to_row(ev: Mapping[str, Any], seq: int, cluster: str, spec: str = "",
+           epoch_s: float = 0.0) -> tuple[Any, ...]:
+    """A table row (:data:`COLUMNS` order). ``ts`` is ``epoch_s + t``: the live service's clock is
+    Unix time (``epoch_s`` 0); a replayed scenario gives the instant its clock starts."""
+    ts = dt.datetime.fromtimestamp(epoch_s + float(ev["t"]), dt.UTC)
+    placement = {str(k): int(v) for k, v in (ev.get("placement") or {}).items()}
+    return (ts, cluster, float(ev["t"]), int(seq), str(ev["event"]), str(ev["workload"]),
+            str(ev["queue"]), str(ev.get("gpu_type", "")), placement, str(ev.get("by", "")),
+            str(ev.get("reason", "")), spec)
+
+
+def from_row(row: Sequence[Any]) -> dict[str, Any]:
+    """The event dict of a row (``COLUMNS[2:11]`` order: t, seq, event, ..., reason): FORMAT.md's
+    keys only, optional ones only where set."""
+    t, _seq, kind, wid, queue, gpu_type, placement, by, reason = row[:9]
+    extra: dict[str, Any] = {}
+    if kind == "admit":
+        extra = {"gpu_type": str(gpu_type), "placement": {str(k): int(v) for k, v in dict(placement).items()}}
+    if by:
+        extra["by"] = str(by)
+    if reason:
+        extra["reason"] = str(reason)
+    return event(float(t), str(kind), str(wid), str(queue), **extra)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    seq: int
+    event: dict[str, Any]
+    spec: str
+
+
+def read_events(store: Any, cluster: str) -> list[StoredEvent]:
+    """A cluster's events in the order they took effect ``(t, seq)``."""
+    sql = (f"SELECT t, seq, event, workload, queue, gpu_type, placement, by, reason, spec "
+           f"FROM {store.database}.{TABLE} WHERE cluster = {{c:String}} ORDER BY t, seq")
+    return [StoredEvent(int(r[1]), from_row(r), str(r[9])) for r in store.query(sql, {"c": cluster}).rows]
+
+
+# -- the workload spec carried by submit rows ------------------------------------------------------
+_W_FIELDS = ("id", "queue", "pods", "gpus_per_pod", "priority", "preemptible", "submit_s", "duration_s",
+             "checkpoint", "originator", "cpu_millicores_per_pod", "memory_per_pod_bytes")
+_T_FIELDS = ("kind", "namespace", "name", "api_version", "entrypoint")
+
+
+def spec_json(w: Workload, target: Target) -> str:
+    data: dict[str, Any] = {f: getattr(w, f) for f in _W_FIELDS}
+    data["gpu_types"] = list(w.gpu_types)
+    t: dict[str, Any] = {f: getattr(target, f) for f in _T_FIELDS}
+    t["runtime_env"] = dict(target.runtime_env)
+    t["metadata"] = dict(target.metadata)
+    data["target"] = t
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+
+def parse_spec(text: str) -> tuple[Workload, Target]:
+    data = json.loads(text)
+    t = data.pop("target", {}) or {}
+    types = tuple(data.pop("gpu_types", ()) or ())
+    w = Workload(**{k: v for k, v in data.items() if k in _W_FIELDS}, gpu_types=types)
+    target = Target(**{k: t[k] for k in (*_T_FIELDS, "runtime_env", "metadata") if k in t})
+    return w, target

@@ -1,0 +1,446 @@
+"""The live scheduler: an I/O shell around :func:`scheduler.cycle.schedule`.
+
+It holds the workloads (pending with their reasons, running, and the last finished ones), the
+nodes (a static list, or the accounting's view of capacity through :meth:`set_nodes`), the queue
+configuration (:meth:`set_config`) and the accounting's idle flags (:meth:`set_idle`). The clock
+is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the time.
+
+* :meth:`submit` / :meth:`cancel` / :meth:`finish` change the set of workloads;
+* :meth:`cycle` builds a snapshot, runs ``schedule()``, carries the decisions out through the
+  actuator (with :func:`~scheduler.actuators.base.with_retries`) and records events. An actuator
+  failure becomes the workload's reason (``actuator_failed``): the decision is dropped and the
+  next cycle decides again;
+* :meth:`dry_run` answers "what would you do if this arrived now" on a copy;
+* :meth:`explain`, :meth:`workloads`, :meth:`nodes`, :meth:`preemptions` read.
+
+Every change is an event (:mod:`scheduler.events`) written to ``sink`` (a
+:class:`~gpuq.store.writer.BatchWriter`); the state lives in memory and :meth:`restore` rebuilds
+it from the stored events after a restart (see :mod:`scheduler.service_replay`). All public
+methods take one lock, so the API and the scheduling loop may call them from different threads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Collection, Iterable
+from functools import partial
+from typing import Any, Protocol
+
+from accounting.model import PendingDemand
+from accounting.queues import ROOT, QueueConfig
+from scheduler import events as ev
+from scheduler.actuators.base import ActionResult, Actuator, Target, with_retries
+from scheduler.cycle import never_fits, schedule
+from scheduler.model import Decisions, Node, Placement, Running, Workload
+from scheduler.ordering import by_queue
+from scheduler.service_errors import (
+    ActuatorFailed,
+    ConfigRejected,
+    DuplicateWorkload,
+    InvalidWorkload,
+    NotActive,
+    UnknownWorkload,
+)
+from scheduler.service_views import (
+    ACTUATOR_FAILED,
+    CANCELLED,
+    FINISHED,
+    PENDING,
+    PREEMPTED,
+    QUEUED,
+    REJECTED,
+    RUNNING,
+    Entry,
+    NodeView,
+    PreemptionRecord,
+    Reason,
+    ServiceStats,
+    WorkloadView,
+    bump,
+)
+from scheduler.snapshot import Cluster, Settings, build_cluster, snapshot
+
+log = logging.getLogger(__name__)
+
+
+class EventSink(Protocol):
+    def write(self, table: str, rows: Any) -> None: ...
+
+
+class SchedulerService:
+    def __init__(self, config: QueueConfig, actuator: Actuator, *, nodes: Iterable[Node] = (),
+                 settings: Settings | None = None, sink: EventSink | None = None, cluster: str = "default",
+                 sleep: Callable[[float], None] = time.sleep, history: int = 1000,
+                 keep_finished: int = 10_000, retry_attempts: int = 4) -> None:
+        self.actuator = actuator
+        self.settings = settings or Settings()
+        self.cluster_name = cluster
+        self.stats = ServiceStats()
+        self._config = config
+        self._nodes: tuple[Node, ...] = tuple(nodes)
+        self._sink = sink
+        self._sleep = sleep
+        self._retry_attempts = retry_attempts
+        self._lock = threading.RLock()
+        self._entries: dict[str, Entry] = {}                    # active workloads, arrival order
+        self._done: OrderedDict[str, Entry] = OrderedDict()     # finished/cancelled/rejected, newest last
+        self._keep_finished = keep_finished
+        self._history: deque[PreemptionRecord] = deque(maxlen=history)
+        self._idle: frozenset[str] = frozenset()
+        self._cluster: Cluster | None = None
+        self._seq = 0
+        self._last_t = float("-inf")
+
+    # -- inputs from the world ---------------------------------------------------------------
+    @property
+    def config(self) -> QueueConfig:
+        return self._config
+
+    def set_config(self, config: QueueConfig) -> None:
+        """Put a new queue configuration in force; refused (ConfigRejected) while live workloads
+        sit in queues that it drops or turns into parents."""
+        with self._lock:
+            lost = sorted({e.workload.queue for e in self._entries.values()} - set(_leaves(config)))
+            if lost:
+                raise ConfigRejected(f"queues {', '.join(lost)} hold pending or running workloads "
+                                     f"but are not leaf queues of the new configuration")
+            self._config = config
+            self._cluster = None
+
+    def set_nodes(self, nodes: Iterable[Node]) -> None:
+        new = tuple(nodes)
+        with self._lock:
+            if new != self._nodes:
+                self._nodes = new
+                self._cluster = None
+
+    def set_idle(self, workload_ids: Collection[str]) -> None:
+        """Running workloads whose GPUs the accounting sees idle (preferred victims)."""
+        with self._lock:
+            self._idle = frozenset(workload_ids)
+
+    def set_idle_targets(self, keys: Collection[tuple[str, str]]) -> None:
+        """Idle flags from the accounting's ``(namespace, workload)`` keys: a running workload is
+        idle when its target's name is the key's workload (a pod or Ray cluster) or its prefix
+        (the Ray cluster a RayJob creates is named ``<rayjob>-<suffix>``)."""
+        names: dict[str, list[str]] = {}
+        for ns, name in keys:
+            names.setdefault(ns, []).append(name)
+        with self._lock:
+            ids = [wid for wid, e in self._entries.items() if e.running is not None and e.target.name
+                   and any(n == e.target.name or n.startswith(e.target.name + "-")
+                           for n in names.get(e.target.namespace, ()))]
+            self._idle = frozenset(ids)
+
+    # -- mutations -------------------------------------------------------------------------------
+    def submit(self, workload: Workload, target: Target, now: float) -> WorkloadView:
+        with self._lock:
+            old = self._entries.get(workload.id)
+            if old is not None:
+                raise DuplicateWorkload(workload.id, old.state)
+            if workload.queue not in _leaves(self._config):
+                leaves = ", ".join(sorted(_leaves(self._config))) or "none configured"
+                raise InvalidWorkload("queue", f"unknown or non-leaf queue {workload.queue!r} (leaf queues: {leaves})")
+            self._done.pop(workload.id, None)
+            e = Entry(workload, target, PENDING, workload.duration_s, Reason(QUEUED, "waiting for the next cycle"))
+            self._entries[workload.id] = e
+            self._emit(now, "submit", workload, spec=ev.spec_json(workload, target))
+            bump(self.stats.submitted, workload.queue)
+            cluster = self._cluster_now()
+            why = never_fits(cluster, workload) if cluster.nodes else None
+            if why is not None:
+                self._close(e, REJECTED, now, Reason("never_fits", why))
+                self._emit(now, "reject", workload, reason=why)
+                bump(self.stats.rejected, workload.queue)
+            return self._view(e)
+
+    def cancel(self, workload_id: str, now: float, by: str = "") -> WorkloadView:
+        """Stop a pending or running workload (the actuator's ``cancel``); ActuatorFailed keeps it."""
+        with self._lock:
+            e = self._active(workload_id)
+            result = self._act("cancel", partial(self.actuator.cancel, e.workload, e.target))
+            if not result.ok:
+                raise ActuatorFailed(workload_id, "cancel", result.message)
+            reason = f"cancelled by {by}" if by else "cancelled"
+            self._close(e, CANCELLED, now, Reason(CANCELLED, reason))
+            self._emit(now, "cancel", e.workload, reason=reason)
+            return self._view(e)
+
+    def finish(self, workload_id: str, now: float) -> WorkloadView:
+        """The world reports that a running workload has ended."""
+        with self._lock:
+            e = self._active(workload_id)
+            if e.state != RUNNING:
+                raise NotActive(workload_id, e.state)
+            self._finish(e, now)
+            return self._view(e)
+
+    def remove(self, workload_id: str, now: float, reason: str) -> WorkloadView:
+        """The world removed a workload (its object was deleted): close it without the actuator; a
+        running one is recorded as finished, a pending one as cancelled with ``reason``."""
+        with self._lock:
+            e = self._active(workload_id)
+            if e.state == RUNNING:
+                self._finish(e, now)
+            else:
+                self._close(e, CANCELLED, now, Reason(CANCELLED, reason))
+                self._emit(now, "cancel", e.workload, reason=reason)
+            return self._view(e)
+
+    def state_of(self, workload_id: str) -> str | None:
+        """``pending``/``running``/..., or None for an id the service does not hold."""
+        with self._lock:
+            e = self._entries.get(workload_id) or self._done.get(workload_id)
+            return e.state if e is not None else None
+
+    def running_targets(self) -> list[tuple[Workload, Target]]:
+        with self._lock:
+            return [(e.workload, e.target) for e in self._entries.values() if e.state == RUNNING]
+
+    def active_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._entries)
+
+    # -- the cycle -------------------------------------------------------------------------------
+    def cycle(self, now: float) -> Decisions:
+        with self._lock:
+            t0 = time.perf_counter()
+            for e in [e for e in self._entries.values() if _due(e, now)]:
+                self._finish(e, now)
+            decisions = schedule(self._snapshot(), now)
+            failed = self._apply(decisions, now)
+            reasons = {p.workload: Reason(p.code.value, p.message) for p in decisions.pending}
+            for wid, e in self._entries.items():
+                if e.state == PENDING:
+                    e.reason = failed.get(wid) or reasons.get(wid) or e.reason
+            self.stats.observe_cycle(time.perf_counter() - t0, now)
+            return decisions
+
+    def _snapshot(self, extra: Iterable[Workload] = ()) -> Any:
+        cluster = self._cluster_now()
+        running = [r if r.workload.id not in self._idle else Running(r.workload, r.placement, r.start_s, True)
+                   for e in self._entries.values() if (r := e.running) is not None]
+        pending = [e.workload for e in self._entries.values() if e.state == PENDING]
+        return snapshot(cluster, running, [*pending, *extra], self.settings)
+
+    def _apply(self, d: Decisions, now: float) -> dict[str, Reason]:
+        """Carry the decisions out in order; return the reasons of those the actuator failed."""
+        why = {p.preemptor: p.reason for p in d.preemptions}
+        failed: dict[str, Reason] = {}
+        for a in d.admissions:
+            e = self._entries[a.workload.id]
+            stopped: list[Entry] = []
+            for vid in a.victims:
+                v = self._entries[vid]
+                res = self._act("preempt", partial(self.actuator.preempt, v.workload, v.target, why[e.workload.id]))
+                if not res.ok:
+                    failed[e.workload.id] = Reason(ACTUATOR_FAILED, f"preempting {vid} failed: {res.message}; "
+                                                   "tried again next cycle")
+                    break
+                self._preempt(v, e.workload.id, why[e.workload.id], now)
+                stopped.append(v)
+            if stopped:
+                self._history.append(PreemptionRecord(
+                    ev.round_t(now), e.workload.id, e.workload.queue, tuple(v.workload.id for v in stopped),
+                    tuple(v.workload.queue for v in stopped), why[e.workload.id]))
+            if e.workload.id in failed:
+                continue
+            res = self._act("admit", partial(self.actuator.admit, e.workload, e.target, a.placement))
+            if not res.ok:
+                failed[e.workload.id] = Reason(ACTUATOR_FAILED, f"admission failed: {res.message}; "
+                                               "tried again next cycle")
+                continue
+            self._start(e, a.placement, now, res.message)
+        return failed
+
+    def _act(self, verb: str, call: Callable[[], ActionResult]) -> ActionResult:
+        def guarded() -> ActionResult:
+            try:
+                return call()
+            except Exception as exc:  # an actuator must not take the loop down
+                log.exception("actuator %s raised during %s", self.actuator.name, verb)
+                return ActionResult(False, f"{self.actuator.name}: {type(exc).__name__}: {exc}", retryable=True)
+
+        result = with_retries(guarded, attempts=self._retry_attempts, sleep=self._sleep)
+        if not result.ok:
+            bump(self.stats.actuator_failures, verb)
+            log.warning("%s failed: %s", verb, result.message)
+        return result
+
+    # -- state transitions (each records its event) ------------------------------------------------
+    def _start(self, e: Entry, placement: Placement, now: float, message: str, record: bool = True) -> None:
+        w = e.workload
+        e.state, e.running, e.reason, e.message = RUNNING, Running(w, placement, now), None, message
+        if e.first_start_s is None:
+            e.first_start_s = now
+        if record:
+            self._emit(now, "admit", w, gpu_type=placement.gpu_type, placement=placement.as_dict())
+            bump(self.stats.admissions, w.queue)
+
+    def _preempt(self, v: Entry, by: str, reason: str, now: float, record: bool = True) -> None:
+        r = v.running
+        assert r is not None
+        if v.left_s > 0:
+            v.left_s = max(0.0, v.left_s - (now - r.start_s)) if v.workload.checkpoint else v.workload.duration_s
+        v.state, v.running, v.preempted = PENDING, None, v.preempted + 1
+        v.reason = Reason(PREEMPTED, f"preempted by {by} at t={ev.round_t(now)}: {reason}")
+        if record:
+            self._emit(now, "preempt", v.workload, by=by, reason=reason)
+            bump(self.stats.preemptions, v.workload.queue)
+
+    def _finish(self, e: Entry, now: float, record: bool = True) -> None:
+        self._close(e, FINISHED, now, None)
+        if record:
+            self._emit(now, "finish", e.workload)
+
+    def _close(self, e: Entry, state: str, now: float, reason: Reason | None) -> None:
+        e.state, e.running, e.end_s, e.reason = state, None, now, reason
+        self._entries.pop(e.workload.id, None)
+        self._done[e.workload.id] = e
+        self._done.move_to_end(e.workload.id)
+        while len(self._done) > self._keep_finished:
+            self._done.popitem(last=False)
+
+    def _emit(self, now: float, kind: str, w: Workload, spec: str = "", **extra: Any) -> None:
+        event = ev.event(now, kind, w.id, w.queue, **extra)
+        self._seq += 1
+        self._last_t = max(self._last_t, event["t"])
+        if self._sink is not None:
+            self._sink.write(ev.TABLE, [ev.to_row(event, self._seq, self.cluster_name, spec)])
+
+    # -- reads ------------------------------------------------------------------------------------
+    def _active(self, workload_id: str) -> Entry:
+        e = self._entries.get(workload_id)
+        if e is None:
+            done = self._done.get(workload_id)
+            if done is not None:
+                raise NotActive(workload_id, done.state)
+            raise UnknownWorkload(workload_id)
+        return e
+
+    def _positions(self) -> dict[str, int]:
+        pending = [e.workload for e in self._entries.values() if e.state == PENDING]
+        return {w.id: i for lst in by_queue(pending).values() for i, w in enumerate(lst, 1)}
+
+    def _view(self, e: Entry, positions: dict[str, int] | None = None) -> WorkloadView:
+        w, r, t = e.workload, e.running, e.target
+        if positions is None and e.state == PENDING:
+            positions = self._positions()
+        return WorkloadView(
+            id=w.id, queue=w.queue, state=e.state, pods=w.pods, gpus_per_pod=w.gpus_per_pod, gpus=w.gpus,
+            gpu_types=w.gpu_types, priority=w.priority, preemptible=w.preemptible, submit_s=w.submit_s,
+            duration_s=w.duration_s or None, start_s=r.start_s if r else None, end_s=e.end_s,
+            gpu_type=r.placement.gpu_type if r else None, placement=r.placement.as_dict() if r else None,
+            reason_code=e.reason.code if e.reason else None, message=e.reason.message if e.reason else None,
+            position=(positions or {}).get(w.id) if e.state == PENDING else None,
+            preempted=e.preempted, idle=w.id in self._idle and r is not None,
+            target={"kind": t.kind, "namespace": t.namespace, "name": t.name},
+            actuator_message=e.message)
+
+    def explain(self, workload_id: str) -> WorkloadView:
+        with self._lock:
+            e = self._entries.get(workload_id) or self._done.get(workload_id)
+            if e is None:
+                raise UnknownWorkload(workload_id)
+            return self._view(e)
+
+    def workloads(self, queue: str | None = None, state: str | None = None) -> list[WorkloadView]:
+        """Active workloads in arrival order, then finished ones (oldest first); ``queue`` matches
+        the queue or any queue below it."""
+        with self._lock:
+            pos = self._positions()
+            out = []
+            for e in (*self._entries.values(), *self._done.values()):
+                q = e.workload.queue
+                if queue and queue != ROOT and q != queue and not q.startswith(queue + "."):
+                    continue
+                if state and e.state != state:
+                    continue
+                out.append(self._view(e, pos))
+            return out
+
+    def nodes(self) -> list[NodeView]:
+        with self._lock:
+            cluster = self._cluster_now()
+            used: dict[str, int] = {}
+            on: dict[str, list[str]] = {}
+            for e in self._entries.values():
+                if e.running is not None:
+                    for name, n in e.running.placement.nodes:
+                        used[name] = used.get(name, 0) + n
+                        on.setdefault(name, []).append(e.workload.id)
+            return [NodeView(n.name, n.gpu_type, n.gpus, used.get(n.name, 0), n.gpus - used.get(n.name, 0),
+                             tuple(on.get(n.name, ()))) for n in cluster.nodes]
+
+    def preemptions(self, limit: int = 100) -> list[PreemptionRecord]:
+        """The most recent preemptions, newest first."""
+        with self._lock:
+            return list(reversed(self._history))[:limit]
+
+    def pending_demand(self) -> list[PendingDemand]:
+        """The pending workloads as the accounting's demand (its "now" view's ``pending``)."""
+        with self._lock:
+            return [PendingDemand(self.cluster_name, e.target.namespace, e.workload.id, e.workload.queue,
+                                  float(e.workload.gpus), e.workload.submit_s,
+                                  e.workload.gpu_types[0] if len(e.workload.gpu_types) == 1 else "")
+                    for e in self._entries.values() if e.state == PENDING]
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """(queue, state) -> active workloads, for the gauges."""
+        with self._lock:
+            out: dict[tuple[str, str], int] = {}
+            for e in self._entries.values():
+                key = (e.workload.queue, e.state)
+                out[key] = out.get(key, 0) + 1
+            return out
+
+    # -- the cluster the core sees -------------------------------------------------------------------
+    def _cluster_now(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = build_cluster(self._config, self._with_held(self._nodes))
+        return self._cluster
+
+    def _with_held(self, nodes: tuple[Node, ...]) -> list[Node]:
+        """``nodes``, kept large enough for what runs there; a node that left while workloads still
+        run on it stays (as large as what they hold) until they stop, so the books balance."""
+        held: dict[str, tuple[str, int]] = {}
+        for e in self._entries.values():
+            if e.running is not None:
+                for name, gpus in e.running.placement.nodes:
+                    t, h = held.get(name, (e.running.placement.gpu_type, 0))
+                    held[name] = (t, h + gpus)
+        out: list[Node] = []
+        for node in nodes:
+            t, h = held.pop(node.name, (node.gpu_type, 0))
+            out.append(node if h <= node.gpus else dataclasses.replace(node, gpus=h))
+        out.extend(Node(name, t, h) for name, (t, h) in sorted(held.items()))
+        return out
+
+    # -- dry runs and restarts live in their own modules ------------------------------------------------
+    def dry_run(self, workload: Workload, now: float) -> Any:
+        from scheduler.service_dryrun import dry_run
+
+        with self._lock:
+            if workload.queue not in _leaves(self._config):
+                raise InvalidWorkload("queue", f"unknown or non-leaf queue {workload.queue!r}")
+            return dry_run(self, workload, now)
+
+    def restore(self, stored: Iterable[ev.StoredEvent]) -> int:
+        """Rebuild the state from stored events (before any submit); return the events replayed."""
+        from scheduler.service_replay import restore
+
+        with self._lock:
+            self._cluster = None
+            return restore(self, stored)
+
+
+def _leaves(config: QueueConfig) -> tuple[str, ...]:
+    return config.leaves()
+
+
+def _due(e: Entry, now: float) -> bool:
+    r = e.running
+    return r is not None and e.left_s > 0 and r.start_s + e.left_s <= now

@@ -1,0 +1,153 @@
+"""The accounting as a serving process holds it: the store, the queue configuration (reloaded by
+:class:`accounting.watcher.QueueConfigWatcher` when ``queues_file`` is set), the last "now" view
+(fed to :class:`accounting.metrics.AccountingCollector`), and the windows the API serves.
+
+Every number comes from :mod:`accounting.service` and the pure engine; this adapter only calls
+them and reshapes their values for the scheduler (nodes, idle workloads) and the API (dicts).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from accounting import service as acc
+from accounting.idle import IdleParams, current
+from accounting.metrics import AccountingCollector
+from accounting.model import PendingDemand, Window
+from accounting.now import NowSnapshot, NowView, compute_now
+from accounting.queues import QueueConfig
+from accounting.resolve import Resolver
+from accounting.rollup import materialize_hours
+from accounting.series import queue_series
+from accounting.store_adapter import read_allocations
+from accounting.watcher import QueueConfigWatcher, Reload
+from scheduler.model import Node
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Refresh:
+    view: NowView
+    nodes: tuple[Node, ...]                       # schedulable nodes with GPUs, as the scheduler sees them
+    idle: frozenset[tuple[str, str]]              # (namespace, workload) holding an idle GPU now
+
+
+class LiveAccounting:
+    def __init__(self, store: Any, *, queues_file: str | None = None, params: IdleParams | None = None,
+                 starvation_s: float = 600.0, config: QueueConfig | None = None,
+                 collector: AccountingCollector | None = None) -> None:
+        self.store = store
+        self.params = params or IdleParams()
+        self.starvation_s = starvation_s
+        self.collector = collector or AccountingCollector()
+        self.watcher = QueueConfigWatcher(queues_file) if queues_file else None
+        self._config = config if config is not None else acc.load_config(None)
+        self._lock = threading.Lock()
+        self.view: NowView | None = None
+        self.error: str | None = None             # the last reload's problem, while the old config stays
+        if self.watcher is not None and config is None:
+            self.reload()
+            if self.watcher.config is None:
+                raise self.watcher.error or RuntimeError(f"cannot load {queues_file}")
+
+    @property
+    def config(self) -> QueueConfig:
+        return self._config
+
+    @property
+    def config_loaded(self) -> bool:
+        return self.watcher is None or self.watcher.config is not None
+
+    def reload(self, accept: Callable[[QueueConfig], None] | None = None) -> Reload | None:
+        """Poll the queue file; a new valid configuration is offered to ``accept`` (the scheduler's
+        ``set_config``), which may refuse it by raising; it is in :attr:`config` once LOADED. A
+        refused one is offered again at every poll until it is taken or the file changes."""
+        if self.watcher is None:
+            return None
+        result = self.watcher.poll()
+        if result is Reload.REJECTED:
+            self.error = str(self.watcher.error)
+            log.error("queue file rejected, the last good configuration stays: %s", self.error)
+            return result
+        new = self.watcher.config
+        if new is None or new is self._config:
+            return result
+        try:
+            if accept is not None:
+                accept(new)
+        except Exception as exc:  # noqa: BLE001 - the caller's refusal, reported like a bad file
+            if result is Reload.LOADED or self.error != str(exc):
+                log.error("queue configuration from %s not taken: %s", self.watcher.path, exc)
+            self.error = str(exc)
+            return Reload.REJECTED
+        self._config, self.error = new, None
+        log.info("queue configuration loaded from %s (generation %d)", self.watcher.path, self.watcher.generation)
+        return Reload.LOADED
+
+    def refresh(self, now_s: float, pending: Sequence[PendingDemand] | None = None) -> Refresh:
+        """Compute the "now" view (the scheduler's pending demand when given) and update the gauges."""
+        snap = acc.now_snapshot(self.store, now_s, self.params, pending)
+        view = compute_now(snap, Resolver(self._config), self.params, self.starvation_s)
+        with self._lock:
+            self.view = view
+        self.collector.update(view)
+        nodes = _nodes(view)
+        return Refresh(view, nodes, _idle(snap, now_s, self.params))
+
+    def materialize(self, now_s: float) -> list[float]:
+        return materialize_hours(self.store, now_s, self.params)
+
+    # -- what the API serves ------------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        with self._lock:
+            view = self.view
+        return [r.as_dict() for r in view.rows] if view is not None else []
+
+    def usage(self, start_s: float, end_s: float, by: Sequence[str], now_s: float,
+              rollup: bool = False) -> list[dict[str, Any]]:
+        rows = acc.usage_report(self.store, self._config, Window(start_s, end_s), now_s, by, self.params,
+                                rollup=rollup)
+        return [r.as_dict() for r in rows]
+
+    def series(self, start_s: float, end_s: float, step_s: float, now_s: float,
+               queue: str | None = None) -> list[dict[str, Any]]:
+        window = Window(start_s, end_s)
+        points = queue_series(read_allocations(self.store, window, now_s), Resolver(self._config), window,
+                              step_s, now_s)
+        return [{"queue": p.queue, "t": p.t_s, "allocated": p.allocated, "guaranteed": p.guaranteed,
+                 "max": p.max} for p in points if queue is None or p.queue == queue]
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.store.ping())
+        except Exception:  # noqa: BLE001 - any failure means "not reachable"
+            return False
+
+
+def _nodes(view: NowView) -> tuple[Node, ...]:
+    """Schedulable nodes with at least one whole GPU. Names are the node names; with several
+    clusters in the store they become ``cluster/node``, and the MIG slices of a node that also
+    shows another type ``node:type``."""
+    nodes = [n for n in view.capacity.nodes if n.schedulable and n.capacity >= 1]
+    many = len({n.cluster for n in nodes}) > 1
+    out: dict[str, Node] = {}
+    for n in sorted(nodes, key=lambda n: (n.cluster, n.node, n.gpu_type)):
+        name = f"{n.cluster}/{n.node}" if many else n.node
+        if name in out:                       # a node split into MIG slices: one entry per type
+            name = f"{name}:{n.gpu_type}"
+        out[name] = Node(name, n.gpu_type, int(n.capacity))
+    return tuple(out.values())
+
+
+def _idle(snap: NowSnapshot, now_s: float, params: IdleParams) -> frozenset[tuple[str, str]]:
+    owner = {(a.cluster, a.namespace, a.pod): a.workload for a in snap.allocations}
+    out = set()
+    for r in current(snap.idle_runs, now_s, params):
+        w = owner.get((r.cluster, r.namespace, r.pod))
+        if w is not None:
+            out.add((r.namespace, w))
+    return frozenset(out)

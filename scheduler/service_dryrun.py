@@ -1,0 +1,51 @@
+"""``SchedulerService.dry_run``: what the next cycle would do if ``workload`` arrived now.
+
+It runs :func:`scheduler.cycle.schedule` on a snapshot of the live state with the workload added;
+the snapshot is a copy (the core never writes to it) and nothing is recorded or actuated. A
+workload that could preempt but must first wait its preemption delay also gets ``after_delay``:
+the cycle at the end of the delay on the same state, so "what would you preempt" has an answer.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from scheduler.cycle import never_fits, schedule
+from scheduler.model import Decisions, ReasonCode, Running, Workload
+from scheduler.service_views import DryRun, Victim
+
+if TYPE_CHECKING:
+    from scheduler.service import SchedulerService
+
+
+def dry_run(svc: SchedulerService, workload: Workload, now: float) -> DryRun:
+    """Call with the service's lock held (``SchedulerService.dry_run`` does)."""
+    w = dataclasses.replace(workload, submit_s=now)
+    known = svc._entries.keys() | svc._done.keys()
+    while w.id in known:                 # a what-if never collides with a live id
+        w = dataclasses.replace(w, id=w.id + "~dry-run")
+    cluster = svc._cluster_now()
+    why = never_fits(cluster, w)
+    if why is not None:
+        return DryRun(w.id, w.queue, now, "reject", reason_code=ReasonCode.NEVER_FITS.value, message=why)
+    snap = svc._snapshot(extra=[w])
+    running = {r.workload.id: r for r in snap.running}
+    out = _outcome(schedule(snap, now), w, now, running)
+    if out.reason_code == ReasonCode.WAITING_PREEMPTION_DELAY.value:
+        at = now + svc.settings.preemption_delay_s
+        out = dataclasses.replace(out, after_delay=_outcome(schedule(snap, at), w, at, running))
+    return out
+
+
+def _outcome(d: Decisions, w: Workload, at: float, running: dict[str, Running]) -> DryRun:
+    others = tuple(a.workload.id for a in d.admissions if a.workload.id != w.id)
+    for a in d.admissions:
+        if a.workload.id == w.id:
+            victims = tuple(Victim(v, running[v].workload.queue, running[v].workload.gpus,
+                                   running[v].workload.priority) for v in a.victims)
+            return DryRun(w.id, w.queue, at, "preempt" if victims else "admit", a.placement.gpu_type,
+                          a.placement.as_dict(), victims, also_admitted=others)
+    p = d.reason(w.id)
+    assert p is not None, "schedule() gives every pending workload a reason"
+    return DryRun(w.id, w.queue, at, "pending", reason_code=p.code.value, message=p.message,
+                  position=p.position, also_admitted=others)

@@ -1,0 +1,71 @@
+"""The scheduler's own Prometheus metrics, read from the service at scrape time (no double
+bookkeeping; register on the serving process's registry next to the accounting's gauges)::
+
+    gpuq_scheduler_cycles_total                      cycles run
+    gpuq_scheduler_cycle_duration_seconds            histogram of a cycle's wall time (core + actuator)
+    gpuq_scheduler_last_cycle_timestamp_seconds      the scheduler clock of the last cycle
+    gpuq_scheduler_submitted_total{queue}            workloads submitted
+    gpuq_scheduler_rejected_total{queue}             workloads that can never run
+    gpuq_scheduler_admissions_total{queue}           admissions (a preempted workload counts again)
+    gpuq_scheduler_preemptions_total{queue}          preempted workloads, by the victim's queue
+    gpuq_scheduler_actuator_failures_total{verb}     admit / preempt / cancel that failed after retries
+    gpuq_scheduler_pending_workloads{queue}          pending now
+    gpuq_scheduler_running_workloads{queue}          running now
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from scheduler.service_views import BUCKETS_S, PENDING, RUNNING
+
+if TYPE_CHECKING:
+    from scheduler.service import SchedulerService
+
+
+class SchedulerCollector(Collector):
+    def __init__(self, service: SchedulerService) -> None:
+        self._service = service
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())          # unchecked collector: families depend on the live queues
+
+    def collect(self) -> Iterator[Any]:
+        svc = self._service
+        with svc._lock:
+            st = svc.stats.copy()
+        counts = svc.counts()
+        yield _counter("gpuq_scheduler_cycles", "Scheduling cycles run.", [], {(): st.cycles})
+        buckets = [(str(b), n) for b, n in zip(BUCKETS_S, st.cycle_buckets)] + [("+Inf", st.cycles)]
+        yield HistogramMetricFamily("gpuq_scheduler_cycle_duration_seconds",
+                                    "Wall time of a cycle (core and actuator).", buckets=buckets,
+                                    sum_value=st.cycle_seconds_sum)
+        if st.last_cycle_s is not None:
+            yield GaugeMetricFamily("gpuq_scheduler_last_cycle_timestamp_seconds",
+                                    "Scheduler clock of the last cycle.", value=st.last_cycle_s)
+        for name, doc, data in (
+            ("gpuq_scheduler_submitted", "Workloads submitted.", st.submitted),
+            ("gpuq_scheduler_rejected", "Workloads rejected: they can never run.", st.rejected),
+            ("gpuq_scheduler_admissions", "Admissions (a preempted workload admitted again counts again).",
+             st.admissions),
+            ("gpuq_scheduler_preemptions", "Workloads preempted, by the victim's queue.", st.preemptions),
+        ):
+            yield _counter(name, doc, ["queue"], {(q,): n for q, n in data.items()})
+        yield _counter("gpuq_scheduler_actuator_failures", "Actuator calls that failed after their retries.",
+                       ["verb"], {(v,): n for v, n in st.actuator_failures.items()})
+        for state in (PENDING, RUNNING):
+            g = GaugeMetricFamily(f"gpuq_scheduler_{state}_workloads", f"Workloads {state} now.", labels=["queue"])
+            for (q, s), n in sorted(counts.items()):
+                if s == state:
+                    g.add_metric([q], n)
+            yield g
+
+
+def _counter(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], int]) -> CounterMetricFamily:
+    fam = CounterMetricFamily(name, doc, labels=labels)
+    for key, n in sorted(values.items()):
+        fam.add_metric(list(key), n)
+    return fam

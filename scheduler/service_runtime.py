@@ -1,0 +1,160 @@
+"""``gpuq serve``: one process, one embedded store, four loops.
+
+* the **collectors** (:func:`collector.service.run_collect` in a thread, when sources are
+  configured), writing through their own :class:`~gpuq.store.writer.BatchWriter`;
+* the **accounting loop** (every ``accounting.interval_s``): reload the queue file (the scheduler
+  takes the new configuration or refuses it), compute the "now" view with the scheduler's
+  pending demand, update the gauges, hand the scheduler its nodes (unless a static list was
+  given) and idle flags; materialise closed hours every five minutes;
+* the **scheduler loop** (every ``scheduler.cycle_interval_s``): one :meth:`SchedulerService.cycle`;
+* the **world sync** (every ``accounting.interval_s``, :mod:`scheduler.service_sources`): with the
+  ``kubernetes`` actuator, suspended RayJobs/RayClusters come in and deleted ones go; with ``ray``,
+  jobs that ended finish their workloads;
+* the **API** (uvicorn in a thread) on ``api.host:api.port``.
+
+At start the scheduler's state is rebuilt from ``scheduler_events``. SIGTERM or Ctrl-C set one
+stop event: the loops return, uvicorn shuts down, the writers flush (spilling what the store
+will not take) and the stores close, within seconds.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from accounting.service import idle_params
+from scheduler.model import Node
+from scheduler.snapshot import Settings as CoreSettings
+
+log = logging.getLogger(__name__)
+
+MATERIALIZE_EVERY_S = 300.0
+
+
+def _loop(name: str, stop: threading.Event, interval_s: float, body: Callable[[], None]) -> threading.Thread:
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                body()
+            except Exception:  # a loop logs and carries on
+                log.exception("%s failed", name)
+            stop.wait(interval_s)
+    t = threading.Thread(target=run, name=f"gpuq-{name}", daemon=True)
+    t.start()
+    return t
+
+
+def _has_sources(settings: Any) -> bool:
+    c = settings.collector
+    return bool(c.ray or c.dcgm or c.kubernetes or c.nvml.enabled)
+
+
+def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None = None, cluster: str = "default",
+          collect: bool = True, clock: Callable[[], float] = time.time) -> int:
+    """Run until ``stop`` is set; 0 on a clean stop, 1 when the API could not start."""
+    import uvicorn
+
+    from collector.service import make_writer, run_collect
+    from gpuq.store import open_store
+    from scheduler.actuators.factory import make_actuator
+    from scheduler.api import create_app
+    from scheduler.events import read_events
+    from scheduler.service import SchedulerService
+    from scheduler.service_accounting import LiveAccounting
+    from scheduler.service_sources import world_sync
+
+    st = settings.store
+    store = open_store(st.dsn, default_database=st.database, ttl_days=st.ttl_days)
+    spill = str(Path(st.spill_dir) / "scheduler")      # apart from the collector's spill files
+    writer, wstore = make_writer(settings.model_copy(update={"store": st.model_copy(update={"spill_dir": spill})}))
+    threads: list[threading.Thread] = []
+    server: Any = None
+    api: threading.Thread | None = None
+    collector_stop = threading.Event()
+    actuator: Any = None
+    try:
+        accounting = LiveAccounting(store, queues_file=settings.queues_file, params=idle_params(settings),
+                                    starvation_s=settings.accounting.starvation_s)
+        sc = settings.scheduler
+        actuator = make_actuator(settings)
+        # the actuators retry with backoff themselves, and the next cycle is the retry after that
+        service = SchedulerService(accounting.config, actuator, nodes=nodes or (),
+                                   settings=CoreSettings(sc.preemption, sc.preemption_delay_s), sink=writer,
+                                   cluster=cluster, retry_attempts=1)
+        writer.start()                               # replays spilled events first, so the restore sees them
+        service.restore(read_events(store, cluster))
+        if not nodes:
+            log.info("nodes: from the accounting's view of capacity")
+        state = {"materialized": clock()}             # first after MATERIALIZE_EVERY_S: a quick start
+
+        def account() -> None:
+            now = clock()
+            accounting.reload(accept=service.set_config)
+            r = accounting.refresh(now, service.pending_demand())
+            if not nodes:
+                service.set_nodes(r.nodes)
+            service.set_idle_targets(r.idle)
+            if now - state["materialized"] >= MATERIALIZE_EVERY_S:
+                state["materialized"] = now
+                accounting.materialize(now)
+
+        try:
+            account()                               # nodes and configuration before the first cycle
+        except Exception:  # the loop below retries
+            log.exception("accounting failed at start; retrying every %s s", settings.accounting.interval_s)
+        threads.append(_loop("accounting", stop, settings.accounting.interval_s, account))
+        def cycle() -> None:
+            service.cycle(clock())
+
+        threads.append(_loop("scheduler", stop, sc.cycle_interval_s, cycle))
+        sync = world_sync(settings, service, actuator)
+        if sync is not None:
+            threads.append(_loop("world-sync", stop, settings.accounting.interval_s, lambda: sync(clock())))
+        if collect and _has_sources(settings):
+            def collect_run() -> None:
+                try:
+                    run_collect(settings, once=False, stop=collector_stop)
+                except Exception:  # the collectors failing must not stop the scheduler
+                    log.exception("collectors stopped")
+            t = threading.Thread(target=collect_run, name="gpuq-collect", daemon=True)
+            t.start()
+            threads.append(t)
+        elif collect:
+            log.info("no collector sources configured: not collecting (see collector.* in the config)")
+
+        app = create_app(service, accounting, settings, clock=clock)
+        server = uvicorn.Server(uvicorn.Config(app, host=settings.api.host, port=settings.api.port,
+                                               log_level="warning", lifespan="off", access_log=False,
+                                               timeout_graceful_shutdown=2))
+        api = threading.Thread(target=server.run, name="gpuq-api", daemon=True)
+        api.start()
+        while not server.started and api.is_alive() and not stop.is_set():
+            time.sleep(0.05)
+        if not server.started and not stop.is_set():
+            log.error("the API could not start on %s:%s", settings.api.host, settings.api.port)
+            return 1
+        log.info("gpuq serve: API on http://%s:%s (docs at /docs), cluster %r, actuator %s",
+                 settings.api.host, settings.api.port, cluster, service.actuator.name)
+        stop.wait()
+        log.info("stopping")
+        return 0
+    finally:
+        stop.set()
+        collector_stop.set()
+        if server is not None:
+            server.should_exit = True
+        for t in [*threads, *([api] if api is not None else [])]:
+            t.join(timeout=10)
+        writer.close()
+        if actuator is not None and hasattr(actuator, "close"):
+            actuator.close()
+        for s in (wstore, writer.store, store):
+            if s is not None:
+                s.close()
+        if writer.spilled_files():
+            log.warning("%d scheduler event batches spilled to %s: replayed at the next start",
+                        writer.spilled_files(), spill)
+        log.info("stopped")

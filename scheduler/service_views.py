@@ -1,0 +1,168 @@
+"""What the live scheduler shows: frozen views of its workloads, nodes, preemptions and dry runs,
+and the counters its metrics read. The API serialises these with :func:`as_dict`.
+
+Reason codes are :class:`scheduler.model.ReasonCode` values, plus three of the service's own:
+``queued`` (arrived since the last cycle), ``preempted`` (requeued by a preemption this cycle)
+and ``actuator_failed`` (the decision was made but the actuator could not carry it out; it is
+tried again next cycle).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.actuators.base import Target
+from scheduler.model import Running, Workload
+
+PENDING, RUNNING, FINISHED, CANCELLED, REJECTED = "pending", "running", "finished", "cancelled", "rejected"
+STATES = (PENDING, RUNNING, FINISHED, CANCELLED, REJECTED)
+ACTIVE = frozenset({PENDING, RUNNING})
+
+QUEUED, PREEMPTED, ACTUATOR_FAILED = "queued", "preempted", "actuator_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    code: str
+    message: str
+
+
+@dataclass(slots=True)
+class Entry:
+    """The service's record of one workload (mutable, guarded by the service's lock)."""
+
+    workload: Workload
+    target: Target
+    state: str
+    left_s: float                      # running time still needed; 0: runs until told it finished
+    reason: Reason | None = None
+    running: Running | None = None
+    first_start_s: float | None = None
+    end_s: float | None = None
+    preempted: int = 0
+    message: str = ""                  # the actuator's last answer
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadView:
+    id: str
+    queue: str
+    state: str
+    pods: int
+    gpus_per_pod: int
+    gpus: int
+    gpu_types: tuple[str, ...]
+    priority: int
+    preemptible: bool
+    submit_s: float
+    duration_s: float | None
+    start_s: float | None
+    end_s: float | None
+    gpu_type: str | None
+    placement: dict[str, int] | None
+    reason_code: str | None
+    message: str | None
+    position: int | None               # 1-based among its queue's pending workloads
+    preempted: int
+    idle: bool
+    target: dict[str, Any]
+    actuator_message: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    gpu_type: str
+    gpus: int
+    used: int
+    free: int
+    workloads: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionRecord:
+    t: float
+    preemptor: str
+    queue: str
+    victims: tuple[str, ...]
+    victim_queues: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    id: str
+    queue: str
+    gpus: int
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class DryRun:
+    """``outcome``: ``admit`` (fits now), ``preempt`` (admitted now after ``victims`` stop),
+    ``pending`` (with ``reason_code``/``message``/``position``) or ``reject`` (can never run).
+    ``after_delay``: for a workload that must first wait its preemption delay, what the cycle at
+    the end of the delay would do if nothing else changed."""
+
+    workload: str
+    queue: str
+    at_s: float
+    outcome: str
+    gpu_type: str | None = None
+    placement: dict[str, int] | None = None
+    victims: tuple[Victim, ...] = ()
+    reason_code: str | None = None
+    message: str | None = None
+    position: int | None = None
+    also_admitted: tuple[str, ...] = ()
+    after_delay: DryRun | None = None
+
+
+BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(slots=True)
+class ServiceStats:
+    """Counters since the process started (the metrics read them at scrape time)."""
+
+    cycles: int = 0
+    cycle_seconds_sum: float = 0.0
+    cycle_buckets: list[int] = field(default_factory=lambda: [0] * len(BUCKETS_S))
+    last_cycle_s: float | None = None          # the scheduler clock of the last cycle
+    last_cycle_duration_s: float = 0.0
+    admissions: dict[str, int] = field(default_factory=dict)      # by queue
+    preemptions: dict[str, int] = field(default_factory=dict)     # by victim queue
+    submitted: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    actuator_failures: dict[str, int] = field(default_factory=dict)   # by verb
+
+    def observe_cycle(self, seconds: float, now_s: float) -> None:
+        self.cycles += 1
+        self.cycle_seconds_sum += seconds
+        self.last_cycle_s = now_s
+        self.last_cycle_duration_s = seconds
+        for i, b in enumerate(BUCKETS_S):
+            if seconds <= b:
+                self.cycle_buckets[i] += 1
+
+    def copy(self) -> ServiceStats:
+        return dataclasses.replace(self, cycle_buckets=list(self.cycle_buckets),
+                                   admissions=dict(self.admissions), preemptions=dict(self.preemptions),
+                                   submitted=dict(self.submitted), rejected=dict(self.rejected),
+                                   actuator_failures=dict(self.actuator_failures))
+
+
+def bump(counter: dict[str, int], key: str, n: int = 1) -> None:
+    counter[key] = counter.get(key, 0) + n
+
+
+def as_dict(value: Any) -> Any:
+    """A view as plain JSON-able data (tuples as lists, nested views as dicts)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: as_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [as_dict(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_dict(v) for k, v in value.items()}
+    return value

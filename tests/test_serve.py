@@ -1,0 +1,146 @@
+"""`gpuq serve` as a real process on its own chDB path: submit over HTTP, see it admitted,
+`gpuq explain` and `gpuq workloads` against it, SIGTERM stops it cleanly within 10 s, the events
+are in scheduler_events afterwards, and a second start rebuilds the state from them.
+
+chDB lets one process open a path, so the store is read after the server exits, by `gpuq query`
+in a process of its own (this test process keeps the session's chDB path)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "op-secret"
+
+
+def gpuq(*args: str, cfg: Path, late: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``gpuq CMD --config CFG ARGS`` (``late``: ``gpuq CMD ARGS --config CFG``)."""
+    argv = [*args, "--config", str(cfg)] if late else [*args[:1], "--config", str(cfg), *args[1:]]
+    return subprocess.run([sys.executable, "-m", "gpuq.cli", *argv],
+                          check=False, capture_output=True, text=True, timeout=timeout, cwd=cfg.parent, env=_env())
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, str]:
+    (tmp_path / "queues.yaml").write_text(yaml.safe_dump({"queues": {
+        "a": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}},
+        "b": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}}}}))
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump([{"name": "h", "gpu_type": "H100", "gpus": 8, "count": 2}]))
+    port = free_port()
+    cfg = tmp_path / "gpuq.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "store": {"dsn": f"chdb://{tmp_path / 'data'}", "spill_dir": str(tmp_path / "spill"),
+                  "batch_interval_s": 0.5},
+        "queues_file": "queues.yaml",
+        "scheduler": {"actuator": "dry-run", "cycle_interval_s": 0.2, "preemption_delay_s": 1},
+        "accounting": {"interval_s": 1},
+        "collector": {"metrics_port": 0},
+        "api": {"host": "127.0.0.1", "port": port, "tokens": [{"token": TOKEN, "role": "operator", "name": "ci"}]},
+    }))
+    return cfg, f"http://127.0.0.1:{port}"
+
+
+class Server:
+    def __init__(self, cfg: Path, url: str) -> None:
+        self.url = url
+        self.log = cfg.parent / "serve.log"
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gpuq.cli", "serve", "--config", str(cfg), "--nodes", "nodes.yaml"],
+                cwd=cfg.parent, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+        self.client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+        self.wait_until(lambda: self.get("/readyz").status_code == 200, 40, "ready")
+
+    def get(self, path: str) -> httpx.Response:
+        try:
+            return self.client.get(path)
+        except httpx.TransportError:
+            return httpx.Response(599)
+
+    def wait_until(self, cond: Any, timeout: float, what: str) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            assert self.proc.poll() is None, f"gpuq serve exited ({self.proc.returncode}):\n{self.log.read_text()}"
+            if cond():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"not {what} after {timeout} s:\n{self.log.read_text()}")
+
+    def state(self, wid: str) -> str:
+        return str(self.get(f"/workloads/{wid}").json()["state"])
+
+    def stop(self) -> tuple[int, float]:
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=15)
+        self.client.close()
+        return rc, time.monotonic() - t0
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Server]]:
+    started: list[Server] = []
+    yield started
+    for s in started:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+
+
+@pytest.mark.timeout(120)
+def test_serve_end_to_end(setup: tuple[Path, str], servers: list[Server]) -> None:
+    cfg, url = setup
+    srv = Server(cfg, url)
+    servers.append(srv)
+    r = srv.client.post("/workloads", json={"id": "a1", "queue": "a", "pods": 2, "gpus_per_pod": 8})
+    assert r.status_code == 201, r.text
+    srv.wait_until(lambda: srv.state("a1") == "running", 10, "admitted")
+    assert srv.client.post("/workloads", json={"id": "b1", "queue": "b", "gpus_per_pod": 8}).status_code == 201
+    srv.wait_until(lambda: srv.get("/workloads/b1").json()["reason_code"] == "no_victims", 10, "explained")
+
+    out = gpuq("explain", "b1", cfg=cfg, late=True)
+    assert out.returncode == 0, out.stderr
+    assert "workload b1 in queue b: pending" in out.stdout
+    assert "reason: no_victims" in out.stdout and "no allowed victim set" in out.stdout
+    assert "position: 1 in queue b" in out.stdout
+    listed = gpuq("workloads", "--format", "json", cfg=cfg)
+    assert listed.returncode == 0, listed.stderr
+    assert {w["id"]: w["state"] for w in json.loads(listed.stdout)} == {"a1": "running", "b1": "pending"}
+    missing = gpuq("explain", "ghost", cfg=cfg)
+    assert missing.returncode == 1 and "no workload 'ghost' (HTTP 404)" in missing.stderr
+
+    rc, took = srv.stop()
+    assert rc == 0, srv.log.read_text()
+    assert took < 10, f"took {took:.1f} s to stop"
+
+    q = gpuq("query", "SELECT event, workload, queue, placement FROM scheduler_events ORDER BY t, seq",
+             "--format", "json", cfg=cfg)
+    assert q.returncode == 0, q.stderr
+    rows = [(e["event"], e["workload"]) for e in json.loads(q.stdout)]
+    assert rows == [("submit", "a1"), ("admit", "a1"), ("submit", "b1")]
+    assert sum(json.loads(q.stdout)[1]["placement"].values()) == 16
+
+    again = Server(cfg, url)                  # a restart rebuilds the state from scheduler_events
+    servers.append(again)
+    assert again.state("a1") == "running" and again.state("b1") == "pending"
+    assert again.get("/nodes").json()[0]["workloads"] == ["a1"]
+    assert again.stop()[0] == 0
