@@ -56,11 +56,16 @@ def install_stop_handlers(stop: threading.Event) -> dict[int, Any]:
     return previous
 
 
-def run_collect(settings: Settings, once: bool = False, stop: threading.Event | None = None) -> int:
+def run_collect(settings: Settings, once: bool = False, stop: threading.Event | None = None,
+                registry: CollectorRegistry | None = None) -> int:
+    """Collect until ``stop`` is set (or one round with ``once``). ``stop`` is set on return, so
+    the watcher threads end: pass an event of your own. With ``registry`` the health metrics go
+    there (``gpuq serve`` puts them on the API's ``/metrics``) and no metrics server is started."""
     stop = stop or threading.Event()
     cs = settings.collector
     writer, store = make_writer(settings)
-    registry = CollectorRegistry()
+    own_server = registry is None
+    registry = registry or CollectorRegistry()
     metrics = CollectorMetrics(registry, writer)
     tracer, _ = spans_tracer(cs.otel_exporter)
     state = StoreState(lambda: writer.store)
@@ -82,7 +87,7 @@ def run_collect(settings: Settings, once: bool = False, stop: threading.Event | 
         previous = install_stop_handlers(stop)
     try:
         writer.start()
-        if not once and cs.metrics_port:
+        if own_server and not once and cs.metrics_port:
             server, _thread = start_http_server(cs.metrics_port, addr=cs.metrics_host, registry=registry)
             log.info("collector metrics on http://%s:%d/metrics", cs.metrics_host, cs.metrics_port)
         reports = runner.run(stop, once=once)

@@ -76,11 +76,18 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    def add_common(parser: argparse.ArgumentParser, default: object) -> None:
+        parser.add_argument("--config", "-c", metavar="FILE", default=default,
+                            help="YAML settings file (GPUQ_* variables override it)")
+        parser.add_argument("--log-level", default="INFO" if default is None else default,
+                            choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    # sub-commands accept the same options but must not reset what was given before them
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", "-c", metavar="FILE", help="YAML settings file (GPUQ_* variables override it)")
-    common.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    p = argparse.ArgumentParser(prog="gpuq", description=__doc__, parents=[common],
+    add_common(common, argparse.SUPPRESS)
+    p = argparse.ArgumentParser(prog="gpuq", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(p, None)
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("collect", parents=[common], help="run the collectors")
@@ -112,9 +119,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_GLOBAL = ("--config", "--log-level")
+
+
+def _hoist_globals(argv: list[str]) -> list[str]:
+    """Move ``--config F`` and ``--log-level L`` to the front wherever the user put them, so
+    commands that pass the rest of their line on (queues, usage, simulate, ...) do not swallow
+    them: ``gpuq explain ID --config F`` works like ``gpuq --config F explain ID``."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = arg.split("=", 1)[0]
+        if name in _GLOBAL and "=" in arg:
+            front.append(arg)
+        elif arg in _GLOBAL and i + 1 < len(argv):
+            front += [arg, argv[i + 1]]
+            i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    args, unknown = parser.parse_known_args(_hoist_globals(list(sys.argv[1:] if argv is None else argv)))
     if unknown and hasattr(args, "rest"):
         args.rest = list(unknown) + list(args.rest)
     elif unknown:

@@ -85,11 +85,34 @@ class AccountingSettings(_Section):
     starvation_s: float = Field(default=600.0, gt=0)
 
 
+class SchedulerKubernetes(_Section):
+    """The ``kubernetes`` actuator (Kueue-style suspend/unsuspend of KubeRay objects)."""
+
+    cluster: str | None = None           # which collector.kubernetes target; default the first
+    node_label_key: str = "nvidia.com/gpu.product"
+    node_labels: dict[str, str] = {}     # GPU type -> node label value; default: the queue file's
+
+
+class SchedulerRay(_Section):
+    """The ``ray`` actuator (Ray Job Submission API)."""
+
+    dashboard_url: str | None = None     # default: the first collector.ray dashboard_url
+    timeout_s: float = Field(default=10.0, gt=0)
+    pin_accelerator_type: bool = True    # add accelerator_type:<TYPE> to the job's resources
+    accelerator_resources: dict[str, str] = {}   # GPU type -> Ray resource name, where they differ
+
+
 class SchedulerSettings(_Section):
     actuator: Literal["dry-run", "kubernetes", "ray"] = "dry-run"
+    cluster: str = "default"             # the name the scheduler's events carry
+    nodes_file: str | None = None        # static node list; default: the accounting's view of capacity
     cycle_interval_s: float = Field(default=1.0, gt=0)
     preemption: bool = True
     preemption_delay_s: float = Field(default=30.0, ge=0)
+    retry_attempts: int = Field(default=4, ge=1)        # actuator calls, with backoff
+    retry_backoff_s: float = Field(default=0.2, ge=0)
+    kubernetes: SchedulerKubernetes = SchedulerKubernetes()
+    ray: SchedulerRay = SchedulerRay()
 
 
 class ApiToken(_Section):

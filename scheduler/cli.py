@@ -61,7 +61,7 @@ def serve_parser() -> argparse.ArgumentParser:
         "SIGTERM or Ctrl-C stops everything within seconds.")
     p.add_argument("--nodes", metavar="FILE", help="static node list: a YAML list of node groups as in a "
                    "scenario's nodes ({name, gpu_type, gpus, count}); default: the accounting's view of capacity")
-    p.add_argument("--cluster", default="default", help="the name the scheduler's events carry (default: default)")
+    p.add_argument("--cluster", help="the name the scheduler's events carry (default: scheduler.cluster)")
     p.add_argument("--no-collect", action="store_true", help="do not run the collectors in this process")
     _late_common(p)
     return p
@@ -109,14 +109,15 @@ def serve_main(argv: list[str], settings: Any) -> int:
     args = serve_parser().parse_args(argv)
     settings = _settings(args, settings)
     try:
-        nodes = load_nodes(args.nodes) if args.nodes else None
+        nodes_file = args.nodes or settings.scheduler.nodes_file
+        nodes = load_nodes(nodes_file) if nodes_file else None
     except ScenarioError as exc:
         print(f"gpuq serve: error: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
     previous = install_stop_handlers(stop)
     try:
-        return serve(settings, stop, nodes=nodes, cluster=args.cluster, collect=not args.no_collect)
+        return serve(settings, stop, nodes=nodes, cluster=args.cluster or settings.scheduler.cluster, collect=not args.no_collect)
     except QueueConfigError as exc:
         print(f"gpuq serve: error: queue file: {exc.located()}", file=sys.stderr)
         return 2

@@ -56,6 +56,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
           collect: bool = True, clock: Callable[[], float] = time.time) -> int:
     """Run until ``stop`` is set; 0 on a clean stop, 1 when the API could not start."""
     import uvicorn
+    from prometheus_client import CollectorRegistry
 
     from collector.service import make_writer, run_collect
     from gpuq.store import open_store
@@ -74,6 +75,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     server: Any = None
     api: threading.Thread | None = None
     collector_stop = threading.Event()
+    registry = CollectorRegistry()                   # one /metrics: API, scheduler, accounting, collectors
     actuator: Any = None
     try:
         accounting = LiveAccounting(store, queues_file=settings.queues_file, params=idle_params(settings),
@@ -116,7 +118,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         if collect and _has_sources(settings):
             def collect_run() -> None:
                 try:
-                    run_collect(settings, once=False, stop=collector_stop)
+                    run_collect(settings, once=False, stop=collector_stop, registry=registry)
                 except Exception:  # the collectors failing must not stop the scheduler
                     log.exception("collectors stopped")
             t = threading.Thread(target=collect_run, name="gpuq-collect", daemon=True)
@@ -125,7 +127,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         elif collect:
             log.info("no collector sources configured: not collecting (see collector.* in the config)")
 
-        app = create_app(service, accounting, settings, clock=clock)
+        app = create_app(service, accounting, settings, clock=clock, registry=registry)
         server = uvicorn.Server(uvicorn.Config(app, host=settings.api.host, port=settings.api.port,
                                                log_level="warning", lifespan="off", access_log=False,
                                                timeout_graceful_shutdown=2))

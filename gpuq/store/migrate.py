@@ -15,7 +15,7 @@ from gpuq.errors import MigrationError, StoreError
 from gpuq.store.client import Store
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
-TTL_TABLES = ("gpu_samples", "ray_resources", "pod_events", "node_events")
+TTL_TABLES = ("gpu_samples", "ray_resources", "pod_events", "node_events", "scheduler_events")
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,5 +28,30 @@ def make_actuator(settings: Any) -> Actuator:
         factory = getattr(importlib.import_module(module), cls)
     except (ImportError, AttributeError) as exc:
         raise ConfigError("scheduler.actuator", f"the {name} actuator is not available: {exc}") from exc
-    actuator: Actuator = factory(settings)
+    actuator: Actuator = factory(settings, **_options(name, settings))
     return actuator
+
+
+def _options(name: str, settings: Any) -> dict[str, Any]:
+    """Constructor options from ``scheduler.kubernetes`` / ``scheduler.ray``."""
+    sch = settings.scheduler
+    common = {"attempts": sch.retry_attempts, "backoff_s": sch.retry_backoff_s}
+    if name == "kubernetes":
+        k = sch.kubernetes
+        opts: dict[str, Any] = {**common, "node_label_key": k.node_label_key}
+        if k.node_labels:
+            opts["node_labels"] = dict(k.node_labels)
+        if k.cluster is not None:
+            match = [t for t in settings.collector.kubernetes if t.cluster == k.cluster]
+            if not match:
+                raise ConfigError("scheduler.kubernetes.cluster",
+                                  f"no collector.kubernetes target has cluster {k.cluster!r}")
+            opts["target"] = match[0]
+        return opts
+    r = sch.ray
+    opts = {**common, "timeout_s": r.timeout_s, "pin_accelerator_type": r.pin_accelerator_type}
+    if r.dashboard_url:
+        opts["dashboard"] = r.dashboard_url
+    if r.accelerator_resources:
+        opts["accelerator_resources"] = dict(r.accelerator_resources)
+    return opts

@@ -1,0 +1,114 @@
+"""Frozen snapshots the accounting engine computes over. Times are Unix seconds (float, UTC).
+
+The store adapter fills these from the public tables; the scheduler can build them directly
+(for example :class:`PendingDemand` for its own pending workloads).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The half-open interval ``[start_s, end_s)``."""
+
+    start_s: float
+    end_s: float
+
+    def __post_init__(self) -> None:
+        if self.end_s < self.start_s:
+            raise ValueError(f"window ends before it starts: {self.start_s} > {self.end_s}")
+
+    @property
+    def length_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One pod that held GPUs (a ``gpu_allocations`` row). ``end_s`` is None while it runs;
+    ``queue`` is the raw queue name the collector saw (resolved by :mod:`accounting.resolve`)."""
+
+    cluster: str
+    namespace: str
+    pod: str
+    uid: str
+    queue: str
+    node: str
+    gpu_model: str
+    gpus: float
+    start_s: float
+    end_s: float | None
+    gpu_resource: str = "nvidia.com/gpu"
+    priority: int = 0
+    ray_cluster: str = ""
+
+    @property
+    def workload(self) -> str:
+        """The Ray cluster the pod belongs to, else the pod itself."""
+        return self.ray_cluster or self.pod
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDemand:
+    """GPUs someone waits for: a Pending pod, or a workload queued in the scheduler."""
+
+    cluster: str
+    namespace: str
+    workload: str
+    queue: str
+    gpus: float
+    since_s: float
+    gpu_model: str = ""          # empty: any type
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCapacity:
+    cluster: str
+    node: str
+    gpu_model: str
+    gpus: float                  # allocatable GPUs
+    schedulable: bool = True     # ready and not cordoned
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityPoint:
+    """The activity of one GPU held by one pod over one bucket: percent busy (0..100)."""
+
+    cluster: str
+    node: str
+    gpu_uuid: str
+    namespace: str
+    pod: str
+    bucket_s: float              # start of the bucket
+    activity_pct: float
+    mig_instance: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class IdleRun:
+    """One GPU held by one pod stayed under the threshold over ``[start_s, end_s)``."""
+
+    cluster: str
+    node: str
+    gpu_uuid: str
+    namespace: str
+    pod: str
+    start_s: float
+    end_s: float
+    mig_instance: str = ""
+    open: bool = False           # the run reaches the last bucket seen for this (GPU, pod)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageAgg:
+    """GPU-seconds of one group over a window (aggregated in SQL, or from intervals)."""
+
+    cluster: str
+    queue: str                   # raw, as collected
+    namespace: str
+    workload: str
+    gpu_model: str
+    gpu_resource: str
+    gpu_seconds: float = 0.0
+    idle_gpu_seconds: float = 0.0

@@ -1,0 +1,61 @@
+"""The accounting API over a store: read the snapshots, run the pure engine. Used by the CLI, the
+metrics collector and the benchmark; the scheduler can pass its own pending demand."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from accounting import store_adapter as sa
+from accounting.idle import DEFAULT_PARAMS, IdleParams
+from accounting.model import PendingDemand, Window
+from accounting.now import NowSnapshot, NowView, compute_now
+from accounting.queues import QueueConfig, load_queue_config, parse_queue_config
+from accounting.resolve import Resolver
+from accounting.rollup import usage_aggs
+from accounting.usage import UsageRow, usage_rows
+from gpuq.store import Store
+
+
+def load_config(queues_file: str | Path | None) -> QueueConfig:
+    """The queue file, or an empty configuration (collected queue names used as they are)."""
+    return load_queue_config(queues_file) if queues_file else parse_queue_config({})
+
+
+def idle_params(settings: object) -> IdleParams:
+    acc = getattr(settings, "accounting", None)
+    if acc is None:
+        return IdleParams()
+    return IdleParams(threshold_pct=acc.idle_threshold_pct, window_s=acc.idle_window_s)
+
+
+def usage_report(store: Store, config: QueueConfig, window: Window, now_s: float, by: Sequence[str],
+                 params: IdleParams = DEFAULT_PARAMS, *, rollup: bool = False,
+                 idle_source: str = "auto") -> tuple[UsageRow, ...]:
+    """Materialised hours (accounting_usage_1h) where they exist, the rest live from the public
+    tables. ``idle_source``: ``auto`` uses the per-minute rollup for the live part (``raw``, ``1m``
+    or ``1h`` force a source and skip the materialised hours)."""
+    by_workload = "workload" in by
+    if idle_source == "auto":
+        aggs = usage_aggs(store, window, now_s, params, by_workload=by_workload)
+    else:
+        aggs = sa.read_usage(store, window, now_s, by_workload) + sa.read_idle(
+            store, window, now_s, params, idle_source, by_workload)  # type: ignore[arg-type]
+    return usage_rows(aggs, Resolver(config), by, rollup=rollup)
+
+
+def now_snapshot(store: Store, now_s: float, params: IdleParams = DEFAULT_PARAMS,
+                 pending: Sequence[PendingDemand] | None = None) -> NowSnapshot:
+    """``pending``: demand the caller knows (the scheduler's queue); else Pending pods."""
+    trailing = Window(now_s - params.window_s - params.max_gap_s, now_s)
+    return NowSnapshot(
+        at_s=now_s,
+        allocations=tuple(sa.read_allocations(store, Window(now_s, now_s + 1e-3), now_s)),
+        nodes=tuple(sa.read_nodes(store, now_s)),
+        pending=tuple(sa.read_pending(store, now_s) if pending is None else pending),
+        idle_runs=tuple(sa.read_idle_runs(store, trailing, now_s, params, "1m")),
+    )
+
+
+def now_view(store: Store, config: QueueConfig, now_s: float, params: IdleParams = DEFAULT_PARAMS,
+             starvation_s: float = 600.0, pending: Sequence[PendingDemand] | None = None) -> NowView:
+    return compute_now(now_snapshot(store, now_s, params, pending), Resolver(config), params, starvation_s)

@@ -1,0 +1,112 @@
+"""Thin reads from the public tables into the engine's snapshots. No arithmetic here beyond what
+SQL aggregates (:mod:`accounting.sql`); every number the CLI shows is finished by the pure engine.
+
+Idle detection reads one of three sources (``IdleSource``): ``raw`` (``gpu_samples``, exact),
+``1m`` (the per-minute rollup, the same answer when every minute has samples) or ``1h``
+(``gpu_activity_1h``: an hour is quiet when its highest activity is under the threshold and at
+least ``60 - max_gap_s/60`` of its minutes have data; idle runs are whole hours, so a quiet
+stretch shorter than its hours is missed: a lower bound of the exact figure, for long windows).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from accounting import sql
+from accounting.errors import AccountingQueryError
+from accounting.idle import IdleParams
+from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand, UsageAgg, Window
+from gpuq.errors import StoreError
+from gpuq.store import Store
+
+IdleSource = Literal["raw", "1m", "1h"]
+_BUCKETS = {"raw": sql.BUCKETS_RAW, "1m": sql.BUCKETS_1M, "1h": sql.BUCKETS_1H}
+
+
+def _ms(t: float) -> int:
+    return round(t * 1000)
+
+
+def _q(store: Store, text: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    try:
+        return store.query(text.replace("{db}", store.database), params).rows
+    except StoreError as exc:
+        raise AccountingQueryError(str(exc)) from exc
+
+
+def _window(window: Window, now_s: float) -> dict[str, Any]:
+    return {"f": _ms(window.start_s), "t": _ms(window.end_s), "n": _ms(now_s)}
+
+
+def read_usage(store: Store, window: Window, now_s: float, by_workload: bool = True) -> list[UsageAgg]:
+    """GPU-seconds per UsageAgg key; without ``by_workload`` the workload is left empty (fewer rows)."""
+    rows = _q(store, sql.USAGE, {**_window(window, now_s), "by_workload": int(by_workload)})
+    return [UsageAgg(str(c), str(q), str(ns), str(w), str(m), str(r), gpu_seconds=float(g))
+            for c, q, ns, w, m, r, g in rows]
+
+
+def read_allocations(store: Store, window: Window, now_s: float) -> list[Allocation]:
+    rows = _q(store, sql.ALLOCATIONS, _window(window, now_s))
+    return [Allocation(str(c), str(ns), str(p), str(u), str(q), str(n), str(m), float(g), float(s),
+                       None if e is None else float(e), str(r), int(pr), str(rc))
+            for c, ns, p, u, q, n, m, g, s, e, r, pr, rc in rows]
+
+
+def _runs_query(source: IdleSource, params: IdleParams) -> tuple[str, dict[str, Any], int]:
+    if source == "1h":
+        bucket, reach = 3600, 3600
+        extra = {"min_minutes": max(0, 60 - int(params.max_gap_s // 60))}
+    else:
+        bucket, reach = int(params.bucket_s), int(params.bucket_s + params.max_gap_s)
+        extra = {}
+    runs = sql.RUNS.replace("@SUB@", _BUCKETS[source])
+    return runs, {"bucket": bucket, "reach": reach, "threshold": float(params.threshold_pct),
+                  "window": int(params.window_s), **extra}, bucket
+
+
+def _scan(window: Window, now_s: float, params: IdleParams, bucket: int) -> dict[str, int]:
+    """A run crossing a window edge is idle by its whole length: scan a window's worth (and a gap)
+    before and after, up to now."""
+    reach = max(params.window_s, bucket) + params.max_gap_s + bucket
+    return {"scan": _ms(window.start_s - reach), "scan_end": _ms(min(window.end_s + reach, now_s))}
+
+
+def read_idle(store: Store, window: Window, now_s: float, params: IdleParams,
+              source: IdleSource = "1m", by_workload: bool = True) -> list[UsageAgg]:
+    runs, p, bucket = _runs_query(source, params)
+    rows = _q(store, sql.IDLE.replace("@SUB@", runs),
+              {**_window(window, now_s), **p, **_scan(window, now_s, params, bucket), "by_workload": int(by_workload)})
+    return [UsageAgg(str(c), str(q), str(ns), str(w), str(m), str(r), idle_gpu_seconds=float(i))
+            for c, q, ns, w, m, r, i in rows]
+
+
+def read_idle_runs(store: Store, window: Window, now_s: float, params: IdleParams,
+                   source: IdleSource = "1m") -> list[IdleRun]:
+    runs, p, bucket = _runs_query(source, params)
+    rows = _q(store, sql.IDLE_RUNS.replace("@SUB@", runs),
+              {**_window(window, now_s), **p, **_scan(window, now_s, params, bucket)})
+    return [IdleRun(str(c), str(n), str(g), str(ns), str(pod), float(s), float(e), str(mig), bool(o))
+            for c, n, g, mig, ns, pod, s, e, o in sorted(rows)]
+
+
+def read_nodes(store: Store, now_s: float) -> list[NodeCapacity]:
+    """Kubernetes nodes (allocatable GPUs, MIG slices as their own model); Ray's GPU resources for
+    clusters that have no node events."""
+    out: list[NodeCapacity] = []
+    for c, n, model, gpus, ready, cordoned, _, mig in _q(store, sql.NODES, {"n": _ms(now_s)}):
+        ok = bool(ready) and not bool(cordoned)
+        if gpus:
+            out.append(NodeCapacity(str(c), str(n), str(model), float(gpus), ok))
+        for res, count in sorted((mig or {}).items()):
+            profile = str(res).removeprefix("nvidia.com/mig-")
+            out.append(NodeCapacity(str(c), str(n), f"{model}-MIG-{profile}", float(count), ok))
+    k8s = {nc.cluster for nc in out}
+    for c, n, model, gpus in _q(store, sql.RAY_NODES, {"n": _ms(now_s)}):
+        if str(c) not in k8s:
+            out.append(NodeCapacity(str(c), str(n), str(model or ""), float(gpus), True))
+    return out
+
+
+def read_pending(store: Store, now_s: float, lookback_s: float = 7 * 86400) -> list[PendingDemand]:
+    rows = _q(store, sql.PENDING, {"n": _ms(now_s), "lookback": int(lookback_s)})
+    return [PendingDemand(str(c), str(ns), str(w), str(q), float(g), float(since), str(m))
+            for c, ns, w, q, g, since, m, *_ in rows]
