@@ -36,7 +36,7 @@ test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 demo: setup
-	@echo "make demo arrives with the scheduler issue: for now see README.md (gpuq collect --once, gpuq query)"
+	bash deploy/demo/demo.sh
 
 bench: setup
 	$(BIN)/python -m benchmarks.run_all
