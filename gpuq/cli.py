@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _GLOBAL = ("--config", "--log-level")
+STORE_COMMANDS = ("collect", "query", "migrate", "queues", "usage", "serve")
 
 
 def _hoist_globals(argv: list[str]) -> list[str]:
@@ -152,8 +153,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)      # one INFO line per request otherwise
     try:
         settings = load_settings(args.config)
+        if args.command in STORE_COMMANDS:
+            from gpuq.remote import locked_chdb_path, locked_error, remote_view
+
+            held = locked_chdb_path(settings)
+            if held and args.command in ("queues", "usage"):
+                return remote_view(args.command, args.rest, settings)
+            if held:
+                raise locked_error(held)
         return int(args.func(args, settings))
     except GpuqError as exc:
         print(f"gpuq {args.command}: error: {exc}", file=sys.stderr)

@@ -144,3 +144,21 @@ def test_serve_end_to_end(setup: tuple[Path, str], servers: list[Server]) -> Non
     assert again.state("a1") == "running" and again.state("b1") == "pending"
     assert again.get("/nodes").json()[0]["workloads"] == ["a1"]
     assert again.stop()[0] == 0
+
+
+@pytest.mark.timeout(120)
+def test_store_commands_while_serve_holds_the_store(setup: tuple[Path, str], servers: list[Server]) -> None:
+    """chDB allows one process per data directory: while `gpuq serve` runs, `gpuq queues` and
+    `gpuq usage` ask its API; `gpuq query` says plainly why it cannot open the store."""
+    cfg, url = setup
+    servers.append(Server(cfg, url))
+    q = gpuq("queues", "--format", "json", cfg=cfg)
+    assert q.returncode == 0, q.stderr
+    rows = json.loads(q.stdout)
+    assert {r["queue"] for r in rows} >= {"a", "b"}
+    assert all({"queue", "gpu_type", "allocated", "guaranteed", "max", "pending", "fair_share"} <= set(r) for r in rows)
+    u = gpuq("usage", "--from", "-1h", "--to", "now", "--format", "json", cfg=cfg)
+    assert u.returncode == 0 and isinstance(json.loads(u.stdout), list), u.stderr
+    sql = gpuq("query", "SELECT 1", cfg=cfg)
+    assert sql.returncode == 2
+    assert "open in another process" in sql.stderr and "Error initializing" not in sql.stderr
