@@ -36,10 +36,8 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from kubernetes import config as k8s_config
 from kubernetes.client import ApiClient, Configuration, CoreV1Api
 
 from collector.base import Emit
@@ -48,6 +46,8 @@ from collector.k8s_alloc import Allocation
 from collector.k8s_extract import QueueKeys, QueueLookup
 from collector.k8s_state import ClusterTracker, Rows, merge
 from collector.k8s_stream import ResourceStream, StreamOptions, StreamSpec
+from gpuq.errors import ConfigError
+from gpuq.kube import load_configuration
 from gpuq.settings import KubernetesTarget
 
 log = logging.getLogger(__name__)
@@ -66,21 +66,12 @@ def utc_now() -> dt.datetime:
 
 def api_configuration(target: KubernetesTarget) -> Configuration:
     """The client configuration of a target (kubeconfig path + context, or in-cluster)."""
-    cfg = Configuration()
-    where = "in-cluster service account" if target.in_cluster else (target.kubeconfig or "default kubeconfig")
     try:
-        if target.in_cluster:
-            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        else:
-            path = str(Path(target.kubeconfig).expanduser()) if target.kubeconfig else None
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=path, context=target.context, client_configuration=cfg, persist_config=False)
-    except (k8s_config.ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
-        ctx = f" (context {target.context!r})" if target.context else ""
-        raise WatchError(f"kubernetes cluster {target.cluster!r}: cannot load {where}{ctx}: {exc}",
-                         source=where, cluster=target.cluster, retryable=False) from exc
-    cfg.retries = 0                       # the streams retry, with backoff
-    return cfg
+        return load_configuration(target)          # retries 0: the streams retry, with backoff
+    except ConfigError as exc:
+        where = "in-cluster service account" if target.in_cluster else (target.kubeconfig or "default kubeconfig")
+        raise WatchError(f"{exc.where}: {exc.reason}", source=where, cluster=target.cluster,
+                         retryable=False) from exc
 
 
 class KubernetesWatcher:

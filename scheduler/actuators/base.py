@@ -100,14 +100,18 @@ class DryRunActuator:
 def with_retries(call: Callable[[], ActionResult], *, attempts: int = 4, backoff_s: float = 0.2,
                  cap_s: float = 5.0, sleep: Callable[[float], None] = time.sleep,
                  rng: random.Random | None = None) -> ActionResult:
-    """Retry ``call`` while it answers ``retryable`` failures, with capped, jittered backoff."""
+    """Retry ``call`` while it answers ``retryable`` failures, with capped, jittered backoff.
+    A failure that outlived several attempts says so in its message and ``detail["attempts"]``."""
     rng = rng or random.Random()
     delay = backoff_s
     result = call()
-    for _ in range(attempts - 1):
-        if result.ok or not result.retryable:
-            return result
+    tries = 1
+    while tries < attempts and not result.ok and result.retryable:
         sleep(min(cap_s, delay) * (0.5 + rng.random() / 2))
         delay *= 2
         result = call()
+        tries += 1
+    if not result.ok and result.retryable and tries > 1:
+        return ActionResult(False, f"{result.message} (gave up after {tries} attempts)", True,
+                            {**result.detail, "attempts": tries})
     return result

@@ -44,15 +44,13 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import urllib3
-from kubernetes import config as k8s_config
-from kubernetes.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi
+from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
-from gpuq.errors import ConfigError
+from gpuq.kube import load_configuration
 from gpuq.settings import KubernetesTarget, Settings
 from scheduler.actuators.base import ActionResult, Target, with_retries
 from scheduler.model import Placement, Workload
@@ -81,20 +79,9 @@ def kubernetes_target(settings: Settings) -> KubernetesTarget:
 
 
 def make_api_client(target: KubernetesTarget) -> ApiClient:
-    """A client for the target (kubeconfig + context, or in-cluster); ConfigError names it."""
-    cfg = Configuration()
-    where = "in-cluster service account" if target.in_cluster else (target.kubeconfig or "default kubeconfig")
-    try:
-        if target.in_cluster:
-            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        else:
-            path = str(Path(target.kubeconfig).expanduser()) if target.kubeconfig else None
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=path, context=target.context, client_configuration=cfg, persist_config=False)
-    except (k8s_config.ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
-        raise ConfigError(f"collector.kubernetes[{target.cluster}]", f"cannot load {where}: {exc}") from exc
-    cfg.retries = 0                        # with_retries does the retrying, with backoff
-    return ApiClient(cfg)
+    """A client for the target (kubeconfig + context, or in-cluster); ConfigError names it.
+    The client does not retry: with_retries does, with backoff."""
+    return ApiClient(load_configuration(target))
 
 
 def gpu_node_labels(settings: Settings) -> dict[str, str]:
@@ -408,18 +395,7 @@ class KubernetesActuator:
             raise _Failed(self._unreachable("PATCH", path, exc)) from exc
 
     def _retry(self, call: Callable[[], ActionResult]) -> ActionResult:
-        tries = 0
-
-        def counted() -> ActionResult:
-            nonlocal tries
-            tries += 1
-            return call()
-
-        result = with_retries(counted, attempts=self.attempts, backoff_s=self.backoff_s, sleep=self._sleep)
-        if not result.ok and result.retryable and tries > 1:
-            return ActionResult(False, f"{result.message} (gave up after {tries} attempts)", True,
-                                {**result.detail, "attempts": tries})
-        return result
+        return with_retries(call, attempts=self.attempts, backoff_s=self.backoff_s, sleep=self._sleep)
 
     def _api_failure(self, verb: str, path: str, exc: ApiException) -> ActionResult:
         status = int(exc.status) if exc.status else 0

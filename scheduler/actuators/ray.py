@@ -239,18 +239,7 @@ class RayActuator:
                             {"url": f"{self.url}{path}", "status": resp.status_code})
 
     def _retry(self, call: Callable[[], ActionResult]) -> ActionResult:
-        tries = 0
-
-        def counted() -> ActionResult:
-            nonlocal tries
-            tries += 1
-            return call()
-
-        result = with_retries(counted, attempts=self.attempts, backoff_s=self.backoff_s, sleep=self._sleep)
-        if not result.ok and result.retryable and tries > 1:
-            return ActionResult(False, f"{result.message} (gave up after {tries} attempts)", True,
-                                {**result.detail, "attempts": tries})
-        return result
+        return with_retries(call, attempts=self.attempts, backoff_s=self.backoff_s, sleep=self._sleep)
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:
