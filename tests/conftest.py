@@ -55,3 +55,12 @@ def free_port() -> int:
 def closed_port() -> int:
     """A port nothing listens on (bound then released)."""
     return free_port()
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for test subprocesses: SIGTERM the child if the test process dies (a killed
+    pytest must not leave a `gpuq serve` running)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG

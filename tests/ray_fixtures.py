@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import die_with_parent, free_port
 
 # -- a local HTTP server with canned answers ----------------------------------------------------
 
@@ -163,7 +163,8 @@ def ray_head_fixture() -> Iterator[RayHead]:
     log = tmp / "ray-start.log"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                preexec_fn=die_with_parent)
     dashboard_url = f"http://127.0.0.1:{dash}"
     try:
         ip = _wait_alive(dashboard_url, proc, log, deadline_s=90)    # the address Ray picked

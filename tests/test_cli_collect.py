@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO, closed_port, free_port, shared_path
+from tests.conftest import REPO, closed_port, die_with_parent, free_port, shared_path
 from tests.ray_fixtures import Canned, RayHead, http_server_fixture, ray_head_fixture  # noqa: F401
 
 
@@ -94,7 +94,8 @@ def test_sigterm_flushes_and_exits_promptly(tmp_path: Path, http_server: Canned)
     cfg = write_config(tmp_path, f"  batch_interval_s: 3600\ncollector:\n  interval_s: 0.5\n  jitter_s: 0\n"
                                  f"  metrics_port: {port}\n  dcgm:\n    - cluster: lab\n      urls: [{url}]\n")
     proc = subprocess.Popen([sys.executable, "-m", "gpuq.cli", "collect", "--config", str(cfg)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=die_with_parent)
     try:
         metrics = ""
         deadline = time.monotonic() + 60

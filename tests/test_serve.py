@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.conftest import die_with_parent, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "op-secret"
@@ -66,7 +66,7 @@ class Server:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gpuq.cli", "serve", "--config", str(cfg), "--nodes", "nodes.yaml"],
-                cwd=cfg.parent, env=_env(), stdout=out, stderr=subprocess.STDOUT)
+                cwd=cfg.parent, env=_env(), stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         self.client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
         self.wait_until(lambda: self.get("/readyz").status_code == 200, 40, "ready")
 
