@@ -8,13 +8,21 @@ admit, or plan a preemption; requeue the rest with their reason and position.
 As many workloads are admitted per cycle as fit. After an admission the queue's key is
 recomputed and the queue goes back into the heap; a workload that cannot start does not stop the
 ones behind it unless its queue is ``strict_fifo``.
+
+Cost (docs/PERFORMANCE.md): a cycle touches each pending workload once, and most of them cannot
+start, so that path is kept short. Within a cycle, a gang shape that found no room keeps its
+message until a preemption frees capacity, so a workload whose every type is such a shape, in a
+queue above its guarantee, gets its reason from memos. Across cycles the cluster's ``memo`` holds
+what never changes (each queue's and gang shape's static fit) and each pending workload's last
+reason, reused as the same immutable object while it is unchanged: a steady cycle builds its
+reasons' text but allocates next to nothing, so it also triggers next to no garbage collection.
 """
 from __future__ import annotations
 
 import heapq
 from itertools import chain
 from operator import attrgetter
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from scheduler import reasons
 from scheduler.errors import SnapshotError
@@ -25,10 +33,11 @@ from scheduler.model import (
     Preemption,
     ReasonCode,
     Workload,
+    pending_reason,
 )
 from scheduler.ordering import by_queue, queue_key
 from scheduler.placement import FreeIndex, node_slots
-from scheduler.preemption import Candidate, NoPlan, Plan, candidates, plan
+from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
 from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_max
 from scheduler.snapshot import Cluster, Snapshot, demand
 
@@ -63,72 +72,90 @@ class _Cycle:
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
         self.waiting: dict[str, list[PendingReason]] = {}   # queue -> its waiting ones, in order
-        self.dead: set[str] = set()          # no longer victims this cycle (see preemption.plan)
-        self.pool: list[Candidate] | None = None
-        self.pool_dead = 0
+        self.known = _known(snap.cluster, len(snap.pending))
+        self.preemption = snap.settings.preemption
+        self.pool: Pool | None = None        # victim candidates, built on first need
         # a gang shape that found no room stays without room until capacity is freed (admissions
         # only take): (type, gpus per pod, pods) -> its message; cleared by every preemption
         self.no_room: dict[tuple[str, int, int], str] = {}
+        self.rooms_seen = 0                  # changes of no_room so far
         # Fit.room (types, gpus per pod, pods) whose every type is in no_room -> the joined message
         self.all_full: dict[int, str] = {}
         self.no_plan: dict[tuple[str, tuple[str, ...], int, int, int], NoPlan] = {}
         self.ineligible: dict[tuple[str, int, int], str] = {}
 
     def check_queues(self, groups: dict[str, list[Workload]]) -> None:
-        queues = self.cluster.config.queues
+        leaves: frozenset[str] | None = self.cluster.memo.get(("leaves",))  # type: ignore[assignment]
+        if leaves is None:
+            leaves = self.cluster.memo[("leaves",)] = frozenset(self.cluster.config.leaves())
         for q in groups:
-            if q not in queues or not queues[q].is_leaf or q == "root":
+            if q not in leaves:
                 raise SnapshotError(f"workload {groups[q][0].id}", f"queue {q} is not a leaf queue")
 
     def walk(self, q: str, lst: list[Workload], i: int) -> int:
         """Nominate ``lst[i:]`` (queue ``q``'s pending, in order) until one starts; return the index
         after it, or ``len(lst)`` when none does. Nothing the queue's verdicts read changes until one
         starts, so the common verdict "no room for the shape anywhere, and the queue is above its
-        guarantee" comes from memos (the same steps :meth:`nominate` would take, without the work)."""
+        guarantee" comes from memos, and so does the free-capacity verdict of a gang shape met
+        before in this walk (the same steps as :meth:`free_capacity`, without the work)."""
         out = self.waiting.setdefault(q, [])
-        cluster, all_full = self.cluster, self.all_full
-        fits = _fits(cluster, q)
+        cluster, all_full, known, preemption = self.cluster, self.all_full, self.known, self.preemption
         used, g = self.ledger.used(q, "gpu"), cluster.guarantee[q]["gpu"]
-        preemption = self.snap.settings.preemption
         strict = cluster.config.queues[q].strict_fifo
-        whys: dict[int, str] = {}             # gpus asked -> why the queue may not preempt
-        n = len(lst)
+        head, tail = _facts(cluster, q).why_not
+        met: dict[int, tuple[int, ReasonCode, str]] = {}     # id(fit) -> (rooms_seen, its verdict)
+        no_fit, n = ReasonCode.NO_FIT, len(lst)
         while i < n:
             w = lst[i]
             i += 1
-            fit = fits.get(_SHAPE(w)) or static_fit(cluster, w)
-            never, types, room = fit
+            seen = known.get(w.id)
+            if seen is not None and seen[0] is w:
+                _, fit, last = seen
+            else:
+                fit, last = static_fit(cluster, w), None
+            never, _, room = fit
             miss = None if never is not None else all_full.get(room)
             gpus = w.pods * w.gpus_per_pod
             if never is not None:
-                out.append(PendingReason(w.id, q, ReasonCode.NEVER_FITS, never, len(out) + 1))
+                code, msg = ReasonCode.NEVER_FITS, never
             elif miss is not None and not preemption:
-                out.append(PendingReason(w.id, q, ReasonCode.NO_FIT, miss, len(out) + 1))
+                code, msg = no_fit, miss
             elif miss is not None and used + gpus > g:      # as in _preempt: the quick no
-                why = whys.get(gpus)
-                if why is None:
-                    why = whys[gpus] = self._not_eligible(q, used, gpus, g)
-                out.append(PendingReason(w.id, q, ReasonCode.NO_FIT, f"{miss}; {why}", len(out) + 1))
+                code, msg = no_fit, f"{miss}; {head}{used + gpus}{tail}"
             else:
-                verdict = self.nominate(w, fit)
-                if verdict is None:
-                    return i
-                out.append(PendingReason(w.id, q, verdict[0], verdict[1], len(out) + 1))
+                before = met.get(id(fit))
+                if before is not None and before[0] == self.rooms_seen:
+                    _, code, msg = before
+                else:
+                    verdict = self.free_capacity(w, fit)
+                    if verdict is None:
+                        return i
+                    code, msg = verdict
+                    met[id(fit)] = (self.rooms_seen, code, msg)
+                if preemption:
+                    verdict = self._preempt(w, fit.types, code, msg)
+                    if verdict is None:
+                        return i
+                    code, msg = verdict
+            pos = len(out) + 1
+            if last is None or last.position != pos or last.code is not code or last.message != msg:
+                last = pending_reason(w.id, q, code, msg, pos)
+                known[w.id] = (w, fit, last)
+            out.append(last)
             if strict:
                 self.block_behind(w, lst[i:], out)
                 return n
         return n
 
-    def nominate(self, w: Workload, fit: Fit) -> Verdict | None:
-        """Try to start ``w`` on one of its types: free capacity first, then preemption. ``None``:
-        it starts; otherwise why it waits."""
+    def free_capacity(self, w: Workload, fit: Fit) -> Verdict | None:
+        """Start ``w`` on free capacity of one of its types (``None``), or say why not. Until it
+        starts, only :attr:`no_room` changes what this says for ``w``'s gang shape, in ``w``'s queue."""
         cluster, ledger, index = self.cluster, self.ledger, self.index
-        types = fit.types
         k, pods = w.gpus_per_pod, w.pods
         misses: list[str] = []
         code = ReasonCode.QUOTA_MAX
         room_only = True
-        for t in types:
+        for t in fit.types:
             miss = self.no_room.get((t, k, pods))
             if miss is None:
                 vec = demand(w, t)
@@ -144,13 +171,12 @@ class _Cycle:
                     return None
                 miss = self.no_room[(t, k, pods)] = reasons.no_fit(
                     w, t, index.slots(t, k, pods), index.largest_free(t))
+                self.rooms_seen += 1
             code = ReasonCode.NO_FIT
             misses.append(miss)
         message = misses[0] if len(misses) == 1 else "; ".join(dict.fromkeys(misses))
         if room_only:
             self.all_full[fit.room] = message
-        if self.snap.settings.preemption:
-            return self._preempt(w, types, code, message)
         return code, message
 
     def _not_eligible(self, queue: str, used: int, gpus: int, g: int) -> str:
@@ -188,6 +214,7 @@ class _Cycle:
         ledger.add(cluster.chains[w.queue], vec)
         victims = tuple(r.workload.id for r in result.victims)
         self.no_room.clear()
+        self.rooms_seen += 1
         self.all_full.clear()
         self.preemptions.append(
             Preemption(w.id, w.queue, victims, reasons.preempted(w.queue, holds, w.gpus, g))
@@ -197,18 +224,16 @@ class _Cycle:
 
     def _plan(self, w: Workload, types: tuple[str, ...]) -> Plan | NoPlan:
         if self.pool is None:
-            self.pool = candidates(self.cluster, self.ledger, self.snap.running)
-        result = plan(self.cluster, self.ledger, self.index, self.pool, self.dead, w, types)
-        if len(self.dead) - self.pool_dead > len(self.pool) // 8:     # compact now and then
-            self.pool = [c for c in self.pool if c.id not in self.dead]
-            self.pool_dead = len(self.dead)
+            self.pool = Pool(candidates(self.cluster, self.ledger, self.snap.running), self.cluster.fences)
+        result = plan(self.cluster, self.ledger, self.index, self.pool, w, types)
+        self.pool.compact()
         return result
 
     def block_behind(self, head: Workload, rest: list[Workload], out: list[PendingReason]) -> None:
         msg = reasons.strict_fifo(head, head.queue)
         for w in rest:
             code = ReasonCode.BEHIND_HIGHER_PRIORITY if head.priority > w.priority else ReasonCode.STRICT_FIFO
-            out.append(PendingReason(w.id, head.queue, code, msg, len(out) + 1))
+            out.append(pending_reason(w.id, head.queue, code, msg, len(out) + 1))
 
     def requeue(self, groups: dict[str, list[Workload]]) -> tuple[PendingReason, ...]:
         """The waiting workloads, queue by queue (each one's position counts the waiting ones)."""
@@ -237,42 +262,77 @@ def acceptable_types(cluster: Cluster, w: Workload) -> tuple[str, ...]:
 _SHAPE = attrgetter("gpu_types", "gpus_per_pod", "pods", "cpu_millicores_per_pod", "memory_per_pod_bytes")
 
 
-def _fits(cluster: Cluster, queue: str) -> dict[tuple[object, ...], Fit]:
-    """The queue's :class:`Fit` memo on the cluster, keyed by the gang shape (:data:`_SHAPE`)."""
-    fits = cluster.memo.get(("fits", queue))
-    if fits is None:
-        fits = cluster.memo[("fits", queue)] = {}
-    return cast(dict[tuple[object, ...], Fit], fits)
+class QueueFacts(NamedTuple):
+    """What a cycle needs of a leaf queue that never changes, memoized on the cluster: its
+    :class:`Fit` per gang shape (:data:`_SHAPE`), the smallest max of each resource over its
+    chain, and :func:`reasons.above_guarantee_parts` for its gpu guarantee."""
+
+    fits: dict[tuple[object, ...], Fit]
+    caps: dict[str, int]
+    why_not: tuple[str, str]
+
+
+def _facts(cluster: Cluster, queue: str) -> QueueFacts:
+    facts: QueueFacts | None = cluster.memo.get(("queue", queue))  # type: ignore[assignment]
+    if facts is None:
+        caps: dict[str, int] = {}
+        for q in cluster.chains[queue]:
+            for key, m in cluster.config.queues[q].max.items():
+                caps[key] = min(m, caps.get(key, m))
+        why_not = reasons.above_guarantee_parts(queue, "gpu", cluster.guarantee[queue]["gpu"])
+        facts = cluster.memo[("queue", queue)] = QueueFacts({}, caps, why_not)
+    return facts
+
+
+Seen = tuple[Workload, Fit, PendingReason]
+
+
+def _known(cluster: Cluster, pending: int) -> dict[str, Seen]:
+    """Workload id -> (the workload, its :class:`Fit`, its last reason), kept on the cluster across
+    cycles: a waiting workload's fit is found by id (cheaper than by shape), and a reason equal
+    to the last one is that same (immutable) object, so a steady cycle allocates next to nothing.
+    Emptied when it holds far more than the pending workloads, so it stays bounded."""
+    known: dict[str, Seen] = cluster.memo.setdefault(("known",), {})  # type: ignore[assignment]
+    if len(known) > 4 * pending + 4096:
+        known.clear()
+    return known
 
 
 def static_fit(cluster: Cluster, w: Workload) -> Fit:
     """:class:`Fit` of ``w``, memoized on the cluster per queue and gang shape: it depends only on
     the static cluster and queue tree."""
-    fits = _fits(cluster, w.queue)
+    facts = _facts(cluster, w.queue)
     shape = _SHAPE(w)
-    hit = fits.get(shape)
+    hit = facts.fits.get(shape)
     if hit is None:
         types = acceptable_types(cluster, w)
-        rooms = cast(dict[object, int], cluster.memo.setdefault(("rooms",), {}))
+        rooms: dict[object, int] = cluster.memo.setdefault(("rooms",), {})  # type: ignore[assignment]
         room = rooms.setdefault((types, w.gpus_per_pod, w.pods), len(rooms))
-        hit = fits[shape] = Fit(never_fits(cluster, w), types, room)
+        hit = facts.fits[shape] = Fit(_never_fits(cluster, w, types, facts.caps), types, room)
     return hit
 
 
 def never_fits(cluster: Cluster, w: Workload) -> str | None:
     """Why ``w`` can never run even on an empty cluster (a ``reject``), or ``None``."""
-    types = acceptable_types(cluster, w)
+    return _never_fits(cluster, w, acceptable_types(cluster, w), _facts(cluster, w.queue).caps)
+
+
+def _never_fits(cluster: Cluster, w: Workload, types: tuple[str, ...], caps: dict[str, int]) -> str | None:
     if not types:
         return reasons.no_type(w)
     why: list[str] = []
     for t in types:
-        short = never_within_max(cluster, w.queue, demand(w, t))
-        if short is not None:
-            why.append(reasons.never_max(short))
-            continue
-        slots = node_slots(cluster, t, w.gpus_per_pod)
-        if slots < w.pods:
+        vec = demand(w, t)
+        for key, amt in vec:
+            cap = caps.get(key)
+            if cap is not None and amt > cap:       # some max on the chain is below it: which one
+                short = never_within_max(cluster, w.queue, vec)
+                assert short is not None
+                why.append(reasons.never_max(short))
+                break
+        else:
+            slots = node_slots(cluster, t, w.gpus_per_pod)
+            if slots >= w.pods:
+                return None
             why.append(reasons.never_nodes(w, t, slots))
-            continue
-        return None
     return "; ".join(dict.fromkeys(why))

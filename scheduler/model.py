@@ -6,6 +6,7 @@ one GPU type, started and stopped together.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -93,6 +94,27 @@ class PendingReason:
     code: ReasonCode
     message: str
     position: int                # 1-based place among its queue's pending workloads
+
+
+def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[object, object], None], ...]:
+    return tuple(getattr(cls, n).__set__ for n in names)
+
+
+_PR_SET = _slot_setters(PendingReason, ("workload", "queue", "code", "message", "position"))
+
+
+def pending_reason(workload: str, queue: str, code: ReasonCode, message: str, position: int) -> PendingReason:
+    """``PendingReason(workload, queue, code, message, position)``, built about twice as fast: the
+    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; this sets the
+    slots directly. The cycle makes one per waiting workload (10,000 a cycle at scale)."""
+    r = object.__new__(PendingReason)
+    sw, sq, sc, sm, sp = _PR_SET
+    sw(r, workload)
+    sq(r, queue)
+    sc(r, code)
+    sm(r, message)
+    sp(r, position)
+    return r
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from operator import attrgetter
 
 from scheduler.model import Workload
-from scheduler.quota import Ledger, fair_share
+from scheduler.quota import Ledger, share_of
 from scheduler.snapshot import Cluster
 
 QueueKey = tuple[float, int, int, str]
@@ -24,8 +24,9 @@ _ORDER = attrgetter("order_key")
 
 
 def queue_key(cluster: Cluster, ledger: Ledger, queue: str) -> QueueKey:
-    q = cluster.config.queues[queue]
-    return (fair_share(cluster, ledger, queue), ledger.used(queue, "gpu"), -q.priority, queue)
+    used = ledger.of(queue)
+    priority = cluster.config.queues[queue].priority
+    return (share_of(cluster.guarantee[queue], used), used.get("gpu", 0), -priority, queue)
 
 
 def by_queue(pending: Iterable[Workload]) -> dict[str, list[Workload]]:
@@ -38,5 +39,6 @@ def by_queue(pending: Iterable[Workload]) -> dict[str, list[Workload]]:
         else:
             lst.append(w)
     for lst in groups.values():
-        lst.sort(key=_ORDER)
+        if len(lst) > 1:
+            lst.sort(key=_ORDER)
     return {q: groups[q] for q in sorted(groups)}

@@ -20,7 +20,8 @@ unless it succeeds (explicit undo); the snapshot is never touched.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -55,6 +56,69 @@ def candidates(cluster: Cluster, ledger: Ledger, running: Iterable[Running]) -> 
                       demand(r.workload, r.placement.gpu_type), r) for r in rs]
 
 
+class Pool:
+    """The cycle's candidates (:func:`candidates`), also split by GPU type, and ``dead``: the ids
+    that can no longer be victims this cycle (already preempted, or their own queue is at its
+    floor). Dead entries are skipped, and dropped now and then. The live candidates are counted
+    by (fence, priority) and by queue, so a failed search counts what it looked at (its reason
+    says how many) without a pass over every candidate."""
+
+    __slots__ = ("_by_fence", "_by_queue", "_dropped", "_fences", "all", "by_type", "dead")
+
+    def __init__(self, cands: list[Candidate], fences: Mapping[str, frozenset[str]]) -> None:
+        self.all = cands
+        self.by_type: dict[str, list[Candidate]] = {}
+        for c in cands:
+            self.by_type.setdefault(c.gpu_type, []).append(c)
+        self.dead: set[str] = set()
+        self._dropped = 0
+        self._fences = fences
+        self._by_fence = Counter((fences[c.queue], c.priority) for c in cands)
+        self._by_queue: dict[str, Counter[int]] = {}
+        for c in cands:
+            self._by_queue.setdefault(c.queue, Counter())[c.priority] += 1
+
+    def kill(self, vid: str, queue: str, priority: int) -> None:
+        """``vid`` (of ``queue``, at ``priority``) can no longer be a victim this cycle."""
+        self.dead.add(vid)
+        self._by_fence[(self._fences[queue], priority)] -= 1
+        self._by_queue[queue][priority] -= 1
+
+    def tally(self, w: Workload, fence: frozenset[str]) -> tuple[int, int]:
+        """(considered, fenced): the live candidates a search for ``w`` looks at (another queue,
+        priority at most ``w``'s), inside ``w``'s fence and across it."""
+        considered = fenced = 0
+        for (f, prio), n in self._by_fence.items():
+            if prio <= w.priority:
+                if f == fence:
+                    considered += n
+                else:
+                    fenced += n
+        own = self._by_queue.get(w.queue)
+        if own:
+            considered -= sum(n for prio, n in own.items() if prio <= w.priority)
+        return considered, fenced
+
+    def of_type(self, gpu_type: str) -> list[Candidate]:
+        """The candidates on ``gpu_type``, less the dead at the front (victims are mostly taken
+        from the front: the youngest)."""
+        cs = self.by_type.get(gpu_type)
+        if not cs:
+            return []
+        i, n, dead = 0, len(cs), self.dead
+        while i < n and cs[i].id in dead:
+            i += 1
+        del cs[:i]
+        return cs
+
+    def compact(self) -> None:
+        if len(self.dead) - self._dropped > len(self.all) // 8:
+            dead = self.dead
+            self.all = [c for c in self.all if c.id not in dead]
+            self.by_type = {t: [c for c in cs if c.id not in dead] for t, cs in self.by_type.items()}
+            self._dropped = len(dead)
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     gpu_type: str
@@ -72,18 +136,19 @@ def plan(
     cluster: Cluster,
     ledger: Ledger,
     index: FreeIndex,
-    pool: list[Candidate],
-    dead: set[str],
+    pool: Pool,
     w: Workload,
     types: tuple[str, ...],
 ) -> Plan | NoPlan:
     """Find victims for ``w`` on the first of ``types`` where a set exists, and apply its removal
-    to ``ledger`` and ``index`` (the caller then places ``w``). ``dead``: ids that can no longer
-    be victims this cycle (already preempted, or their own queue is at its floor); the search
-    adds to it. On failure nothing is changed."""
+    to ``ledger`` and ``index`` (the caller then places ``w``). The search adds to ``pool.dead``
+    the victims it takes and the candidates whose own queue is at its floor. On failure nothing
+    else is changed."""
     chain = cluster.chains[w.queue]
     shared = frozenset(chain)
     fence = cluster.fences[w.queue]
+    fences = cluster.fences
+    dead = pool.dead
     k, pods = w.gpus_per_pod, w.pods
     ineligible: Shortfall | None = None
     considered = fenced = 0
@@ -95,22 +160,19 @@ def plan(
             continue
         ineligible = None
         taken: list[tuple[Running, Vec]] = []
+        tally = pool.tally(w, fence)               # counted before the search adds to the dead
         need_nodes = not index.fits(t, k, pods)
         need_quota = _over_max_all(cluster, ledger, w.queue, vec)
-        fences = cluster.fences
-        for vid, vq, vprio, vtype, vv, r in pool:
-            if vid in dead or vq == w.queue or vprio > w.priority:
+        # need_quota only shrinks as victims go: with no max to relieve, only type-t victims help
+        for vid, vq, vprio, vtype, vv, r in pool.all if need_quota else pool.of_type(t):
+            if vid in dead or vq == w.queue or vprio > w.priority or fences[vq] != fence:
                 continue
-            if fences[vq] != fence:
-                fenced += 1
-                continue
-            considered += 1
             if not ((need_nodes and vtype == t) or (need_quota and _shares(cluster, need_quota, vq, vv))):
                 continue
             short = below_floor(cluster, ledger, vq, vv, shared)
             if short is not None:
                 if short.queue == vq:
-                    dead.add(vid)           # its own queue is at its floor: no preemptor can take it
+                    pool.kill(vid, vq, vprio)   # its own queue is at its floor: no preemptor can take it
                 continue
             ledger.remove(cluster.chains[vq], vv)
             index.release(r.placement)
@@ -123,6 +185,7 @@ def plan(
             for r, vv in reversed(taken):        # undo: no set on this type
                 ledger.add(cluster.chains[r.workload.queue], vv)
                 index.take(r.placement)
+            considered, fenced = considered + tally[0], fenced + tally[1]
             continue
         for j in range(len(taken) - 2, -1, -1):      # give back what is not needed
             r, vv = taken[j]
@@ -133,7 +196,8 @@ def plan(
             else:
                 ledger.remove(cluster.chains[r.workload.queue], vv)
                 index.release(r.placement)
-        dead.update(r.workload.id for r, _ in taken)
+        for r, _ in taken:
+            pool.kill(r.workload.id, r.workload.queue, r.workload.priority)
         return Plan(t, tuple(r for r, _ in taken))
     return NoPlan(ineligible, considered, fenced)
 

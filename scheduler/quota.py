@@ -15,6 +15,7 @@ from scheduler.snapshot import Cluster, dict_copy
 
 Vec = tuple[tuple[str, int], ...]
 _NONE: Mapping[str, int] = MappingProxyType({})
+_INF = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,12 +118,14 @@ def fair_share(cluster: Cluster, ledger: Ledger, queue: str) -> float:
     """YuniKorn's share: the max over guaranteed resources of used / guaranteed.
 
     A resource used with a guarantee of 0 makes the share infinite (the queue only borrows)."""
-    used = ledger.of(queue)
+    return share_of(cluster.guarantee[queue], ledger.of(queue))
+
+
+def share_of(guarantee: Mapping[str, int], used: Mapping[str, int]) -> float:
+    """:func:`fair_share` of a queue with this guarantee and usage."""
     share = 0.0
-    for key, g in cluster.guarantee[queue].items():
+    for key, g in guarantee.items():
         u = used.get(key, 0)
-        if u <= 0:
-            continue
-        s = u / g if g > 0 else float("inf")
-        share = max(share, s)
+        if u > 0:
+            share = max(share, u / g if g > 0 else _INF)
     return share

@@ -44,8 +44,17 @@ def no_type(w: Workload) -> str:
 
 
 def not_eligible(s: Shortfall) -> str:
-    return (f"no preemption: queue {s.queue} would hold {s.used + s.needed} {s.resource}, "
-            f"above its guaranteed {s.limit}")
+    return above_guarantee(s.queue, s.used + s.needed, s.resource, s.limit)
+
+
+def above_guarantee(queue: str, would_hold: int, resource: str, guaranteed: int) -> str:
+    head, tail = above_guarantee_parts(queue, resource, guaranteed)
+    return f"{head}{would_hold}{tail}"
+
+
+def above_guarantee_parts(queue: str, resource: str, guaranteed: int) -> tuple[str, str]:
+    """:func:`above_guarantee` as the text before and after ``would_hold``, for a loop over one queue."""
+    return f"no preemption: queue {queue} would hold ", f" {resource}, above its guaranteed {guaranteed}"
 
 
 def delay(now_s: float, at_s: float, delay_s: float) -> str:

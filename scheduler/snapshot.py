@@ -40,7 +40,9 @@ class Cluster:
     chains: Mapping[str, tuple[str, ...]]        # queue -> (queue, parent, ..., root)
     guarantee: Mapping[str, Mapping[str, int]]   # effective guarantees (gpu defaults to 0)
     fences: Mapping[str, frozenset[str]]         # fenced queues on each queue's chain
-    # memo of pure functions of the fields above (scheduler.cycle.static_fit); not state
+    # what cycles keep across cycles (scheduler.cycle): pure functions of the fields above (static
+    # fits per queue and gang shape) and each pending workload's last reason, reused only while
+    # equal; never anything a decision depends on
     memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -140,7 +142,7 @@ def _levels_after(cluster: Cluster, occ: Occupancy, free: list[int], before: dic
             moves.setdefault((t, free[i]), ([], []))[1].append(i)
     if not moves:
         return occ.levels
-    out = dict(occ.levels)
+    out = dict_copy(occ.levels)
     touched: dict[str, list[tuple[int, ...]]] = {}
     for (t, f), (gone, came) in moves.items():
         lv = touched.get(t)
@@ -177,12 +179,13 @@ def occupancy_after(
             chain = cluster.chains.get(w.queue)
             if chain is None:
                 raise SnapshotError(f"workload {w.id}", f"unknown queue {w.queue}")
+            vec = demand(w, r.placement.gpu_type)
             for q in chain:
                 d = copied.get(q)
                 if d is None:
-                    d = copied[q] = dict(usage.get(q, _NONE))
+                    d = copied[q] = dict_copy(usage.get(q, _NONE))
                     usage[q] = d
-                for key, amt in demand(w, r.placement.gpu_type):
+                for key, amt in vec:
                     d[key] = d.get(key, 0) - sign * amt
     for q, d in copied.items():
         usage[q] = MappingProxyType(d)

@@ -127,3 +127,33 @@ def test_admission_respects_max_across_cycle() -> None:
     c = cluster({"r": {"max": {"gpu": 16}, "queues": {"x": {}, "y": {}}}}, ("n", "A100", 8, 4))
     d = cycle(c, [wl("x1", "r.x"), wl("y1", "r.y"), wl("x2", "r.x"), wl("y2", "r.y")])
     assert admitted(d) == {"x1": {"n-0": 8}, "y1": {"n-1": 8}}
+
+
+def test_fast_pending_reason_is_the_same_value() -> None:
+    from dataclasses import FrozenInstanceError
+
+    from scheduler.model import PendingReason, pending_reason
+
+    r = pending_reason("w", "q", ReasonCode.NO_FIT, "m", 3)
+    assert type(r) is PendingReason and r == PendingReason("w", "q", ReasonCode.NO_FIT, "m", 3)
+    assert hash(r) == hash(PendingReason("w", "q", ReasonCode.NO_FIT, "m", 3))
+    with pytest.raises(FrozenInstanceError):
+        r.message = "x"  # type: ignore[misc]
+
+
+def test_reasons_follow_the_state_across_cycles() -> None:
+    """A reason kept from the last cycle is only reused while it is still right: positions and
+    numbers follow the new snapshot."""
+    c = cluster({"q": {"guaranteed": {"gpu": 8}}}, ("n", "A100", 8, 2))
+    big = [wl(f"b{i}", "q", pods=2, submit_s=i) for i in range(3)]
+    busy = run(wl("x", "q", gpus=4), "A100", ("n-0", 4))
+    first = schedule(snapshot(c, [busy], big, Settings()), 100.0)
+    assert schedule(snapshot(c, [busy], big, Settings()), 100.0) == first
+    r = first.reason("b2")
+    assert r is not None and r.position == 3 and "would hold 20 gpu" in r.message
+    assert r.message.startswith("only 1 of 2 pods of 8 GPUs fit on free A100 nodes (largest free: 8)")
+    busier = [busy, run(wl("y", "q", gpus=2), "A100", ("n-1", 2))]
+    later = schedule(snapshot(c, busier, big[1:], Settings()), 101.0)
+    r = later.reason("b2")
+    assert r is not None and r.position == 2 and "would hold 22 gpu" in r.message
+    assert r.message.startswith("no node of type A100 with 8 free GPUs (largest free: 6)")

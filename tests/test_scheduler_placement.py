@@ -94,3 +94,31 @@ def test_never_on_an_unacceptable_type() -> None:
     assert d.admissions == ()
     r = d.reason("w")
     assert r is not None and r.message == "no node of an acceptable type (A100) in the cluster"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_index_from_snapshot_levels_places_like_a_full_scan(seed: int) -> None:
+    """A free index started from the snapshot's nodes-by-free-count levels (no pass over every
+    node) picks exactly the nodes that one built from the free counts alone picks."""
+    import random
+
+    from scheduler.snapshot import levels_of
+
+    rng = random.Random(seed)
+    c = cluster(Q, ("n", "A100", 8, 12), ("s", "A100", 4, 5), ("h", "H100", 8, 6))
+    free = tuple(rng.randint(0, n.gpus) for n in c.nodes)
+    plain, leveled = FreeIndex(c, free), FreeIndex(c, free, levels_of(c, free))
+    placed: list[Placement] = []
+    for _ in range(60):
+        op = rng.random()
+        if op < 0.6:
+            args = (rng.choice(("A100", "H100")), rng.choice((1, 2, 4, 8)), rng.choice((1, 1, 2, 3)))
+            got = plain.place(*args)
+            assert leveled.place(*args) == got
+            if got is not None:
+                placed.append(got)
+        elif placed:
+            p = placed.pop(rng.randrange(len(placed)))
+            plain.release(p)
+            leveled.release(p)
+        assert plain.free == leveled.free

@@ -165,3 +165,21 @@ def test_workload_over_guarantee_waits_without_preemption_message() -> None:
     d = go(base(pending=[wl("p", "hi", pods=2)]))
     r = d.reason("p")
     assert r is not None and "no preemption: queue hi would hold 16 gpu, above its guaranteed 8" in r.message
+
+
+@pytest.mark.parametrize(("fenced_queue", "code", "tail"), [
+    pytest.param(False, ReasonCode.NO_VICTIMS, "no allowed victim set makes it fit (2 running workloads considered)",
+                 id="counts-candidates-of-every-type"),
+    pytest.param(True, ReasonCode.FENCED, "no victim set inside its preemption fence; 1 candidates are across a fence",
+                 id="counts-fenced-candidates-of-every-type"),
+])
+def test_failed_search_counts_candidates_on_other_types(fenced_queue: bool, code: ReasonCode, tail: str) -> None:
+    """The search for an H100 preemptor looks only at H100 victims, yet its reason counts every
+    candidate it could take by the rules (any type; not higher priority, not its own queue)."""
+    c = cluster({"lo": {}, "hi": {"guaranteed": {"gpu": 16}}, "f": {"preemption": {"fence": fenced_queue}}},
+                ("h", "H100", 8, 1), ("a", "A100", 8, 2))
+    running = [run(wl("x", "lo", priority=5), "H100", ("h-0", 8)), run(wl("y", "lo"), "A100", ("a-0", 8)),
+               run(wl("z", "f"), "A100", ("a-1", 8))]
+    r = cycle(c, [wl("p", "hi", types=("H100",))], running).reason("p")
+    assert r is not None and r.code is code
+    assert r.message == f"no node of type H100 with 8 free GPUs (largest free: 0); {tail}"

@@ -186,3 +186,23 @@ def test_random_scenarios_keep_every_rule(sc: dict[str, Any]) -> None:
     first = run_scenario(sc)
     Checker(sc).check(list(first.events))
     assert run_scenario(sc).events_jsonl() == first.events_jsonl()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_cross_cycle_memos_never_change_a_decision(sc: dict[str, Any]) -> None:
+    """Every cycle of a replay decides the same (admissions, preemptions, each reason and its
+    position) with the memos the cluster keeps across cycles as on a cluster with none."""
+    import dataclasses
+
+    from scheduler.cycle import schedule
+    from scheduler.simulator import parse_scenario
+    from scheduler.simulator.engine import simulate
+
+    def checked(snap: Any, now: float) -> Any:
+        warm = schedule(snap, now)
+        cold = dataclasses.replace(snap, cluster=dataclasses.replace(snap.cluster, memo={}))
+        assert schedule(cold, now) == warm
+        return warm
+
+    simulate(parse_scenario(sc), checked)

@@ -116,3 +116,19 @@ def test_occupancy_after_matches_recomputation() -> None:
     assert inc.node_free == full.node_free
     strip = lambda u: {q: {k: v for k, v in d.items() if v} for q, d in u.items() if any(d.values())}
     assert strip(inc.usage) == strip(full.usage)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["incremental", "rebuilt"])
+def test_occupancy_levels_follow_the_free_counts(many: bool) -> None:
+    """``Occupancy.levels`` (each type's nodes by free count) kept up to date by occupancy_after
+    equals the levels recomputed from the free counts, whether updated in place or rebuilt."""
+    from scheduler.snapshot import levels_of
+
+    c = cluster(TREE, ("h", "H100", 8, 20), ("a", "A100", 8, 20))
+    rs = [run(wl(f"x{i}", "prod", gpus=4), "A100", (f"a-{i}", 4)) for i in range(12 if many else 2)]
+    z = run(wl("z", "research.nlp", gpus=4, pods=2), "H100", ("h-0", 4), ("h-3", 4))
+    occ = occupancy_of(c, rs[:1])
+    assert occ.levels == levels_of(c, occ.node_free)
+    inc = occupancy_after(c, occ, rs[:1], [*rs[1:], z])
+    assert inc.levels == levels_of(c, inc.node_free)
+    assert inc.levels["H100"][4] == (0, 3) and inc.levels["H100"][8] == tuple(i for i in range(1, 20) if i != 3)
