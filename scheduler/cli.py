@@ -63,23 +63,7 @@ def serve_parser() -> argparse.ArgumentParser:
                    "scenario's nodes ({name, gpu_type, gpus, count}); default: the accounting's view of capacity")
     p.add_argument("--cluster", help="the name the scheduler's events carry (default: scheduler.cluster)")
     p.add_argument("--no-collect", action="store_true", help="do not run the collectors in this process")
-    _late_common(p)
     return p
-
-
-def _late_common(p: argparse.ArgumentParser) -> None:
-    """``gpuq``'s own options given after the command's arguments reach the command in its argv
-    (``gpuq explain ID --config FILE``): take them here."""
-    p.add_argument("--config", "-c", help=argparse.SUPPRESS)
-    p.add_argument("--log-level", help=argparse.SUPPRESS)
-
-
-def _settings(args: argparse.Namespace, settings: Any) -> Any:
-    if not getattr(args, "config", None):
-        return settings
-    from gpuq.settings import load_settings
-
-    return load_settings(args.config)
 
 
 def load_nodes(path: str) -> list[Node]:
@@ -107,7 +91,6 @@ def serve_main(argv: list[str], settings: Any) -> int:
     from scheduler.service_runtime import serve
 
     args = serve_parser().parse_args(argv)
-    settings = _settings(args, settings)
     try:
         nodes_file = args.nodes or settings.scheduler.nodes_file
         nodes = load_nodes(nodes_file) if nodes_file else None
@@ -131,7 +114,6 @@ def _client_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--api", metavar="URL", help="the gpuq serve API (default: http://api.host:api.port "
                    "from the config)")
     p.add_argument("--token", help="bearer token (default: the first of api.tokens in the config, if any)")
-    _late_common(p)
     return p
 
 
@@ -174,7 +156,6 @@ def workloads_main(argv: list[str], settings: Any) -> int:
     p.add_argument("--state", choices=["pending", "running", "finished", "cancelled", "rejected"])
     p.add_argument("--format", "-f", choices=["table", "json", "csv"], default="table")
     args = p.parse_args(argv)
-    settings = _settings(args, settings)
     params = {k: v for k, v in (("queue", args.queue), ("state", args.state)) if v}
     try:
         rows = _call(args, settings, "gpuq workloads", "/workloads", params)
@@ -196,7 +177,6 @@ def explain_main(argv: list[str], settings: Any) -> int:
     p.add_argument("id", help="workload id")
     p.add_argument("--format", "-f", choices=["text", "json"], default="text")
     args = p.parse_args(argv)
-    settings = _settings(args, settings)
     try:
         w = _call(args, settings, "gpuq explain", f"/workloads/{quote(args.id, safe='/')}")
     except SystemExit as exc:
