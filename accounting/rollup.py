@@ -6,7 +6,11 @@ idle from the per-minute rollup) for each closed hour not yet done and stores th
 workload). An hour is *closed* once the data an idle run crossing its end needs is in: its end
 plus the idle window, a gap and a bucket is before now. A serving process calls it every few
 minutes; the CLI's usage query then reads the materialised hours and computes only the rest (the
-window's ragged edges, the open hours, any hour never materialised) live.
+window's ragged edges, the open hours, any hour never materialised) live, one query per live
+segment (GPU-seconds and idle together).
+
+Each cycle also prunes ``gpu_allocations_open`` (:func:`prune_open_allocations`), which keeps the
+"now" view and the open hours from reading every pod ever seen.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from accounting.model import UsageAgg, Window
 from gpuq.store import Store
 
 HOUR = 3600.0
+OPEN_KEEP_S = 86400.0       # gpu_allocations_open keeps the pods that ended less than this ago
 COLUMNS = ("hour", "cluster", "queue", "namespace", "gpu_model", "gpu_resource", "gpu_seconds",
            "idle_gpu_seconds", "idle_threshold_pct", "idle_window_s", "computed_at")
 
@@ -53,15 +58,32 @@ def materialize_hours(store: Store, now_s: float, params: IdleParams = DEFAULT_P
     todo = [h for h in range(int(start), int(end), int(HOUR)) if float(h) not in done][:max_hours]
     for h in todo:
         w = Window(float(h), h + HOUR)
-        aggs = sa.read_usage(store, w, now_s, by_workload=False) + sa.read_idle(
-            store, w, now_s, params, "1m", by_workload=False)
+        aggs = sa.read_usage_idle(store, w, now_s, params, "1m", by_workload=False)
         stamp = _utc(now_s)
         merged = _merge(aggs)
         rows = [(_utc(h), *k, g, i, params.threshold_pct, params.window_s, stamp) for k, (g, i) in merged.items()]
         if rows:
             store.insert("accounting_usage_1h", rows, COLUMNS)
         store.insert("accounting_hours", [(_utc(h), stamp)], ("hour", "computed_at"))
+    prune_open_allocations(store, now_s)
     return [float(h) for h in todo]
+
+
+def prune_open_allocations(store: Store, now_s: float, keep_s: float = OPEN_KEEP_S) -> int:
+    """Delete from ``gpu_allocations_open`` every row of the pods whose latest row ended before
+    ``now_s - keep_s``, and compact the table. The cutoff is recorded first, so that a reader that
+    sees it no longer takes the table for a window reaching before it. Returns the pods deleted."""
+    cutoff = round((now_s - keep_s) * 1000)
+    gone = """SELECT cluster, uid FROM {db}.gpu_allocations_open GROUP BY cluster, uid
+              HAVING max(version) = maxIf(version, end IS NOT NULL AND end < fromUnixTimestamp64Milli({c:Int64}, 'UTC'))"""
+    n = int(sa._q(store, f"SELECT count() FROM ({gone})", {"c": cutoff})[0][0])
+    if n:
+        db = store.database
+        store.insert("gpu_allocations_open_pruned", [(_utc(cutoff / 1000), _utc(now_s))], ("cutoff", "computed_at"))
+        store.command(f"DELETE FROM {db}.gpu_allocations_open WHERE (cluster, uid) IN ({gone.replace('{db}', db)})",
+                      {"c": cutoff})
+        store.command(f"OPTIMIZE TABLE {db}.gpu_allocations_open FINAL")
+    return n
 
 
 def _merge(aggs: Iterable[UsageAgg]) -> dict[tuple[str, ...], tuple[float, float]]:
@@ -114,6 +136,5 @@ def usage_aggs(store: Store, window: Window, now_s: float, params: IdleParams, *
     for w in stored:
         out += read_materialized(store, w)
     for w in live:
-        out += sa.read_usage(store, w, now_s, by_workload) + sa.read_idle(
-            store, w, now_s, params, idle_source, by_workload)  # type: ignore[arg-type]
+        out += sa.read_usage_idle(store, w, now_s, params, idle_source, by_workload)  # type: ignore[arg-type]
     return out

@@ -28,6 +28,19 @@ def idle_params(settings: object) -> IdleParams:
     return IdleParams(threshold_pct=acc.idle_threshold_pct, window_s=acc.idle_window_s)
 
 
+_last_resolver: tuple[QueueConfig, Resolver] | None = None
+
+
+def _resolver(config: QueueConfig) -> Resolver:
+    """One memoising Resolver per configuration, kept while the configuration is the same object
+    (a reload makes a new one), so each view does not resolve every queue and type again."""
+    global _last_resolver
+    hit = _last_resolver
+    if hit is None or hit[0] is not config:
+        hit = _last_resolver = (config, Resolver(config))
+    return hit[1]
+
+
 def usage_report(store: Store, config: QueueConfig, window: Window, now_s: float, by: Sequence[str],
                  params: IdleParams = DEFAULT_PARAMS, *, rollup: bool = False,
                  idle_source: str = "auto") -> tuple[UsageRow, ...]:
@@ -38,9 +51,8 @@ def usage_report(store: Store, config: QueueConfig, window: Window, now_s: float
     if idle_source == "auto":
         aggs = usage_aggs(store, window, now_s, params, by_workload=by_workload)
     else:
-        aggs = sa.read_usage(store, window, now_s, by_workload) + sa.read_idle(
-            store, window, now_s, params, idle_source, by_workload)  # type: ignore[arg-type]
-    return usage_rows(aggs, Resolver(config), by, rollup=rollup)
+        aggs = sa.read_usage_idle(store, window, now_s, params, idle_source, by_workload)  # type: ignore[arg-type]
+    return usage_rows(aggs, _resolver(config), by, rollup=rollup)
 
 
 def now_snapshot(store: Store, now_s: float, params: IdleParams = DEFAULT_PARAMS,
@@ -58,4 +70,4 @@ def now_snapshot(store: Store, now_s: float, params: IdleParams = DEFAULT_PARAMS
 
 def now_view(store: Store, config: QueueConfig, now_s: float, params: IdleParams = DEFAULT_PARAMS,
              starvation_s: float = 600.0, pending: Sequence[PendingDemand] | None = None) -> NowView:
-    return compute_now(now_snapshot(store, now_s, params, pending), Resolver(config), params, starvation_s)
+    return compute_now(now_snapshot(store, now_s, params, pending), _resolver(config), params, starvation_s)

@@ -2,7 +2,9 @@
 tests can check that both give the same numbers on the same rows.
 
 Parameters are ClickHouse query parameters; times are Unix milliseconds (``Int64``); ``{db}`` is
-substituted with the database name (an identifier checked by the store).
+substituted with the database name (an identifier checked by the store), ``@ALLOC@`` with the
+table the allocations are read from: ``gpu_allocations``, or ``gpu_allocations_open`` for windows
+it covers (see :func:`accounting.store_adapter.alloc_table`).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpu_resource, gpus,
 FROM (
   SELECT *, leadInFrame(toNullable(start)) OVER (PARTITION BY cluster, namespace, pod ORDER BY start, uid
                                                  ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_start
-  FROM {db}.gpu_allocations FINAL
+  FROM {db}.@ALLOC@ FINAL
   WHERE start < wt AND (end IS NULL OR end > wf)
 )"""
 
@@ -38,55 +40,101 @@ ALLOCATIONS = f"""
 WITH {_W}
 SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpus, toUnixTimestamp64Milli(start) / 1000,
        if(end IS NULL, NULL, toUnixTimestamp64Milli(assumeNotNull(end)) / 1000), gpu_resource, priority, ray_cluster
-FROM {{db}}.gpu_allocations FINAL
+FROM {{db}}.@ALLOC@ FINAL
 WHERE start < wt AND (end IS NULL OR end > wf)
 ORDER BY cluster, namespace, pod, start, uid"""
 
-# Activity per (GPU, pod, bucket) (accounting.idle.activity_points), from three sources. Series are
-# grouped by a 64-bit hash of their six key strings (twice as fast as grouping by the strings).
-BUCKETS_RAW = f"""
-SELECT cityHash64(cluster, node, gpu_uuid, mig_instance, namespace, pod) AS h, any((cluster, node, gpu_uuid, mig_instance, namespace, pod)) AS k,
-       toInt64(toUnixTimestamp(toStartOfInterval(ts, toIntervalSecond({{bucket:UInt32}})))) AS b,
-       if(countIf(metric = '{PROF}') > 0, maxIf(value, metric = '{PROF}') * 100, maxIf(value, metric = '{UTIL}')) AS act
+# Idle detection (accounting.idle.activity_points + idle_runs), in two stages and one pass over the
+# samples. Stage 1 groups by series only, (cluster, node, gpu_uuid, mig_instance, namespace, pod):
+# a hash table with an entry per series, where grouping by (series, bucket) built one with an entry
+# per GPU-minute. The key is gpu_uuid (LowCardinality: grouped by its dictionary) and a 64-bit hash
+# of the rest, built around `hp`, the hash of the pod's (cluster, namespace, pod) that joins the
+# allocations (POD_HASH); the names are kept with any() where a query needs them. Each sample sets
+# one bit of its bucket: 1 UTIL quiet, 2 UTIL busy, 4 PROF quiet, 8 PROF busy ("busy": the value,
+# PROF times 100, at or over the threshold; a bucket's activity is its highest sample, so it is busy
+# as soon as one sample is). A bucket's activity comes from PROF when it has a PROF bit, else from
+# UTIL; no bit means no data. Two states carry the bits:
+#   * _RESAMPLE (windows up to RESAMPLE_MAX_BUCKETS buckets): groupBitOrResample, one byte per
+#     bucket of the scan, set in O(1) per sample;
+#   * _CODES (longer windows): a bitmap of codes bucket * 4 + kind (kind 0 UTIL quiet, 1 UTIL busy,
+#     2 PROF quiet, 3 PROF busy), whose largest code per bucket is the deciding one; its size follows
+#     the samples rather than the window. Sorted again: a small bitmap is a plain set.
+# Both end as `pos` (bucket offsets from {b0:Int64}, ascending) and `q` (quiet flags) per series.
+RESAMPLE_MAX_BUCKETS = 2880
+POD_HASH = "cityHash64({p}pod, cityHash64({p}namespace), cityHash64({p}cluster))"
+_KEY = (f"gpu_uuid AS k_gpu, cityHash64({POD_HASH.format(p='')} AS hp, cityHash64(node), cityHash64(mig_instance)) AS h, "
+        "any(hp) AS k_hp, any(cluster) AS k_cluster, any(node) AS k_node, any(mig_instance) AS k_mig, "
+        "any(namespace) AS k_ns, any(pod) AS k_pod")
+_BITS = "toUInt8(if(metric = '{p}', if({v} * 100 >= {{threshold:Float64}}, 8, 4), if({v} >= {{threshold:Float64}}, 2, 1)))"
+_KIND = "if(metric = '{p}', if({v} * 100 >= {{threshold:Float64}}, 3, 2), toUInt8({v} >= {{threshold:Float64}}))"
+_RESAMPLE = ("groupBitOrResample(0, {{nb:UInt32}}, 1)({bits}, {b}) AS bits, "
+             "arrayMap(i -> i - 1, arrayFilter((i, x) -> x != 0, arrayEnumerate(bits), bits)) AS pos, "
+             "arrayMap(x -> if(bitAnd(x, 12) != 0, bitAnd(x, 8) = 0, bitAnd(x, 2) = 0), arrayFilter(x -> x != 0, bits)) AS q")
+_CODES = ("arraySort(bitmapToArray(groupBitmapState(toUInt32(({b}) * 4 + {kind})))) AS codes, "
+          "arrayFilter((x, nx) -> bitShiftRight(x, 2) != bitShiftRight(nx, 2), codes, "
+          "arrayPushBack(arrayPopFront(codes), 4294967295)) AS d, "
+          "arrayMap(x -> bitShiftRight(x, 2), d) AS pos, arrayMap(x -> bitAnd(x, 1) = 0, d) AS q")
+_RAW_B = "intDiv(toUnixTimestamp64Milli(ts), {bucket:UInt32} * 1000) - {b0:Int64}"
+_RAW_WHERE = f"""
 FROM {{db}}.gpu_samples
 WHERE metric IN ('{PROF}', '{UTIL}') AND pod != '' AND ts >= wscan AND ts < wscan_end
-GROUP BY h, b"""
-
-BUCKETS_1M = f"""
-SELECT cityHash64(cluster, node, gpu_uuid, mig_instance, namespace, pod) AS h, any((cluster, node, gpu_uuid, mig_instance, namespace, pod)) AS k, toInt64(toUnixTimestamp(minute)) AS b,
-       if(countIf(metric = '{PROF}') > 0, maxIf(value_max, metric = '{PROF}') * 100,
-          maxIf(value_max, metric = '{UTIL}')) AS act
+GROUP BY k_gpu, h"""
+_M_B = "intDiv(toUnixTimestamp(minute), {bucket:UInt32}) - {b0:Int64}"
+_M_WHERE = f"""
 FROM {{db}}.gpu_samples_1m
 WHERE metric IN ('{PROF}', '{UTIL}') AND pod != '' AND minute >= wscan AND minute < wscan_end
-GROUP BY h, b"""
+GROUP BY k_gpu, h"""
 
-# An hour with fewer than {min_minutes:UInt8} minutes of data is unknown: it counts as not quiet.
-BUCKETS_1H = """
-SELECT cityHash64(cluster, node, gpu_uuid, mig_instance, namespace, pod) AS h, any((cluster, node, gpu_uuid, mig_instance, namespace, pod)) AS k, toInt64(toUnixTimestamp(hour)) AS b,
-       if(bitCount(bitOr(groupBitOr(prof_minutes), groupBitOr(util_minutes))) < {min_minutes:UInt8}, 1e9,
+
+def _stage1(state: str, b: str, v: str, where: str) -> str:
+    bits = _BITS.format(p=PROF, v=v)
+    kind = _KIND.format(p=PROF, v=v)
+    return f"SELECT {_KEY},\n       " + state.format(bits=bits, kind=kind, b=b) + where
+
+
+BUCKETS = {
+    ("raw", True): _stage1(_RESAMPLE, _RAW_B, "value", _RAW_WHERE),
+    ("raw", False): _stage1(_CODES, _RAW_B, "value", _RAW_WHERE),
+    ("1m", True): _stage1(_RESAMPLE, _M_B, "value_max", _M_WHERE),
+    ("1m", False): _stage1(_CODES, _M_B, "value_max", _M_WHERE),
+}
+
+# The hourly rollup: an hour with fewer than {min_minutes:UInt8} minutes of data is unknown, and
+# counts as busy (not quiet). Rows of one (series, hour) are combined first (the table merges them
+# in the background), then each hour is one deciding code (kind 2 quiet, 3 busy).
+_NAMES = ("any(k_hp) AS k_hp, any(k_cluster) AS k_cluster, any(k_node) AS k_node, any(k_mig) AS k_mig, "
+          "any(k_ns) AS k_ns, any(k_pod) AS k_pod")
+_H_ACT = f"""
+SELECT k_gpu, h, {_NAMES}, b,
+       if(bitCount(bitOr(groupBitOr(prof_minutes), groupBitOr(util_minutes))) < {{min_minutes:UInt8}}, 1e9,
           if(groupBitOr(prof_minutes) != 0, max(prof_max), max(util_max))) AS act
-FROM {db}.gpu_activity_1h
-WHERE hour >= wscan AND hour < wscan_end
-GROUP BY h, b"""
+FROM (SELECT gpu_uuid AS k_gpu, cityHash64({POD_HASH.format(p='')} AS hp, cityHash64(node), cityHash64(mig_instance)) AS h,
+             hp AS k_hp, cluster AS k_cluster, node AS k_node, mig_instance AS k_mig, namespace AS k_ns, pod AS k_pod,
+             intDiv(toUnixTimestamp(hour), {{bucket:UInt32}}) - {{b0:Int64}} AS b, prof_max, util_max, prof_minutes, util_minutes
+      FROM {{db}}.gpu_activity_1h
+      WHERE hour >= wscan AND hour < wscan_end)
+GROUP BY k_gpu, h, b"""
+BUCKETS[("1h", False)] = (f"\nSELECT k_gpu, h, {_NAMES}, " + _CODES.format(b="b", kind="2 + (act >= {threshold:Float64})")
+                          + f"\nFROM ({_H_ACT})\nGROUP BY k_gpu, h")
 
-# Idle runs (accounting.idle.idle_runs): per (GPU, pod) the buckets in time order; a bucket starts
-# a new run when it follows a busy one or a gap over {reach}. Arrays, not window functions: one
-# pass per series, and only the runs come out. The lambdas take shifted copies of the arrays
-# rather than indexing a captured array, which ClickHouse would copy for every element (O(n^2)).
+# Idle runs (accounting.idle.idle_runs) from each series' points: a quiet point starts a new run
+# when the point before it is busy or more than {reach:UInt32} s earlier (series without a quiet
+# point are dropped first). Arrays, one pass per series; the lambdas take shifted copies of the
+# arrays rather than indexing a captured array, which ClickHouse would copy for every element
+# (O(n^2)).
 RUNS = """
-SELECT k.1 AS cluster, k.2 AS node, k.3 AS gpu_uuid, k.4 AS mig_instance, k.5 AS namespace, k.6 AS pod,
-       bs[se.1] AS s, bs[se.2] + {bucket:UInt32} AS e, se.2 = length(bs) AS is_open
+SELECT k_hp AS hp, k_cluster AS cluster, k_node AS node, k_gpu AS gpu_uuid, k_mig AS mig_instance, k_ns AS namespace,
+       k_pod AS pod, ({b0:Int64} + pos[se.1]) * {bucket:UInt32} AS s, ({b0:Int64} + pos[se.2] + 1) * {bucket:UInt32} AS e,
+       se.2 = length(pos) AS is_open
 FROM (
-  SELECT any(k) AS k, arraySort(groupArray((b, act))) AS pts,
-         arrayMap(x -> x.1, pts) AS bs,
-         arrayMap(x -> x.2 < {threshold:Float64}, pts) AS q,
-         arrayMap((cur, prev, prev_q) -> NOT prev_q OR cur - prev > {reach:UInt32},
-                  bs, arrayPushFront(arrayPopBack(bs), 0), arrayPushFront(arrayPopBack(q), 0)) AS brk,
-         arrayFilter((i, qi, bi) -> qi AND bi, arrayEnumerate(bs), q, brk) AS starts,
-         arrayFilter((i, qi, next_brk, next_q) -> qi AND (next_brk OR NOT next_q), arrayEnumerate(bs), q,
+  SELECT k_hp, k_cluster, k_node, k_gpu, k_mig, k_ns, k_pod, pos,
+         arrayMap((cur, prev, prev_q) -> NOT prev_q OR (cur - prev) * {bucket:UInt32} > {reach:UInt32},
+                  pos, arrayPushFront(arrayPopBack(pos), 0), arrayPushFront(arrayPopBack(q), 0)) AS brk,
+         arrayFilter((i, qi, bi) -> qi AND bi, arrayEnumerate(pos), q, brk) AS starts,
+         arrayFilter((i, qi, next_brk, next_q) -> qi AND (next_brk OR NOT next_q), arrayEnumerate(pos), q,
                      arrayPushBack(arrayPopFront(brk), 1), arrayPushBack(arrayPopFront(q), 0)) AS ends
   FROM (@SUB@)
-  GROUP BY h
+  WHERE has(q, 1)
 )
 ARRAY JOIN arrayZip(starts, ends) AS se
 WHERE e - s >= {window:UInt32}"""
@@ -94,23 +142,26 @@ WHERE e - s >= {window:UInt32}"""
 SCAN = ("fromUnixTimestamp64Milli({scan:Int64}, 'UTC') AS wscan, "
         "fromUnixTimestamp64Milli({scan_end:Int64}, 'UTC') AS wscan_end")
 
-# Idle GPU-seconds per UsageAgg key (accounting.idle.attribute_idle), runs clipped to the window and
-# to the span of the pod's allocations.
-IDLE = f"""
+# GPU-seconds and idle GPU-seconds per UsageAgg key in one pass over the allocations
+# (accounting.intervals.clip + to_aggs, accounting.idle.attribute_idle): each allocation, cut to
+# the window and to its effective end, takes the idle runs of its (cluster, namespace, pod) (joined
+# by POD_HASH), each clipped the same way. The runs come from a scan a window's worth wider on each side ({scan},
+# {scan_end}), so that a run crossing an edge is idle by its whole length.
+USAGE_IDLE = f"""
 WITH {_W}, {SCAN}
-SELECT r.cluster, a.queue, r.namespace, if({{by_workload:UInt8}}, a.workload, '') AS workload, a.gpu_model, a.gpu_resource,
-       sum(greatest(0, least(r.e * 1000, toUnixTimestamp64Milli(wt), a.last_end)
-                       - greatest(r.s * 1000, toUnixTimestamp64Milli(wf), a.first_start))) / 1000 AS idle_gpu_seconds
-FROM (@SUB@) AS r
-INNER JOIN (
-  SELECT cluster, namespace, pod, argMax(queue, start) AS queue,
-         argMax(if(ray_cluster != '', ray_cluster, pod), start) AS workload, argMax(gpu_model, start) AS gpu_model,
-         argMax(gpu_resource, start) AS gpu_resource, min(toUnixTimestamp64Milli(start)) AS first_start,
-         max(toUnixTimestamp64Milli(eff_end)) AS last_end
-  FROM ({ALLOC_SPANS}) GROUP BY cluster, namespace, pod
-) AS a ON r.cluster = a.cluster AND r.namespace = a.namespace AND r.pod = a.pod
-GROUP BY r.cluster, a.queue, r.namespace, workload, a.gpu_model, a.gpu_resource
-HAVING idle_gpu_seconds > 0"""
+SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, if(a.ray_cluster != '', a.ray_cluster, a.pod), '') AS workload,
+       a.gpu_model, a.gpu_resource,
+       sum(a.gpus * greatest(0, toUnixTimestamp64Milli(least(a.eff_end, wt)) - toUnixTimestamp64Milli(greatest(a.start, wf))))
+         / 1000 AS gpu_seconds,
+       sum(arraySum((s, e) -> greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
+                                          - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))),
+                    r.ss, r.es)) / 1000 AS idle_gpu_seconds
+FROM ({ALLOC_SPANS}) AS a
+LEFT JOIN (SELECT hp, groupArray(s) AS ss, groupArray(e) AS es FROM (@SUB@) GROUP BY hp) AS r
+  ON {POD_HASH.format(p='a.')} = r.hp
+GROUP BY a.cluster, a.queue, a.namespace, workload, a.gpu_model, a.gpu_resource
+HAVING gpu_seconds > 0 OR idle_gpu_seconds > 0
+ORDER BY a.cluster, a.queue, a.namespace, workload, a.gpu_model, a.gpu_resource"""
 
 IDLE_RUNS = f"""
 WITH {_W}, {SCAN}

@@ -19,7 +19,6 @@ from gpuq.errors import StoreError
 from gpuq.store import Store
 
 IdleSource = Literal["raw", "1m", "1h"]
-_BUCKETS = {"raw": sql.BUCKETS_RAW, "1m": sql.BUCKETS_1M, "1h": sql.BUCKETS_1H}
 
 
 def _ms(t: float) -> int:
@@ -33,57 +32,90 @@ def _q(store: Store, text: str, params: dict[str, Any]) -> list[tuple[Any, ...]]
         raise AccountingQueryError(str(exc)) from exc
 
 
+OPEN_MARGIN_S = 3600.0
+
+
+def alloc_table(store: Store, window: Window) -> str:
+    """``gpu_allocations_open`` when it holds every allocation overlapping the window (the window
+    starts an hour or more after the latest prune cutoff, so a prune running meanwhile cannot
+    take one away), else ``gpu_allocations``."""
+    rows = _q(store, "SELECT toUnixTimestamp64Milli(max(cutoff)) / 1000, count() FROM {db}.gpu_allocations_open_pruned", {})
+    cutoff = float(rows[0][0]) if rows and rows[0][1] else None
+    if cutoff is None or window.start_s >= cutoff + OPEN_MARGIN_S:
+        return "gpu_allocations_open"
+    return "gpu_allocations"
+
+
+def _alloc(store: Store, text: str, window: Window) -> str:
+    return text.replace("@ALLOC@", alloc_table(store, window))
+
+
 def _window(window: Window, now_s: float) -> dict[str, Any]:
     return {"f": _ms(window.start_s), "t": _ms(window.end_s), "n": _ms(now_s)}
 
 
 def read_usage(store: Store, window: Window, now_s: float, by_workload: bool = True) -> list[UsageAgg]:
     """GPU-seconds per UsageAgg key; without ``by_workload`` the workload is left empty (fewer rows)."""
-    rows = _q(store, sql.USAGE, {**_window(window, now_s), "by_workload": int(by_workload)})
+    rows = _q(store, _alloc(store, sql.USAGE, window), {**_window(window, now_s), "by_workload": int(by_workload)})
     return [UsageAgg(str(c), str(q), str(ns), str(w), str(m), str(r), gpu_seconds=float(g))
             for c, q, ns, w, m, r, g in rows]
 
 
 def read_allocations(store: Store, window: Window, now_s: float) -> list[Allocation]:
-    rows = _q(store, sql.ALLOCATIONS, _window(window, now_s))
+    rows = _q(store, _alloc(store, sql.ALLOCATIONS, window), _window(window, now_s))
     return [Allocation(str(c), str(ns), str(p), str(u), str(q), str(n), str(m), float(g), float(s),
                        None if e is None else float(e), str(r), int(pr), str(rc))
             for c, ns, p, u, q, n, m, g, s, e, r, pr, rc in rows]
 
 
-def _runs_query(source: IdleSource, params: IdleParams) -> tuple[str, dict[str, Any], int]:
+def _runs_query(source: IdleSource, params: IdleParams, scan: dict[str, int]) -> tuple[str, dict[str, Any]]:
+    """The idle-runs query for a source and scan range, with its parameters: buckets are numbered
+    from ``b0`` (the scan's first bucket); short scans carry one byte per bucket and series, long
+    ones a bitmap of their samples' codes (see :mod:`accounting.sql`)."""
     if source == "1h":
         bucket, reach = 3600, 3600
         extra = {"min_minutes": max(0, 60 - int(params.max_gap_s // 60))}
     else:
         bucket, reach = int(params.bucket_s), int(params.bucket_s + params.max_gap_s)
         extra = {}
-    runs = sql.RUNS.replace("@SUB@", _BUCKETS[source])
+    b0 = scan["scan"] // (bucket * 1000)
+    nb = -(-scan["scan_end"] // (bucket * 1000)) - b0 + 1
+    dense = source != "1h" and nb <= sql.RESAMPLE_MAX_BUCKETS
+    runs = sql.RUNS.replace("@SUB@", sql.BUCKETS[(source, dense)])
     return runs, {"bucket": bucket, "reach": reach, "threshold": float(params.threshold_pct),
-                  "window": int(params.window_s), **extra}, bucket
+                  "window": int(params.window_s), "b0": b0, "nb": nb, **scan, **extra}
 
 
-def _scan(window: Window, now_s: float, params: IdleParams, bucket: int) -> dict[str, int]:
+def _scan(window: Window, now_s: float, params: IdleParams, source: IdleSource) -> dict[str, int]:
     """A run crossing a window edge is idle by its whole length: scan a window's worth (and a gap)
     before and after, up to now."""
+    bucket = 3600 if source == "1h" else params.bucket_s
     reach = max(params.window_s, bucket) + params.max_gap_s + bucket
     return {"scan": _ms(window.start_s - reach), "scan_end": _ms(min(window.end_s + reach, now_s))}
 
 
+def read_usage_idle(store: Store, window: Window, now_s: float, params: IdleParams,
+                    source: IdleSource = "1m", by_workload: bool = True) -> list[UsageAgg]:
+    """GPU-seconds and idle GPU-seconds per UsageAgg key, in one query (one read of the allocations)."""
+    runs, p = _runs_query(source, params, _scan(window, now_s, params, source))
+    rows = _q(store, _alloc(store, sql.USAGE_IDLE, window).replace("@SUB@", runs),
+              {**_window(window, now_s), **p, "by_workload": int(by_workload)})
+    return [UsageAgg(str(c), str(q), str(ns), str(w), str(m), str(r), gpu_seconds=float(g), idle_gpu_seconds=float(i))
+            for c, q, ns, w, m, r, g, i in rows]
+
+
 def read_idle(store: Store, window: Window, now_s: float, params: IdleParams,
               source: IdleSource = "1m", by_workload: bool = True) -> list[UsageAgg]:
-    runs, p, bucket = _runs_query(source, params)
-    rows = _q(store, sql.IDLE.replace("@SUB@", runs),
-              {**_window(window, now_s), **p, **_scan(window, now_s, params, bucket), "by_workload": int(by_workload)})
-    return [UsageAgg(str(c), str(q), str(ns), str(w), str(m), str(r), idle_gpu_seconds=float(i))
-            for c, q, ns, w, m, r, i in rows]
+    """Idle GPU-seconds per UsageAgg key (the keys with some)."""
+    return [UsageAgg(a.cluster, a.queue, a.namespace, a.workload, a.gpu_model, a.gpu_resource,
+                     idle_gpu_seconds=a.idle_gpu_seconds)
+            for a in read_usage_idle(store, window, now_s, params, source, by_workload) if a.idle_gpu_seconds > 0]
 
 
 def read_idle_runs(store: Store, window: Window, now_s: float, params: IdleParams,
                    source: IdleSource = "1m") -> list[IdleRun]:
-    runs, p, bucket = _runs_query(source, params)
-    rows = _q(store, sql.IDLE_RUNS.replace("@SUB@", runs),
-              {**_window(window, now_s), **p, **_scan(window, now_s, params, bucket)})
+    runs, p = _runs_query(source, params, _scan(window, now_s, params, source))
+    rows = _q(store, sql.IDLE_RUNS.replace("@SUB@", runs), {**_window(window, now_s), **p})
     return [IdleRun(str(c), str(n), str(g), str(ns), str(pod), float(s), float(e), str(mig), bool(o))
             for c, n, g, mig, ns, pod, s, e, o in sorted(rows)]
 

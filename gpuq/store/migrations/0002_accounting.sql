@@ -57,3 +57,45 @@ CREATE TABLE IF NOT EXISTS {db}.accounting_hours (
     computed_at  DateTime64(3, 'UTC')
 ) ENGINE = ReplacingMergeTree(computed_at)
 ORDER BY hour;
+
+-- gpu_allocations_open: the allocations that can still matter to "now" and to the hours not yet
+-- materialised, so that reading them does not merge every pod ever seen (gpu_allocations FINAL).
+-- A copy of every gpu_allocations row (same columns, same ReplacingMergeTree(version) key, fed by
+-- gpu_allocations_open_mv), from which accounting.rollup.prune_open_allocations deletes, every
+-- rollup cycle, the pods whose latest row ended before a cutoff (all their rows at once, so no
+-- older version is left to resurface). The cutoffs used are in gpu_allocations_open_pruned: a
+-- window starting at or after the latest one finds every allocation it overlaps here.
+CREATE TABLE IF NOT EXISTS {db}.gpu_allocations_open (
+    cluster       LowCardinality(String),
+    namespace     LowCardinality(String),
+    pod           String,
+    uid           String,
+    queue         LowCardinality(String),
+    node          LowCardinality(String),
+    gpu_model     LowCardinality(String),
+    gpu_resource  LowCardinality(String),
+    gpus          Float64,
+    priority      Int32,
+    ray_cluster   String,
+    start         DateTime64(3, 'UTC'),
+    end           Nullable(DateTime64(3, 'UTC')),
+    version       UInt64
+) ENGINE = ReplacingMergeTree(version)
+ORDER BY (cluster, uid);
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.gpu_allocations_open_mv TO {db}.gpu_allocations_open AS
+SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpu_resource, gpus, priority, ray_cluster,
+       start, end, version
+FROM {db}.gpu_allocations;
+
+CREATE TABLE IF NOT EXISTS {db}.gpu_allocations_open_pruned (
+    cutoff       DateTime64(3, 'UTC'),
+    computed_at  DateTime64(3, 'UTC')
+) ENGINE = MergeTree
+ORDER BY cutoff;
+
+-- Rows written before this migration (a store that had gpu_allocations already).
+INSERT INTO {db}.gpu_allocations_open
+SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpu_resource, gpus, priority, ray_cluster,
+       start, end, version
+FROM {db}.gpu_allocations
