@@ -71,19 +71,24 @@ def materialize_hours(store: Store, now_s: float, params: IdleParams = DEFAULT_P
 
 def prune_open_allocations(store: Store, now_s: float, keep_s: float = OPEN_KEEP_S) -> int:
     """Delete from ``gpu_allocations_open`` every row of the pods whose latest row ended before
-    ``now_s - keep_s``, and compact the table. The cutoff is recorded first, so that a reader that
-    sees it no longer takes the table for a window reaching before it. Returns the pods deleted."""
-    cutoff = round((now_s - keep_s) * 1000)
-    gone = """SELECT cluster, uid FROM {db}.gpu_allocations_open GROUP BY cluster, uid
-              HAVING max(version) = maxIf(version, end IS NOT NULL AND end < fromUnixTimestamp64Milli({c:Int64}, 'UTC'))"""
-    n = int(sa._q(store, f"SELECT count() FROM ({gone})", {"c": cutoff})[0][0])
+    ``now_s - keep_s``. The cutoff is recorded first, so that a reader that sees it no longer
+    takes the table for a window reaching before it. Deleted rows go at the next merges; when
+    they are most of the table (the first prune of a store), it is compacted at once. Returns the
+    number of pods deleted."""
+    db, cutoff = store.database, round((now_s - keep_s) * 1000)
+    ended = "maxIf(version, end IS NOT NULL AND end < fromUnixTimestamp64Milli({c:Int64}, 'UTC'))"
+    gone = (f"SELECT cluster, uid FROM {db}.gpu_allocations_open GROUP BY cluster, uid "
+            f"HAVING max(version) = {ended}")
+    n, total = sa._q(store, f"SELECT countIf(v = e), count() FROM (SELECT max(version) AS v, {ended} AS e "
+                            f"FROM {db}.gpu_allocations_open GROUP BY cluster, uid)", {"c": cutoff})[0]
     if n:
-        db = store.database
-        store.insert("gpu_allocations_open_pruned", [(_utc(cutoff / 1000), _utc(now_s))], ("cutoff", "computed_at"))
-        store.command(f"DELETE FROM {db}.gpu_allocations_open WHERE (cluster, uid) IN ({gone.replace('{db}', db)})",
+        store.insert("gpu_allocations_open_pruned", [(_utc(cutoff / 1000), _utc(now_s))],
+                     ("cutoff", "computed_at"))
+        store.command(f"DELETE FROM {db}.gpu_allocations_open WHERE (cluster, uid) IN ({gone})",
                       {"c": cutoff})
-        store.command(f"OPTIMIZE TABLE {db}.gpu_allocations_open FINAL")
-    return n
+        if 2 * n > total:
+            store.command(f"OPTIMIZE TABLE {db}.gpu_allocations_open FINAL")
+    return int(n)
 
 
 def _merge(aggs: Iterable[UsageAgg]) -> dict[tuple[str, ...], tuple[float, float]]:

@@ -51,7 +51,8 @@ def usage_report(store: Store, config: QueueConfig, window: Window, now_s: float
     if idle_source == "auto":
         aggs = usage_aggs(store, window, now_s, params, by_workload=by_workload)
     else:
-        aggs = sa.read_usage_idle(store, window, now_s, params, idle_source, by_workload)  # type: ignore[arg-type]
+        aggs = sa.read_usage_idle(store, window, now_s, params,
+                                  idle_source, by_workload)  # type: ignore[arg-type]
     return usage_rows(aggs, _resolver(config), by, rollup=rollup)
 
 

@@ -67,19 +67,20 @@ _KEY = (f"gpu_uuid AS k_gpu, cityHash64({POD_HASH.format(p='')} AS hp, cityHash6
         "any(namespace) AS k_ns, any(pod) AS k_pod")
 _BITS = "toUInt8(if(metric = '{p}', if({v} * 100 >= {{threshold:Float64}}, 8, 4), if({v} >= {{threshold:Float64}}, 2, 1)))"
 _KIND = "if(metric = '{p}', if({v} * 100 >= {{threshold:Float64}}, 3, 2), toUInt8({v} >= {{threshold:Float64}}))"
-_RESAMPLE = ("groupBitOrResample(0, {{nb:UInt32}}, 1)({bits}, {b}) AS bits, "
+_RESAMPLE = ("groupBitOrResample({{b0:Int64}}, {{b1:Int64}}, 1)({bits}, {b}) AS bits, "
              "arrayMap(i -> i - 1, arrayFilter((i, x) -> x != 0, arrayEnumerate(bits), bits)) AS pos, "
              "arrayMap(x -> if(bitAnd(x, 12) != 0, bitAnd(x, 8) = 0, bitAnd(x, 2) = 0), arrayFilter(x -> x != 0, bits)) AS q")
-_CODES = ("arraySort(bitmapToArray(groupBitmapState(toUInt32(({b}) * 4 + {kind})))) AS codes, "
+_CODES = ("arraySort(bitmapToArray(groupBitmapState(toUInt32(({rel}) * 4 + {kind})))) AS codes, "
           "arrayFilter((x, nx) -> bitShiftRight(x, 2) != bitShiftRight(nx, 2), codes, "
           "arrayPushBack(arrayPopFront(codes), 4294967295)) AS d, "
           "arrayMap(x -> bitShiftRight(x, 2), d) AS pos, arrayMap(x -> bitAnd(x, 1) = 0, d) AS q")
-_RAW_B = "intDiv(toUnixTimestamp64Milli(ts), {bucket:UInt32} * 1000) - {b0:Int64}"
+# A sample's bucket, numbered from the epoch (toRelativeMinuteNum for minutes: one function, not three).
+_RAW_B = {True: "toRelativeMinuteNum(ts)", False: "intDiv(toUnixTimestamp64Milli(ts), {bucket:UInt32} * 1000)"}
 _RAW_WHERE = f"""
 FROM {{db}}.gpu_samples
 WHERE metric IN ('{PROF}', '{UTIL}') AND pod != '' AND ts >= wscan AND ts < wscan_end
 GROUP BY k_gpu, h"""
-_M_B = "intDiv(toUnixTimestamp(minute), {bucket:UInt32}) - {b0:Int64}"
+_M_B = {True: "toRelativeMinuteNum(minute)", False: "intDiv(toUnixTimestamp(minute), {bucket:UInt32})"}
 _M_WHERE = f"""
 FROM {{db}}.gpu_samples_1m
 WHERE metric IN ('{PROF}', '{UTIL}') AND pod != '' AND minute >= wscan AND minute < wscan_end
@@ -89,15 +90,13 @@ GROUP BY k_gpu, h"""
 def _stage1(state: str, b: str, v: str, where: str) -> str:
     bits = _BITS.format(p=PROF, v=v)
     kind = _KIND.format(p=PROF, v=v)
-    return f"SELECT {_KEY},\n       " + state.format(bits=bits, kind=kind, b=b) + where
+    return f"SELECT {_KEY},\n       " + state.format(bits=bits, kind=kind, b=b, rel=f"{b} - {{b0:Int64}}") + where
 
 
-BUCKETS = {
-    ("raw", True): _stage1(_RESAMPLE, _RAW_B, "value", _RAW_WHERE),
-    ("raw", False): _stage1(_CODES, _RAW_B, "value", _RAW_WHERE),
-    ("1m", True): _stage1(_RESAMPLE, _M_B, "value_max", _M_WHERE),
-    ("1m", False): _stage1(_CODES, _M_B, "value_max", _M_WHERE),
-}
+# (source, dense, minute buckets) -> stage 1
+BUCKETS = {(src, dense, minute): _stage1(_RESAMPLE if dense else _CODES, bucket[minute], v, where)
+           for src, bucket, v, where in (("raw", _RAW_B, "value", _RAW_WHERE), ("1m", _M_B, "value_max", _M_WHERE))
+           for dense in (True, False) for minute in (True, False)}
 
 # The hourly rollup: an hour with fewer than {min_minutes:UInt8} minutes of data is unknown, and
 # counts as busy (not quiet). Rows of one (series, hour) are combined first (the table merges them
@@ -114,8 +113,9 @@ FROM (SELECT gpu_uuid AS k_gpu, cityHash64({POD_HASH.format(p='')} AS hp, cityHa
       FROM {{db}}.gpu_activity_1h
       WHERE hour >= wscan AND hour < wscan_end)
 GROUP BY k_gpu, h, b"""
-BUCKETS[("1h", False)] = (f"\nSELECT k_gpu, h, {_NAMES}, " + _CODES.format(b="b", kind="2 + (act >= {threshold:Float64})")
-                          + f"\nFROM ({_H_ACT})\nGROUP BY k_gpu, h")
+BUCKETS[("1h", False, False)] = (f"\nSELECT k_gpu, h, {_NAMES}, "
+                                 + _CODES.format(rel="b", kind="2 + (act >= {threshold:Float64})")
+                                 + f"\nFROM ({_H_ACT})\nGROUP BY k_gpu, h")
 
 # Idle runs (accounting.idle.idle_runs) from each series' points: a quiet point starts a new run
 # when the point before it is busy or more than {reach:UInt32} s earlier (series without a quiet
@@ -144,9 +144,10 @@ SCAN = ("fromUnixTimestamp64Milli({scan:Int64}, 'UTC') AS wscan, "
 
 # GPU-seconds and idle GPU-seconds per UsageAgg key in one pass over the allocations
 # (accounting.intervals.clip + to_aggs, accounting.idle.attribute_idle): each allocation, cut to
-# the window and to its effective end, takes the idle runs of its (cluster, namespace, pod) (joined
-# by POD_HASH), each clipped the same way. The runs come from a scan a window's worth wider on each side ({scan},
-# {scan_end}), so that a run crossing an edge is idle by its whole length.
+# the window and to its effective end, takes the idle runs of its (cluster, namespace, pod)
+# (joined by POD_HASH), each clipped the same way. The runs come from a scan a window's worth
+# wider on each side ({scan}, {scan_end}), so that a run crossing an edge is idle by its whole
+# length.
 USAGE_IDLE = f"""
 WITH {_W}, {SCAN}
 SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, if(a.ray_cluster != '', a.ray_cluster, a.pod), '') AS workload,

@@ -39,7 +39,8 @@ def alloc_table(store: Store, window: Window) -> str:
     """``gpu_allocations_open`` when it holds every allocation overlapping the window (the window
     starts an hour or more after the latest prune cutoff, so a prune running meanwhile cannot
     take one away), else ``gpu_allocations``."""
-    rows = _q(store, "SELECT toUnixTimestamp64Milli(max(cutoff)) / 1000, count() FROM {db}.gpu_allocations_open_pruned", {})
+    rows = _q(store, "SELECT toUnixTimestamp64Milli(max(cutoff)) / 1000, count() "
+                     "FROM {db}.gpu_allocations_open_pruned", {})
     cutoff = float(rows[0][0]) if rows and rows[0][1] else None
     if cutoff is None or window.start_s >= cutoff + OPEN_MARGIN_S:
         return "gpu_allocations_open"
@@ -56,7 +57,8 @@ def _window(window: Window, now_s: float) -> dict[str, Any]:
 
 def read_usage(store: Store, window: Window, now_s: float, by_workload: bool = True) -> list[UsageAgg]:
     """GPU-seconds per UsageAgg key; without ``by_workload`` the workload is left empty (fewer rows)."""
-    rows = _q(store, _alloc(store, sql.USAGE, window), {**_window(window, now_s), "by_workload": int(by_workload)})
+    rows = _q(store, _alloc(store, sql.USAGE, window),
+              {**_window(window, now_s), "by_workload": int(by_workload)})
     return [UsageAgg(str(c), str(q), str(ns), str(w), str(m), str(r), gpu_seconds=float(g))
             for c, q, ns, w, m, r, g in rows]
 
@@ -81,9 +83,9 @@ def _runs_query(source: IdleSource, params: IdleParams, scan: dict[str, int]) ->
     b0 = scan["scan"] // (bucket * 1000)
     nb = -(-scan["scan_end"] // (bucket * 1000)) - b0 + 1
     dense = source != "1h" and nb <= sql.RESAMPLE_MAX_BUCKETS
-    runs = sql.RUNS.replace("@SUB@", sql.BUCKETS[(source, dense)])
+    runs = sql.RUNS.replace("@SUB@", sql.BUCKETS[(source, dense, source != "1h" and bucket == 60)])
     return runs, {"bucket": bucket, "reach": reach, "threshold": float(params.threshold_pct),
-                  "window": int(params.window_s), "b0": b0, "nb": nb, **scan, **extra}
+                  "window": int(params.window_s), "b0": b0, "b1": b0 + nb, **scan, **extra}
 
 
 def _scan(window: Window, now_s: float, params: IdleParams, source: IdleSource) -> dict[str, int]:
@@ -100,16 +102,17 @@ def read_usage_idle(store: Store, window: Window, now_s: float, params: IdlePara
     runs, p = _runs_query(source, params, _scan(window, now_s, params, source))
     rows = _q(store, _alloc(store, sql.USAGE_IDLE, window).replace("@SUB@", runs),
               {**_window(window, now_s), **p, "by_workload": int(by_workload)})
-    return [UsageAgg(str(c), str(q), str(ns), str(w), str(m), str(r), gpu_seconds=float(g), idle_gpu_seconds=float(i))
+    return [UsageAgg(str(c), str(q), str(ns), str(w), str(m), str(r), gpu_seconds=float(g),
+                     idle_gpu_seconds=float(i))
             for c, q, ns, w, m, r, g, i in rows]
 
 
 def read_idle(store: Store, window: Window, now_s: float, params: IdleParams,
               source: IdleSource = "1m", by_workload: bool = True) -> list[UsageAgg]:
     """Idle GPU-seconds per UsageAgg key (the keys with some)."""
+    aggs = read_usage_idle(store, window, now_s, params, source, by_workload)
     return [UsageAgg(a.cluster, a.queue, a.namespace, a.workload, a.gpu_model, a.gpu_resource,
-                     idle_gpu_seconds=a.idle_gpu_seconds)
-            for a in read_usage_idle(store, window, now_s, params, source, by_workload) if a.idle_gpu_seconds > 0]
+                     idle_gpu_seconds=a.idle_gpu_seconds) for a in aggs if a.idle_gpu_seconds > 0]
 
 
 def read_idle_runs(store: Store, window: Window, now_s: float, params: IdleParams,

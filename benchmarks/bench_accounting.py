@@ -171,6 +171,17 @@ def generate_raw(store: Any, rows: int, now_s: float, block_rows: int = 10_000_0
         WHERE s < {now_s}""")
 
 
+def settle(store: Any, timeout_s: float = 120.0) -> float:
+    """Wait for the background merges of the freshly generated data (they would compete with the
+    timed queries for the 2 cores); returns the seconds waited."""
+    t = time.perf_counter()
+    while time.perf_counter() - t < timeout_s:
+        if not store.query("SELECT count() FROM system.merges WHERE database = {d:String}", {"d": store.database}).rows[0][0]:
+            break
+        time.sleep(0.5)
+    return time.perf_counter() - t
+
+
 def rss_mib(field: str = "VmHWM") -> float:
     """Peak (``VmHWM``, since the last :func:`reset_peak`) or current (``VmRSS``) resident set, MiB
     (chDB runs in this process); the process's lifetime peak where /proc is not there."""
@@ -217,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     pruned = prune_open_allocations(store, now)
     n_open = store.query(f"SELECT count() FROM {db}.gpu_allocations_open").rows[0][0]
     print(f"gpu_allocations_open pruned to {n_open:,} rows ({pruned:,} pods ended over a day ago) in "
-          f"{time.perf_counter() - t:.1f} s (once; each later rollup cycle prunes minutes' worth)")
+          f"{time.perf_counter() - t:.1f} s (once; each later rollup cycle prunes minutes' worth); "
+          f"merges settled in {settle(store):.1f} s")
 
     month = Window(now - 30 * DAY, now)
     fast, rows = timed(lambda: usage_report(store, config, month, now, ["queue"], params), a.repeat)
