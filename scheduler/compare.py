@@ -25,9 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from scheduler.errors import ScenarioError
+from scheduler.simulator.scenario import load_yaml
 
 QUEUE_METRICS = ("guaranteed_gpu", "utilization", "wait_p50_s", "wait_p95_s", "preempted", "admitted",
                  "finished")
@@ -35,14 +34,7 @@ TOTAL_METRICS = ("gpu_utilization", "makespan_s", "preemptions", "wait_p50_s", "
 
 
 def _load_yaml(path: Path, what: str) -> Mapping[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ScenarioError("(file)", f"cannot read {what}: {exc.strerror or exc}", str(path)) from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "(file)"
-        raise ScenarioError(where, f"invalid YAML: {getattr(exc, 'problem', None) or exc}", str(path)) from exc
+    data = load_yaml(path, what)
     if not isinstance(data, Mapping):
         raise ScenarioError("(top)", f"expected a mapping, got {type(data).__name__}", str(path))
     return data

@@ -75,20 +75,23 @@ class _Reader:
         return v
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def load_yaml(path: str | Path, what: str = "scenario") -> Any:
+    """A YAML file's content; ScenarioError names the file and the line of a syntax error."""
     import yaml
 
     p = Path(path)
     try:
-        text = p.read_text()
-        data = yaml.safe_load(text)
+        return yaml.safe_load(p.read_text())
     except OSError as exc:
-        raise ScenarioError("(file)", f"cannot read: {exc.strerror or exc}", str(p)) from exc
+        raise ScenarioError("(file)", f"cannot read {what}: {exc.strerror or exc}", str(p)) from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "(file)"
         raise ScenarioError(where, f"invalid YAML: {getattr(exc, 'problem', None) or exc}", str(p)) from exc
-    return parse_scenario(data, source=str(p))
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    return parse_scenario(load_yaml(path), source=str(path))
 
 
 def parse_scenario(data: Any, source: str = "<mapping>") -> Scenario:
