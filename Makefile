@@ -6,12 +6,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEB_STAMP := .deb-installed
-DEB_PACKAGES := prometheus
+DEB_PACKAGES := prometheus prometheus-alertmanager chromium
+# the commands those packages give, checked before apt-get is asked
+DEB_COMMANDS := promtool amtool chromium
 
 .PHONY: test demo setup deb lint bench clean
 
 $(DEB_STAMP):
-	@if command -v promtool >/dev/null 2>&1; then \
+	@missing=0; for c in $(DEB_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing=1; done; \
+	if [ "$$missing" = "0" ]; then \
 	  echo "debian packages already present"; \
 	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_PACKAGES)) \
