@@ -55,6 +55,10 @@ class Allocation:
     start: dt.datetime
     end: dt.datetime | None
     version: int
+    source: str = "pod"          # the ledger's source (0004_ledger.sql)
+    workload_id: str = ""        # the gpuq workload id, from the top owner's gpuq.io/workload annotation
+    owner_kind: str = ""         # the pod's top owner (RayJob, RayCluster, ...), "" for a bare pod
+    owner: str = ""
 
     @property
     def open(self) -> bool:
@@ -64,16 +68,18 @@ class Allocation:
         """In ``COLUMNS["gpu_allocations"]`` order."""
         return (self.cluster, self.namespace, self.pod, self.uid, self.queue, self.node,
                 self.gpu_model, self.gpu_resource, self.gpus, self.priority, self.ray_cluster,
-                self.start, self.end, self.version)
+                self.start, self.end, self.version, self.source, self.workload_id, self.owner_kind,
+                self.owner)
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> Allocation:
         """From a ``COLUMNS["gpu_allocations"]``-ordered row (what the store returns)."""
         (cluster, namespace, pod, uid, queue, node, model, resource, gpus, priority, ray_cluster,
-         start, end, version) = row
+         start, end, version, source, workload_id, owner_kind, owner) = row
         return cls(str(cluster), str(namespace), str(pod), str(uid), str(queue), str(node),
                    str(model), str(resource), float(gpus), int(priority), str(ray_cluster),
-                   _utc(start), _utc(end) if end is not None else None, int(version))
+                   _utc(start), _utc(end) if end is not None else None, int(version), str(source),
+                   str(workload_id), str(owner_kind), str(owner))
 
 
 def _utc(t: dt.datetime) -> dt.datetime:

@@ -37,7 +37,7 @@ def ts(offset: float) -> dt.datetime:
 def alloc_row(pod: str, uid: str, queue: str, node: str, model: str, gpus: float, start: float,
               end: float | None, version: int) -> tuple[Any, ...]:
     return ("c", "ml", pod, uid, queue, node, model, "nvidia.com/gpu", gpus, 0, "", ts(start),
-            None if end is None else ts(end), version)
+            None if end is None else ts(end), version, "pod", "", "", "")
 
 
 def node_row(node: str, model: str, gpus: float, ready: int = 1, cordoned: int = 0, event: str = "SYNC") -> tuple:

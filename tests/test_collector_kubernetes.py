@@ -287,7 +287,7 @@ def test_allocation_versions_order_transitions() -> None:
     closed = close_by_relist(open_, t("2026-11-21T08:00:00Z"))          # a relist clock behind start
     assert closed.end == open_.start and closed.version > ended.version
     assert Allocation.from_row(closed.row()) == closed
-    naive = closed.row()[:11] + (closed.start.replace(tzinfo=None), None, closed.version)
+    naive = closed.row()[:11] + (closed.start.replace(tzinfo=None), None, closed.version) + closed.row()[14:]
     assert Allocation.from_row(naive).start.tzinfo == UTC
 
 
@@ -327,7 +327,7 @@ def test_gpu_model_filled_in_when_the_node_arrives() -> None:
     (pod_row,) = rows["pod_events"]
     assert pod_row[:10] == first["pod_events"][0][:10] and pod_row[10] == "NVIDIA-A100-SXM4-80GB"
     (alloc_row,) = rows["gpu_allocations"]
-    assert alloc_row[6] == "NVIDIA-A100-SXM4-80GB" and alloc_row[-1] == first["gpu_allocations"][0][-1]
+    assert alloc_row[6] == "NVIDIA-A100-SXM4-80GB" and alloc_row[13] == first["gpu_allocations"][0][13]
 
 
 def test_relist_closes_vanished_allocations_and_keeps_the_rest() -> None:
@@ -345,7 +345,7 @@ def test_relist_closes_vanished_allocations_and_keeps_the_rest() -> None:
     assert (c["uid"], c["end"], c["version"]) == ("u-gone", T0, version_of(T0, 3))
     assert [a.uid for a in tr.open_allocations()] == ["u-kept"]
     assert "gpu_allocations" not in tr.on_pod("SYNC", pod_obj(uid="u-kept"), T0)   # unchanged: no row
-    assert kept[0][-1] == version_of(t("2026-11-21T09:00:00Z"), 1)
+    assert kept[0][13] == version_of(t("2026-11-21T09:00:00Z"), 1)
     # a later relist does not close it again, nor reopen a deleted pod's allocation
     assert tr.pods_relisted(None, {"u-kept"}, stored_open, T0 + dt.timedelta(hours=1)) == {}
     tr.on_pod("DELETED", pod_obj(uid="u-kept", deletion="2026-11-21T10:10:00Z"), T0)
@@ -361,7 +361,7 @@ def test_closed_uids_are_remembered_for_a_while_only() -> None:
     assert tr.pods_relisted(None, set(), stale, T0 + dt.timedelta(seconds=30)) == {}
     later = T0 + dt.timedelta(hours=1)                    # long after: the store is the truth again
     (row,) = tr.pods_relisted(None, set(), stale, later)["gpu_allocations"]
-    assert row[-2] == later
+    assert row[12] == later
 
 
 def test_closed_allocation_is_not_moved_by_a_later_event() -> None:
@@ -670,7 +670,7 @@ def test_restart_resumes_without_loss_or_doubles(server: ReplayServer, tmp_path:
     closed = q("SELECT `end`, version FROM {db}.gpu_allocations FINAL WHERE pod = 'llm-serve-0'")
     assert closed == [(relist_at, version_of(relist_at, 3))]
     assert q("SELECT version FROM {db}.gpu_allocations FINAL WHERE pod = 'bert-finetune-7d9c5-qk2mx'") == bert_version
-    assert [r[-1] for r in sink3.raw("gpu_allocations") if r[2] == "bert-finetune-7d9c5-qk2mx"] == [
+    assert [r[13] for r in sink3.raw("gpu_allocations") if r[2] == "bert-finetune-7d9c5-qk2mx"] == [
         bert_version[0][0]]                                                  # re-emitted, same version
     assert q("SELECT count() FROM {db}.gpu_allocations FINAL WHERE `end` IS NULL") == [(2,)]
     assert q("SELECT value FROM {db}.collector_state FINAL WHERE key = 'pods'") == [(sink3.checkpoint("pods"),)]

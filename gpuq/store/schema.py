@@ -34,7 +34,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "gpu_allocations": (
         "cluster", "namespace", "pod", "uid", "queue", "node", "gpu_model", "gpu_resource", "gpus",
-        "priority", "ray_cluster", "start", "end", "version",
+        "priority", "ray_cluster", "start", "end", "version", "source", "workload_id", "owner_kind",
+        "owner",
     ),
     "collector_state": ("ts", "cluster", "source", "key", "value"),
     "scheduler_events": (
