@@ -22,7 +22,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "ray" / "ray-2.60-head-idle-4gpu.prom"
+FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "ray" / "ray-2.60-head-idle-4gpu.prom"
 
 
 def node_page(base: str, i: int, gpus: int) -> bytes:

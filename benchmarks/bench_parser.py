@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.bench_parser [--quick] [--rounds N] [--fixtures DIR]
 
-Pages: the recorded Ray node page and the dcgm-exporter page from ../shared/fixtures. Each round
+Pages: the recorded Ray node page and the dcgm-exporter page from tests/data. Each round
 calls prometheus_client's ``text_string_to_metric_families`` (fully consumed) and ours once per
 page, interleaved so both see the same machine load; each contender's fastest call counts (the
 least disturbed one, as timeit advises; the machine is shared). samples/s = samples per page /
@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collector.prometheus import FAMILY_SUFFIXES, parse
 
 GATE = 10.0
-DEFAULT_FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+DEFAULT_FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "data"
 PAGES = ("ray/ray-2.60-head-idle-4gpu.prom", "dcgm/datadog-integrations-core-metrics.txt")
 KEEP = frozenset(
     {"ray_resources", "ray_node_mem_used", "ray_grpc_server_req_process_time_ms", "DCGM_FI_DEV_GPU_UTIL",
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     for rel in PAGES:
         path = args.fixtures / rel
         if not path.is_file():
-            print(f"missing fixture {path} (the shared fixtures checkout); nothing measured", file=sys.stderr)
+            print(f"missing fixture {path} (tests/data, part of the repository); nothing measured", file=sys.stderr)
             return 2
         texts[rel] = path.read_text()
 

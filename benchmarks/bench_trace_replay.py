@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-TRACE = REPO.parent / "shared" / "traces" / "alibaba-gpu-v2023"
+TRACE = REPO / "tests" / "data" / "traces" / "alibaba-gpu-v2023"
 
 
 def result(name: str, value: float | str, unit: str = "") -> None:

@@ -1,7 +1,7 @@
 """Import the Alibaba GPU cluster trace v2023 (openb) as a ``gpuq simulate`` scenario.
 
 ``import_alibaba_v2023(trace_dir)`` returns a scenario mapping in the format of
-``../shared/scenarios/FORMAT.md``; ``gpuq import-trace alibaba-v2023 DIR --out FILE`` writes it
+``docs/SCENARIOS.md``; ``gpuq import-trace alibaba-v2023 DIR --out FILE`` writes it
 (:func:`import_trace_main`). docs/TRACES.md explains every choice with the counts on the real
 trace. In short:
 

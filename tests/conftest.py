@@ -13,14 +13,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+DATA = REPO / "tests" / "data"
+SCENARIOS = REPO / "tests" / "scenarios"
 _counter = itertools.count()
 
 
-def shared_path(*parts: str) -> Path:
-    p = SHARED.joinpath(*parts)
+def data_path(*parts: str) -> Path:
+    """A file or folder of the recorded test data in ``tests/data`` (each folder says its source
+    and licence in SOURCES.md). Missing data fails the test: it is part of the repository."""
+    p = DATA.joinpath(*parts)
     if not p.exists():
-        pytest.skip(f"{p} is not here: the tests read ../shared from the repository root")
+        pytest.fail(f"{p} is missing: the recorded test data is part of the repository (tests/data)")
     return p
 
 

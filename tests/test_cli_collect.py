@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO, closed_port, die_with_parent, free_port, shared_path
+from tests.conftest import REPO, closed_port, data_path, die_with_parent, free_port
 from tests.ray_fixtures import Canned, RayHead, http_server_fixture, ray_head_fixture  # noqa: F401
 
 
@@ -36,7 +36,7 @@ def write_config(tmp_path: Path, body: str) -> Path:
 
 
 def test_collect_once_isolates_bad_targets(tmp_path: Path, http_server: Canned) -> None:
-    page = shared_path("fixtures", "dcgm", "datadog-integrations-core-metrics.txt").read_text()
+    page = data_path("dcgm", "datadog-integrations-core-metrics.txt").read_text()
     good = http_server.set("/good/metrics", page)
     lines = page.splitlines()
     lines.insert(20, 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-x" 17')       # unterminated labels
@@ -88,7 +88,7 @@ def test_migrate_twice(tmp_path: Path) -> None:
 
 
 def test_sigterm_flushes_and_exits_promptly(tmp_path: Path, http_server: Canned) -> None:
-    page = shared_path("fixtures", "dcgm", "datadog-integrations-core-metrics.txt").read_text()
+    page = data_path("dcgm", "datadog-integrations-core-metrics.txt").read_text()
     url = http_server.set("/metrics", page)
     port = free_port()
     cfg = write_config(tmp_path, f"  batch_interval_s: 3600\ncollector:\n  interval_s: 0.5\n  jitter_s: 0\n"

@@ -19,7 +19,7 @@ from collector.prometheus import parse
 from gpuq.settings import DcgmTarget as DcgmSettings
 from gpuq.settings import KubernetesTarget
 from gpuq.store import COLUMNS
-from tests.conftest import closed_port, shared_path
+from tests.conftest import closed_port, data_path
 from tests.ray_fixtures import Canned, http_server_fixture  # noqa: F401 - fixtures
 
 NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.UTC)
@@ -29,7 +29,7 @@ A10G_POD = 'container="ray-worker",namespace="ray-llm",pod="ray-1111111"'
 
 @pytest.fixture
 def page() -> str:
-    return shared_path("fixtures", "dcgm", "datadog-integrations-core-metrics.txt").read_text()
+    return data_path("dcgm", "datadog-integrations-core-metrics.txt").read_text()
 
 
 def scrape(url: str, node: str = "") -> ScrapeResult:

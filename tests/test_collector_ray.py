@@ -32,7 +32,7 @@ from collector.ray import (
 )
 from gpuq.settings import RayTarget
 from gpuq.store import COLUMNS
-from tests.conftest import closed_port, shared_path
+from tests.conftest import closed_port, data_path
 from tests.ray_fixtures import Canned, RayHead, http_server_fixture, ray_head_fixture  # noqa: F401 - fixtures
 
 NOW = dt.datetime(2026, 11, 21, 23, 5, tzinfo=dt.UTC)
@@ -91,12 +91,12 @@ def resources(result: ScrapeResult) -> dict[tuple[str, str, str], float]:
 
 @pytest.fixture
 def fixture_page() -> str:
-    return shared_path("fixtures", "ray", "ray-2.60-head-idle-4gpu.prom").read_text()
+    return data_path("ray", "ray-2.60-head-idle-4gpu.prom").read_text()
 
 
 @pytest.fixture
 def nodes_json() -> str:
-    return shared_path("fixtures", "ray", "ray-2.60-nodes-idle.json").read_text()
+    return data_path("ray", "ray-2.60-nodes-idle.json").read_text()
 
 
 # -- node pages -------------------------------------------------------------------------------

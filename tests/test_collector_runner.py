@@ -18,7 +18,7 @@ from collector.health import CollectorMetrics
 from collector.http import HttpClient
 from collector.runner import CollectorRunner, spans_tracer
 from gpuq.store.writer import BatchWriter
-from tests.conftest import closed_port, shared_path
+from tests.conftest import closed_port, data_path
 from tests.ray_fixtures import Canned, http_server_fixture  # noqa: F401
 
 
@@ -43,7 +43,7 @@ def slow_url() -> Iterator[str]:
 
 
 def test_round_isolates_targets_and_records_health(http_server: Canned, slow_url: str, tmp_path: Path) -> None:
-    page = shared_path("fixtures", "dcgm", "datadog-integrations-core-metrics.txt").read_text()
+    page = data_path("dcgm", "datadog-integrations-core-metrics.txt").read_text()
     good = http_server.set("/good", page)
     broken = http_server.set("/broken", page.replace("DCGM_FI_DEV_MEM_CLOCK{", "DCGM_FI_DEV_MEM_CLOCK{gpu=", 1))
     dead = f"http://127.0.0.1:{closed_port()}/metrics"

@@ -1,6 +1,6 @@
 """Property test: random small scenarios replayed through the simulator; an independent checker
 (below; it shares no code with the scheduler beyond the queue-config parser) walks the events and
-checks every rule of ../shared/scenarios/FORMAT.md, and a second run must give the same bytes."""
+checks every rule of docs/SCENARIOS.md, and a second run must give the same bytes."""
 from __future__ import annotations
 
 from typing import Any

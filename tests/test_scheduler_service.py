@@ -24,7 +24,7 @@ from scheduler.service_errors import (
 from scheduler.service_views import as_dict
 from scheduler.snapshot import Settings
 from scheduler.testing import nodes, wl
-from tests.conftest import shared_path
+from tests.conftest import SCENARIOS
 
 QUEUES = {"a": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}},
           "b": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}},
@@ -342,7 +342,7 @@ def test_pending_demand_for_the_accounting() -> None:
 def test_simulator_events_round_trip_through_table_rows() -> None:
     from scheduler.simulator import run_scenario
 
-    result = run_scenario(shared_path("scenarios", "gang-and-fallback.yaml"))
+    result = run_scenario(SCENARIOS / "gang-and-fallback.yaml")
     rows = [ev.to_row(e, i, "sim", epoch_s=1.7e9) for i, e in enumerate(result.events)]
     assert [ev.from_row(r[2:11]) for r in rows] == list(result.events)
 

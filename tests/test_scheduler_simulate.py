@@ -1,4 +1,4 @@
-"""The simulator through `gpuq simulate`'s function: the shared examples, the classic 60/40
+"""The simulator through `gpuq simulate`'s function: the format's two examples, the classic 60/40
 scenario, the clock, restarts, rejects, outputs and input errors."""
 from __future__ import annotations
 
@@ -12,9 +12,6 @@ from scheduler.cli import simulate_main
 from scheduler.errors import ScenarioError
 from scheduler.simulator import run_scenario, write_outputs
 
-SHARED = Path("/work/shared/scenarios")
-if not SHARED.is_dir():  # the lead's checkout keeps them one level up
-    SHARED = Path(__file__).resolve().parents[2] / "shared" / "scenarios"
 OWN = Path(__file__).parent / "scenarios"
 
 
@@ -35,9 +32,8 @@ def held(result: Any, t: float, prefix: str = "") -> int:
     return sum(running.values())
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="shared scenarios not found")
 def test_gang_and_fallback() -> None:
-    r = run_scenario(SHARED / "gang-and-fallback.yaml")
+    r = run_scenario(OWN / "gang-and-fallback.yaml")
     admits = {e["workload"]: e for e in events(r, "admit")}
     assert admits["inf"]["t"] == 0.0 and admits["inf"]["placement"] == {"h-0": 8, "h-1": 8}
     assert admits["big"]["gpu_type"] == "A100" and len(admits["big"]["placement"]) == 4
@@ -45,9 +41,8 @@ def test_gang_and_fallback() -> None:
     assert r.summary["preemptions"] == 0
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="shared scenarios not found")
 def test_hierarchy_max() -> None:
-    r = run_scenario(SHARED / "hierarchy-max.yaml")
+    r = run_scenario(OWN / "hierarchy-max.yaml")
     times = sorted({e["t"] for e in r.events})
     for t in times:
         assert held(r, t, "research") <= 32

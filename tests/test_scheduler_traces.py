@@ -1,4 +1,4 @@
-"""The Alibaba v2023 importer on slices of the real trace (../shared/traces), its queue rules and
+"""The Alibaba v2023 importer on slices of the real trace (tests/data/traces), its queue rules and
 default quotas, and the ``gpuq import-trace`` entry point."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from scheduler.traces import (
     load_alibaba_v2023,
 )
 from scheduler.traces_queues import default_quotas, parse_assignment
-from tests.conftest import shared_path
+from tests.conftest import data_path
 
 REQUIRED = ("id", "queue", "submit", "duration", "pods", "gpus_per_pod", "priority", "preemptible")
 LIMIT = 300
@@ -29,7 +29,7 @@ LIMIT = 300
 
 @pytest.fixture(scope="module")
 def trace() -> Path:
-    return shared_path("traces", "alibaba-gpu-v2023")
+    return data_path("traces", "alibaba-gpu-v2023")
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: gpuq's main job end to end on the embedded store (chDB), on this machine:
 #   1. a local Ray head with 4 logical H100 GPUs, one job holding 2 of them;
-#   2. a dcgm-exporter page (the recorded fixture) served over local HTTP;
+#   2. a dcgm-exporter page (recorded, deploy/demo/data) served over local HTTP;
 #   3. `gpuq collect --once` into chdb://.gpuq/demo, then `gpuq query`, `gpuq queues`, `gpuq usage`;
 #   4. `gpuq simulate` of the classic 60/40 scenario, and `--compare` with another quota;
 #   5. the Alibaba trace imported and replayed;
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BIN=.venv/bin
 DEMO=.gpuq/demo-run
-SHARED=../shared
+TRACE=tests/data/traces/alibaba-gpu-v2023
 rm -rf "$DEMO" .gpuq/demo && mkdir -p "$DEMO"
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 port() { $BIN/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -51,7 +51,7 @@ for _ in $(seq 60); do
 done
 
 say "2. a dcgm-exporter page served over local HTTP"
-mkdir -p "$DEMO/dcgm" && cp "$SHARED/fixtures/dcgm/datadog-integrations-core-metrics.txt" "$DEMO/dcgm/metrics"
+mkdir -p "$DEMO/dcgm" && cp deploy/demo/data/datadog-integrations-core-metrics.txt "$DEMO/dcgm/metrics"
 HTTP_PORT=$(port)
 $BIN/python -m http.server "$HTTP_PORT" --bind 127.0.0.1 --directory "$DEMO/dcgm" >/dev/null 2>&1 &
 HTTP_PID=$!
@@ -93,7 +93,7 @@ grep '"preempt"' "$DEMO/classic/events.jsonl" | head -4
 $BIN/gpuq simulate tests/scenarios/classic-60-40.yaml --compare deploy/demo/compare-queues.yaml
 
 say "5. the Alibaba GPU trace (2,000 pods, time compressed 1000x) replayed"
-$BIN/gpuq import-trace alibaba-v2023 "$SHARED/traces/alibaba-gpu-v2023" --out "$DEMO/trace.yaml" \
+$BIN/gpuq import-trace alibaba-v2023 "$TRACE" --out "$DEMO/trace.yaml" \
   --limit 2000 --time-scale 0.001 | tail -3
 $BIN/gpuq simulate "$DEMO/trace.yaml" --out "$DEMO/trace"
 

@@ -1,4 +1,4 @@
-"""The simulator: replay a scenario (../shared/scenarios/FORMAT.md) through the production core.
+"""The simulator: replay a scenario (docs/SCENARIOS.md) through the production core.
 
 ``run_scenario(scenario) -> SimResult`` takes a path, a parsed mapping or a :class:`Scenario`;
 ``write_outputs(result, out_dir)`` writes ``events.jsonl`` and ``summary.json``.

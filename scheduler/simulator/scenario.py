@@ -1,4 +1,4 @@
-"""Read a scenario (../shared/scenarios/FORMAT.md) into frozen values, naming the YAML path of
+"""Read a scenario (docs/SCENARIOS.md) into frozen values, naming the YAML path of
 the first problem (``workloads[3].gpus_per_pod: expected a positive integer``)."""
 from __future__ import annotations
 
