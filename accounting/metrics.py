@@ -20,13 +20,15 @@ Gauges (the queue label is the dotted path; ``gpu_type="*"`` is any type):
     gpuq_fitting_requests{gpu_type,gpus}          requests of that shape that still fit on one node
     gpuq_fragmentation_ratio{gpu_type}            see accounting.capacity (gpu_type="*": all)
     gpuq_accounting_view_timestamp_seconds        when the view was computed
+    gpuq_accounting_queue_config_rejected         1 while the queue file's last change was refused and the
+                                                  last good configuration stays (only with a queue file)
 
 The collector only reads the last view it was given (swapped atomically): scraping never queries
 the store.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -42,9 +44,15 @@ def _g(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
 class AccountingCollector(Collector):
     def __init__(self) -> None:
         self._view: NowView | None = None
+        self._config_rejected: Callable[[], bool] | None = None
 
     def update(self, view: NowView) -> None:
         self._view = view
+
+    def watch_config(self, rejected: Callable[[], bool]) -> None:
+        """Export ``gpuq_accounting_queue_config_rejected`` from ``rejected()``, asked at scrape time
+        (the owner of the queue file passes it: :class:`scheduler.service_accounting.LiveAccounting`)."""
+        self._config_rejected = rejected
 
     def describe(self) -> Iterator[Any]:
         return iter(self._families(None))
@@ -77,6 +85,11 @@ class AccountingCollector(Collector):
         }
         if view is not None:
             self._fill(view, fams)
+        if self._config_rejected is not None:
+            fams["rejected"] = GaugeMetricFamily(
+                "gpuq_accounting_queue_config_rejected",
+                "1 while the queue file's last change was refused (the last good configuration stays).",
+                value=1.0 if self._config_rejected() else 0.0)
         return list(fams.values())
 
     @staticmethod

@@ -10,6 +10,7 @@ global one, so tests and several collectors in one process do not collide):
 * ``rows_written_total{table}`` / ``rows_spilled_total{table}`` / ``rows_replayed_total{table}``
 * ``rows_buffered{table}`` and ``spill_files``           what the writer holds now
 * ``store_write_errors_total``, ``watch_errors_total{kind}``
+* ``rows_refused_total{table}``                       rows the database refused (kept in the spill directory)
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class _WriterCollector(Collector):
             ("gpuq_collector_rows_written", st.rows_written, "Rows written to the store"),
             ("gpuq_collector_rows_spilled", st.rows_spilled, "Rows spilled to disk while the store was down"),
             ("gpuq_collector_rows_replayed", st.rows_replayed, "Spilled rows replayed into the store"),
+            ("gpuq_collector_rows_refused", st.rows_refused,
+             "Rows the database refused (they stay in the spill directory)"),
         ):
             fam = CounterMetricFamily(name, doc, labels=["table"])
             for table, n in sorted(data.items()):

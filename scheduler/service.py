@@ -276,6 +276,8 @@ class SchedulerService:
         e.state, e.running, e.reason, e.message = RUNNING, Running(w, placement, now), None, message
         if e.first_start_s is None:
             e.first_start_s = now
+            if record:
+                self.stats.observe_wait(w.queue, now - w.submit_s)
         if record:
             self._emit(now, "admit", w, gpu_type=placement.gpu_type, placement=placement.as_dict())
             bump(self.stats.admissions, w.queue)

@@ -49,6 +49,8 @@ class LiveAccounting:
         self._lock = threading.Lock()
         self.view: NowView | None = None
         self.error: str | None = None             # the last reload's problem, while the old config stays
+        if self.watcher is not None:
+            self.collector.watch_config(lambda: self.error is not None)
         if self.watcher is not None and config is None:
             self.reload()
             if self.watcher.config is None:

@@ -11,6 +11,12 @@ bookkeeping; register on the serving process's registry next to the accounting's
     gpuq_scheduler_actuator_failures_total{verb}     admit / preempt / cancel that failed after retries
     gpuq_scheduler_pending_workloads{queue}          pending now
     gpuq_scheduler_running_workloads{queue}          running now
+    gpuq_scheduler_wait_seconds{queue}               histogram of the wait from submission to first admission
+    gpuq_scheduler_oldest_pending_seconds{queue}     the longest such wait still going, at the last cycle
+                                                     (workloads never admitted yet; absent before a cycle)
+
+The alert rules (alerts/gpuq.rules.yml) compare the last two: a queue whose oldest pending wait is
+far over its 7-day p90 wait.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from scheduler.service_views import BUCKETS_S, PENDING, RUNNING
+from scheduler.service_views import BUCKETS_S, PENDING, RUNNING, WAIT_BUCKETS_S
 
 if TYPE_CHECKING:
     from scheduler.service import SchedulerService
@@ -37,6 +43,11 @@ class SchedulerCollector(Collector):
         svc = self._service
         with svc._lock:
             st = svc.stats.copy()
+            oldest: dict[str, float] = {}
+            for e in svc._entries.values():
+                if e.state == PENDING and e.first_start_s is None:
+                    q = e.workload.queue
+                    oldest[q] = min(oldest.get(q, e.workload.submit_s), e.workload.submit_s)
         counts = svc.counts()
         yield _counter("gpuq_scheduler_cycles", "Scheduling cycles run.", [], {(): st.cycles})
         buckets = [(str(b), n) for b, n in zip(BUCKETS_S, st.cycle_buckets)] + [("+Inf", st.cycles)]
@@ -62,6 +73,18 @@ class SchedulerCollector(Collector):
                 if s == state:
                     g.add_metric([q], n)
             yield g
+        wait = HistogramMetricFamily("gpuq_scheduler_wait_seconds",
+                                     "Wait from submission to first admission.", labels=["queue"])
+        for q, counts in sorted(st.wait_buckets.items()):
+            wait.add_metric([q], [(str(b), n) for b, n in zip(WAIT_BUCKETS_S, counts)]
+                            + [("+Inf", st.wait_count[q])], sum_value=st.wait_sum_s[q])
+        yield wait
+        age = GaugeMetricFamily("gpuq_scheduler_oldest_pending_seconds",
+                                "Longest wait of a workload not admitted yet, at the last cycle.", labels=["queue"])
+        if st.last_cycle_s is not None:
+            for q, submit_s in sorted(oldest.items()):
+                age.add_metric([q], max(0.0, st.last_cycle_s - submit_s))
+        yield age
 
 
 def _counter(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], int]) -> CounterMetricFamily:

@@ -120,6 +120,9 @@ class DryRun:
 
 
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# a workload's wait from submission to its first admission: seconds to a day
+WAIT_BUCKETS_S = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0,
+                  14400.0, 28800.0, 86400.0)
 
 
 @dataclass(slots=True)
@@ -136,6 +139,18 @@ class ServiceStats:
     submitted: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     actuator_failures: dict[str, int] = field(default_factory=dict)   # by verb
+    # by queue: bucket counts (WAIT_BUCKETS_S, cumulative), count and sum of first-admission waits
+    wait_buckets: dict[str, list[int]] = field(default_factory=dict)
+    wait_count: dict[str, int] = field(default_factory=dict)
+    wait_sum_s: dict[str, float] = field(default_factory=dict)
+
+    def observe_wait(self, queue: str, seconds: float) -> None:
+        buckets = self.wait_buckets.setdefault(queue, [0] * len(WAIT_BUCKETS_S))
+        for i, b in enumerate(WAIT_BUCKETS_S):
+            if seconds <= b:
+                buckets[i] += 1
+        self.wait_count[queue] = self.wait_count.get(queue, 0) + 1
+        self.wait_sum_s[queue] = self.wait_sum_s.get(queue, 0.0) + seconds
 
     def observe_cycle(self, seconds: float, now_s: float) -> None:
         self.cycles += 1
@@ -150,7 +165,9 @@ class ServiceStats:
         return dataclasses.replace(self, cycle_buckets=list(self.cycle_buckets),
                                    admissions=dict(self.admissions), preemptions=dict(self.preemptions),
                                    submitted=dict(self.submitted), rejected=dict(self.rejected),
-                                   actuator_failures=dict(self.actuator_failures))
+                                   actuator_failures=dict(self.actuator_failures),
+                                   wait_buckets={q: list(b) for q, b in self.wait_buckets.items()},
+                                   wait_count=dict(self.wait_count), wait_sum_s=dict(self.wait_sum_s))
 
 
 def bump(counter: dict[str, int], key: str, n: int = 1) -> None:

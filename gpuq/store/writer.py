@@ -22,7 +22,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,9 @@ class WriterStats:
     rows_spilled: dict[str, int]
     rows_replayed: dict[str, int]
     write_errors: int = 0
+    # rows the database refused (not retryable: bad rows or schema), by table: they stay in the
+    # spill directory, retried at each replay; each batch counts once
+    rows_refused: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> WriterStats:
@@ -94,6 +97,7 @@ class BatchWriter:
         self._sleep = sleep
         self._id = f"{int(time.time() * 1000):x}-{secrets.token_hex(4)}"
         self._seq = 0
+        self._refused: set[Path] = set()       # spill files the database refused (counted once)
         self._buf: dict[str, list[Row]] = {}
         self._lock = threading.Lock()          # guards _buf
         self._flush_lock = threading.Lock()    # one flush at a time
@@ -220,11 +224,15 @@ class BatchWriter:
             try:
                 self._insert(table, rows, path.stem)
             except StoreQueryError as exc:
-                log.error("spilled batch %s refused by the database, left in place: %s", path, exc)
+                if path not in self._refused:
+                    self._refused.add(path)
+                    self.stats.rows_refused[table] = self.stats.rows_refused.get(table, 0) + len(rows)
+                    log.error("spilled batch %s refused by the database, left in place: %s", path, exc)
                 continue
             except StoreError:
                 return done          # still down: try again later
             path.unlink()
+            self._refused.discard(path)
             done += len(rows)
             self.stats.rows_replayed[table] = self.stats.rows_replayed.get(table, 0) + len(rows)
             self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(rows)
