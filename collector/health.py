@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpuq.store.schema import COLUMNS
+
 if TYPE_CHECKING:
     from gpuq.store.writer import BatchWriter
 
@@ -37,7 +39,8 @@ class _WriterCollector(Collector):
             ("gpuq_collector_rows_written", st.rows_written, "Rows written to the store"),
             ("gpuq_collector_rows_spilled", st.rows_spilled, "Rows spilled to disk while the store was down"),
             ("gpuq_collector_rows_replayed", st.rows_replayed, "Spilled rows replayed into the store"),
-            ("gpuq_collector_rows_refused", st.rows_refused,
+            # every table from the start at 0: an alert's increase() sees the first refusal
+            ("gpuq_collector_rows_refused", {t: 0 for t in COLUMNS} | st.rows_refused,
              "Rows the database refused (they stay in the spill directory)"),
         ):
             fam = CounterMetricFamily(name, doc, labels=["table"])

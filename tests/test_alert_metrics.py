@@ -78,7 +78,7 @@ def test_writer_counts_inserts_the_store_refuses(store, tmp_path: Path) -> None:
     CollectorMetrics(reg, w)
     w.write("ray_resources", [(now, "c", "n", "GPU", "USED", 1.0)])
     w.flush()
-    assert 'gpuq_collector_rows_refused_total{table="ray_resources"}' not in generate_latest(reg).decode()
+    assert 'gpuq_collector_rows_refused_total{table="ray_resources"} 0.0' in generate_latest(reg).decode()
     store.command(f"RENAME TABLE {store.database}.ray_resources TO {store.database}.ray_resources_gone")
     w.write("ray_resources", [(now, "c", "n", "GPU", "USED", 2.0)])      # the table is gone: refused
     w.flush()
