@@ -25,11 +25,14 @@ from scheduler.model import Node
 def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Replay a scenario (see scenarios/FORMAT.md) through the scheduler on a simulated "
+        description="Replay a scenario (see docs/SCENARIOS.md) through the scheduler on a simulated "
         "clock; write DIR/events.jsonl and DIR/summary.json.",
     )
     p.add_argument("scenario", help="scenario YAML file")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    p.add_argument("--compare", metavar="QUEUES_B.yaml",
+                   help="also replay the same work under this queue configuration and print both side "
+                   "by side; --out is then optional (scheduler.compare)")
     return p
 
 
@@ -37,6 +40,10 @@ def simulate_main(argv: list[str]) -> int:
     """Exit status: 0 done, 2 bad arguments or an invalid scenario (the message names the YAML path)."""
     from scheduler.simulator import run_scenario, write_outputs
 
+    if "--compare" in argv:
+        from scheduler.compare import compare_main
+
+        return compare_main(argv)
     args = simulate_parser().parse_args(argv)
     try:
         result = run_scenario(args.scenario)
