@@ -15,10 +15,29 @@ When it ends
     whose pod a relist no longer shows (deleted while the collector was away) ends at the relist
     time. ``end`` is never before ``start``.
 
+Queue, owner, workload id
+    From :meth:`collector.k8s_owners.OwnerIndex.attribute` (the pod, then its top owner), passed
+    in as an ``Attribution``; without one, the pod's own queue and no owner.
+
 Versions (``gpu_allocations`` is a ReplacingMergeTree(version) keyed by (cluster, uid))
     ``version = milliseconds(t) * 10 + order`` with ``t, order`` = ``start, 1`` for an open row,
-    ``end, 2`` for an end seen on the pod, ``end, 3`` for a close by relist. The same transition
+    ``end, 8`` for an end seen on the pod, ``end, 9`` for a close by relist. The same transition
     always gives the same version (idempotent), and an end always outranks its start.
+
+    Re-attribution: an open allocation whose queue, owner or workload id changes while it stays
+    open (its RayJob arrived after the pod, or the owner's labels changed) is emitted again with
+    ``start, order + 1`` (orders 2..7, :func:`reattributed`): it outranks every earlier open row
+    of the allocation and never an end (``end >= start``, and ends use 8 and 9). Six changes in
+    a row reach order 7; later ones keep 7 and rely on ReplacingMergeTree keeping the last insert
+    on equal versions (as a GPU model filled in later does). Not derived from the owner's
+    resourceVersion: that would not fit in the version beside the milliseconds, and a pod's
+    attribution depends on several objects. Across a restart the watcher starts from the open
+    rows in the store (:meth:`collector.k8s_state.ClusterTracker.remember_stored`), so a changed
+    attribution found then still outranks what was written before.
+
+    (Before re-attribution, ends used orders 2 and 3. A stored end of that scheme is never
+    outranked by a re-attributed row: only allocations the watcher holds open are re-attributed,
+    and it never holds open an allocation whose end is stored.)
 """
 from __future__ import annotations
 
@@ -28,11 +47,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from collector.k8s_extract import NodeInfo, PodInfo
+from collector.k8s_owners import Attribution
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MS = dt.timedelta(milliseconds=1)
 
-OPEN, ENDED, CLOSED_BY_RELIST = 1, 2, 3
+OPEN, REATTRIBUTED_MAX, ENDED, CLOSED_BY_RELIST = 1, 7, 8, 9
 
 
 def version_of(t: dt.datetime, order: int) -> int:
@@ -91,7 +111,7 @@ def allocation_start(pod: PodInfo) -> dt.datetime | None:
 
 
 def allocation_for(pod: PodInfo, gpu_model: str, cluster: str, event: str,
-                   seen_at: dt.datetime) -> Allocation | None:
+                   seen_at: dt.datetime, attribution: Attribution | None = None) -> Allocation | None:
     """The allocation row this pod state implies, or None when the pod holds no GPU."""
     if pod.gpus <= 0 or not pod.node:
         return None
@@ -101,8 +121,25 @@ def allocation_for(pod: PodInfo, gpu_model: str, cluster: str, event: str,
     if event == "DELETED" or pod.terminal:
         end = max(pod.finished_at or pod.deleted_at or seen_at, start)
         version = version_of(end, ENDED)
-    return Allocation(cluster, pod.namespace, pod.name, pod.uid, pod.queue, pod.node, gpu_model,
-                      pod.gpu_resource, pod.gpus, pod.priority, pod.ray_cluster, start, end, version)
+    att = attribution or Attribution(pod.queue)
+    return Allocation(cluster, pod.namespace, pod.name, pod.uid, att.queue, pod.node, gpu_model,
+                      pod.gpu_resource, pod.gpus, pod.priority, pod.ray_cluster, start, end, version,
+                      "pod", att.workload_id, att.owner_kind, att.owner)
+
+
+def attribution_of(alloc: Allocation) -> Attribution:
+    return Attribution(alloc.queue, alloc.owner_kind, alloc.owner, alloc.workload_id)
+
+
+def reattributed(prev: Allocation, new: Allocation) -> Allocation:
+    """``new`` (open) following ``prev`` (open, same allocation): at least ``prev``'s version,
+    one order up when the attribution changed (see the module docstring)."""
+    if not (prev.open and new.open) or prev.start != new.start:
+        return new
+    version = max(prev.version, new.version)
+    if attribution_of(prev) != attribution_of(new) and version % 10 < REATTRIBUTED_MAX:
+        version += 1
+    return new if version == new.version else replace(new, version=version)
 
 
 def close_by_relist(alloc: Allocation, at: dt.datetime) -> Allocation:

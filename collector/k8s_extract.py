@@ -40,6 +40,9 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"
 RAY_GROUP_LABEL = "ray.io/group"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_LOCAL_QUEUE_LABEL = "kueue.x-k8s.io/local-queue-name"      # Kueue's pod labels
+KUEUE_CLUSTER_QUEUE_LABEL = "kueue.x-k8s.io/cluster-queue-name"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -76,6 +79,14 @@ class QueueKeys:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerRef:
+    kind: str
+    name: str
+    uid: str
+    controller: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class GpuRequest:
     gpus: float = 0.0
     resource: str = ""                    # "" when the pod holds no GPU
@@ -101,6 +112,9 @@ class PodInfo:
     started_at: dt.datetime | None        # status.startTime
     finished_at: dt.datetime | None       # last finishedAt once every container terminated
     deleted_at: dt.datetime | None        # metadata.deletionTimestamp
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    owner_refs: tuple[OwnerRef, ...] = ()  # controller first
 
     @property
     def terminal(self) -> bool:
@@ -205,13 +219,42 @@ def pod_gpu_request(spec: Mapping[str, Any]) -> GpuRequest:
 
 def pod_queue(labels: Mapping[str, str], annotations: Mapping[str, str], namespace: str,
               lookup: QueueLookup) -> str:
-    """Configured label keys, then annotation keys, then the namespace map, then the default."""
+    """The pod's own queue: label keys, then annotation keys, then the namespace map, then the
+    default (:func:`resolve_queue` over the pod alone)."""
+    return resolve_queue([(labels, annotations)], namespace, lookup)
+
+
+def owner_refs(meta: Mapping[str, Any]) -> tuple[OwnerRef, ...]:
+    """``metadata.ownerReferences``, the controller first."""
+    refs = [OwnerRef(str(r.get("kind") or ""), str(r.get("name") or ""), str(r.get("uid") or ""),
+                     bool(r.get("controller"))) for r in meta.get("ownerReferences") or ()]
+    return tuple(sorted(refs, key=lambda r: not r.controller))
+
+
+def queue_label_keys(lookup: QueueLookup) -> tuple[str, ...]:
+    """The label keys tried on each object, in order (Kueue's pod labels added, see above)."""
+    keys: list[str] = []
     for key in lookup.labels:
-        if labels.get(key):
-            return labels[key]
-    for key in lookup.annotations:
-        if annotations.get(key):
-            return annotations[key]
+        keys.append(key)
+        if key == KUEUE_QUEUE_LABEL:
+            keys.append(KUEUE_LOCAL_QUEUE_LABEL)
+    if KUEUE_QUEUE_LABEL in lookup.labels:
+        keys.append(KUEUE_CLUSTER_QUEUE_LABEL)
+    return tuple(dict.fromkeys(keys))
+
+
+def resolve_queue(objects: Iterable[tuple[Mapping[str, str], Mapping[str, str]]], namespace: str,
+                  lookup: QueueLookup) -> str:
+    """The first queue named by ``(labels, annotations)`` of ``objects`` in order, then the
+    namespace map, then the default."""
+    label_keys = queue_label_keys(lookup)
+    for labels, annotations in objects:
+        for key in label_keys:
+            if labels.get(key):
+                return labels[key]
+        for key in lookup.annotations:
+            if annotations.get(key):
+                return annotations[key]
     if namespace in lookup.namespaces:
         return lookup.namespaces[namespace]
     return lookup.default or ""
@@ -265,6 +308,9 @@ def pod_info(obj: Mapping[str, Any], lookup: QueueLookup | None = None) -> PodIn
         started_at=parse_time(status.get("startTime")),
         finished_at=_finished_at(status),
         deleted_at=parse_time(meta.get("deletionTimestamp")),
+        labels=MappingProxyType({str(k): str(v) for k, v in labels.items()}),
+        annotations=MappingProxyType({str(k): str(v) for k, v in annotations.items()}),
+        owner_refs=owner_refs(meta),
     )
 
 

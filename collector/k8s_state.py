@@ -16,20 +16,31 @@ GPU model filled in later: a GPU pod seen before its node (a node the node watch
 reported yet) is recorded with an empty ``gpu_model`` and remembered. When the node arrives,
 the pod's latest ``pod_events`` row is emitted again with the model (same key: it replaces the
 first one) and so is its allocation (same version: the later insert wins).
+
+Queue and owner: each pod is attributed through the KubeRay objects in :attr:`ClusterTracker.owners`
+(:mod:`collector.k8s_owners`); its ``pod_events`` and ``gpu_allocations`` rows carry the result.
+Owner seen after the pod: when a RayCluster or RayJob appears, changes what attribution reads
+(labels, annotations, owners, ``status.rayClusterName``) or is found gone by a relist, the open
+allocations of its namespace whose attribution changes are emitted again, re-attributed
+(:func:`collector.k8s_alloc.reattributed`). ``pod_events`` rows already written are not
+rewritten: they keep the queue known when the event was seen. A deleted owner changes nothing
+(its pods follow it, and their last rows keep the owner's queue).
 """
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from collector.k8s_alloc import (
     Allocation,
     allocation_for,
+    attribution_of,
     close_by_relist,
     node_event_row,
     pod_event_row,
+    reattributed,
 )
 from collector.k8s_extract import (
     NodeInfo,
@@ -40,6 +51,7 @@ from collector.k8s_extract import (
     pod_gpu_model,
     pod_info,
 )
+from collector.k8s_owners import OWNER_KINDS, Attribution, OwnerIndex, owner_of
 
 Rows = dict[str, list[tuple[Any, ...]]]
 _MODEL_COL = 10          # index of gpu_model in a pod_events row
@@ -62,6 +74,9 @@ class ClusterTracker:
     _allocs: dict[str, Allocation] = field(default_factory=dict, init=False)       # last row emitted, per uid
     _closed_at: dict[str, dt.datetime] = field(default_factory=dict, init=False)   # deleted and closed here
     _awaiting: dict[str, _Awaiting] = field(default_factory=dict, init=False)      # GPU pods on unknown nodes
+    owners: OwnerIndex = field(default_factory=OwnerIndex)
+    _pods: dict[str, PodInfo] = field(default_factory=dict, init=False)            # pods of open allocations
+    _stored: dict[str, Allocation] = field(default_factory=dict, init=False)       # open in the store at start
 
     # -- nodes ------------------------------------------------------------------------------
     def prime_nodes(self, objs: Iterable[Mapping[str, Any]]) -> None:
@@ -103,41 +118,90 @@ class ClusterTracker:
                 continue
             row = waiting.row[:_MODEL_COL] + (model,) + waiting.row[_MODEL_COL + 1:]
             _add(rows, "pod_events", row)
-            alloc = allocation_for(waiting.pod, model, self.cluster, waiting.event, row[0])
+            alloc = allocation_for(waiting.pod, model, self.cluster, waiting.event, row[0],
+                                   self._attribute(waiting.pod))
             if alloc is not None:
-                self._offer(alloc, rows)
+                self._offer(alloc, rows, waiting.pod)
 
     # -- pods -------------------------------------------------------------------------------
     def on_pod(self, event: str, obj: Mapping[str, Any], now: dt.datetime) -> Rows:
         pod = pod_info(obj, self.queues)
+        att = self._attribute(pod)
         rows: Rows = {}
         node = self.nodes.get(pod.node)
         model = pod_gpu_model(pod, node.gpu_model if node else "")
-        row = pod_event_row(now, self.cluster, event, pod, model)
+        row = pod_event_row(now, self.cluster, event, replace(pod, queue=att.queue), model)
         _add(rows, "pod_events", row)
         if pod.gpus > 0 and pod.node and node is None and event != "DELETED":
             self._awaiting[pod.uid] = _Awaiting(row, pod, event)
         else:
             self._awaiting.pop(pod.uid, None)
-        alloc = allocation_for(pod, model, self.cluster, event, now)
+        alloc = allocation_for(pod, model, self.cluster, event, now, att)
         if alloc is not None:
-            self._offer(alloc, rows)
+            self._offer(alloc, rows, pod)
         if event == "DELETED":
+            self._pods.pop(pod.uid, None)
             gone = self._allocs.pop(pod.uid, None)
             if gone is not None:
                 self._closed_at[pod.uid] = now
                 self._forget_closed(now)
         return rows
 
-    def _offer(self, alloc: Allocation, rows: Rows) -> None:
+    def _attribute(self, pod: PodInfo) -> Attribution:
+        return self.owners.attribute(pod.namespace, pod.labels, pod.annotations, pod.owner_refs,
+                                     pod.ray_cluster, self.queues)
+
+    def _offer(self, alloc: Allocation, rows: Rows, pod: PodInfo | None = None) -> None:
+        stored = self._stored.pop(alloc.uid, None)
         prev = self._allocs.get(alloc.uid)
         if prev is None and alloc.uid in self._closed_at:
             return
+        base = prev if prev is not None else stored
+        if base is not None:
+            alloc = reattributed(base, alloc)
         if prev is not None and (prev == alloc or alloc.version < prev.version
                                  or (not prev.open and alloc.version != prev.version)):
             return
         self._allocs[alloc.uid] = alloc
+        if pod is not None and alloc.open:
+            self._pods[alloc.uid] = pod
+        else:
+            self._pods.pop(alloc.uid, None)
         _add(rows, "gpu_allocations", alloc.row())
+
+    def remember_stored(self, stored_open: Iterable[Allocation]) -> None:
+        """The allocations the store holds open for this cluster (at start, and at each pod
+        relist): a re-read pod's row follows the stored one's version (see k8s_alloc)."""
+        for a in stored_open:
+            if a.cluster == self.cluster and a.open and a.uid not in self._allocs:
+                self._stored[a.uid] = a
+
+    # -- owners (RayCluster, RayJob) --------------------------------------------------------------
+    def on_owner(self, stream_kind: str, event: str, obj: Mapping[str, Any], now: dt.datetime) -> Rows:
+        owner = owner_of(OWNER_KINDS[stream_kind], obj)
+        if event == "DELETED":
+            self.owners.remove(owner.uid, now)
+            return {}
+        if not self.owners.put(owner):
+            return {}
+        return self._reattribute(owner.namespace)
+
+    def owners_relisted(self, stream_kind: str, namespace: str | None, listed: set[str],
+                        now: dt.datetime) -> Rows:
+        self.owners.relisted(OWNER_KINDS[stream_kind], namespace, listed, now)
+        return {}
+
+    def _reattribute(self, namespace: str) -> Rows:
+        rows: Rows = {}
+        for uid in sorted(u for u, a in self._allocs.items() if a.open and a.namespace == namespace):
+            alloc, pod = self._allocs[uid], self._pods.get(uid)
+            if pod is None:
+                continue
+            att = self._attribute(pod)
+            if att != attribution_of(alloc):
+                self._offer(replace(alloc, queue=att.queue, owner_kind=att.owner_kind, owner=att.owner,
+                                    workload_id=att.workload_id), rows, pod)
+        return rows
 
     def pods_relisted(self, namespace: str | None, listed: set[str],
                       stored_open: Iterable[Allocation], now: dt.datetime) -> Rows:
@@ -158,6 +222,8 @@ class ClusterTracker:
             if uid in listed or uid in self._closed_at:
                 continue
             self._allocs.pop(uid, None)
+            self._pods.pop(uid, None)
+            self._stored.pop(uid, None)
             if alloc.open:
                 closed = close_by_relist(alloc, now)
                 _add(rows, "gpu_allocations", closed.row())

@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 
 from collector.errors import CollectorError, WatchError
-from collector.k8s_alloc import Allocation, allocation_for, close_by_relist, version_of
+from collector.k8s_alloc import (
+    CLOSED_BY_RELIST,
+    ENDED,
+    OPEN,
+    Allocation,
+    allocation_for,
+    close_by_relist,
+    version_of,
+)
 from collector.k8s_extract import (
     QueueKeys,
     base_gpu_model,
@@ -250,17 +258,17 @@ SEEN = t("2026-11-21T11:00:00Z")
 @pytest.mark.parametrize("obj, event, start, end, order", [
     (pod_obj(node=""), "ADDED", None, None, None),
     (pod_obj([ctr()]), "ADDED", None, None, None),
-    (pod_obj(phase="Pending"), "MODIFIED", "2026-11-21T09:00:00Z", None, 1),
-    (pod_obj(scheduled=None), "MODIFIED", "2026-11-21T09:00:01Z", None, 1),
-    (pod_obj(scheduled=None, start=None), "SYNC", "2026-11-21T08:59:00Z", None, 1),
+    (pod_obj(phase="Pending"), "MODIFIED", "2026-11-21T09:00:00Z", None, OPEN),
+    (pod_obj(scheduled=None), "MODIFIED", "2026-11-21T09:00:01Z", None, OPEN),
+    (pod_obj(scheduled=None, start=None), "SYNC", "2026-11-21T08:59:00Z", None, OPEN),
     (pod_obj(phase="Succeeded", finished=["2026-11-21T10:00:00Z"]), "MODIFIED",
-     "2026-11-21T09:00:00Z", "2026-11-21T10:00:00Z", 2),
+     "2026-11-21T09:00:00Z", "2026-11-21T10:00:00Z", ENDED),
     (pod_obj(phase="Failed", finished=["2026-11-21T09:30:00Z", "2026-11-21T09:40:00Z"]), "MODIFIED",
-     "2026-11-21T09:00:00Z", "2026-11-21T09:40:00Z", 2),
-    (pod_obj(deletion="2026-11-21T10:30:00Z"), "DELETED", "2026-11-21T09:00:00Z", "2026-11-21T10:30:00Z", 2),
-    (pod_obj(), "DELETED", "2026-11-21T09:00:00Z", "2026-11-21T11:00:00Z", 2),
+     "2026-11-21T09:00:00Z", "2026-11-21T09:40:00Z", ENDED),
+    (pod_obj(deletion="2026-11-21T10:30:00Z"), "DELETED", "2026-11-21T09:00:00Z", "2026-11-21T10:30:00Z", ENDED),
+    (pod_obj(), "DELETED", "2026-11-21T09:00:00Z", "2026-11-21T11:00:00Z", ENDED),
     (pod_obj(phase="Failed", finished=["2026-11-21T08:00:00Z"]), "MODIFIED",
-     "2026-11-21T09:00:00Z", "2026-11-21T09:00:00Z", 2),
+     "2026-11-21T09:00:00Z", "2026-11-21T09:00:00Z", ENDED),
 ], ids=["unbound", "no-gpu", "bound-pending-opens", "start-from-startTime", "start-from-creation",
         "succeeded-finishedAt", "failed-last-container", "deleted-deletionTimestamp", "deleted-seen-time",
         "end-clamped-to-start"])
@@ -334,7 +342,7 @@ def test_relist_closes_vanished_allocations_and_keeps_the_rest() -> None:
     tr = ClusterTracker("prod")
     stored_open = [
         Allocation("prod", "ns", "gone", "u-gone", "q", "n1", "M", "nvidia.com/gpu", 1, 0, "",
-                   t("2026-11-21T08:00:00Z"), None, version_of(t("2026-11-21T08:00:00Z"), 1)),
+                   t("2026-11-21T08:00:00Z"), None, version_of(t("2026-11-21T08:00:00Z"), OPEN)),
         Allocation("other", "ns", "x", "u-other-cluster", "q", "n1", "M", "nvidia.com/gpu", 1, 0, "",
                    t("2026-11-21T08:00:00Z"), None, 1),
     ]
@@ -342,10 +350,10 @@ def test_relist_closes_vanished_allocations_and_keeps_the_rest() -> None:
     rows = tr.pods_relisted(None, {"u-kept"}, stored_open, T0)
     (closed,) = rows["gpu_allocations"]
     c = dict(zip(COLUMNS["gpu_allocations"], closed))
-    assert (c["uid"], c["end"], c["version"]) == ("u-gone", T0, version_of(T0, 3))
+    assert (c["uid"], c["end"], c["version"]) == ("u-gone", T0, version_of(T0, CLOSED_BY_RELIST))
     assert [a.uid for a in tr.open_allocations()] == ["u-kept"]
     assert "gpu_allocations" not in tr.on_pod("SYNC", pod_obj(uid="u-kept"), T0)   # unchanged: no row
-    assert kept[0][13] == version_of(t("2026-11-21T09:00:00Z"), 1)
+    assert kept[0][13] == version_of(t("2026-11-21T09:00:00Z"), OPEN)
     # a later relist does not close it again, nor reopen a deleted pod's allocation
     assert tr.pods_relisted(None, {"u-kept"}, stored_open, T0 + dt.timedelta(hours=1)) == {}
     tr.on_pod("DELETED", pod_obj(uid="u-kept", deletion="2026-11-21T10:10:00Z"), T0)
@@ -668,7 +676,7 @@ def test_restart_resumes_without_loss_or_doubles(server: ReplayServer, tmp_path:
         wait_until(lambda: len(server.list_requests("pods")) == 2 and sink3.checkpoint("pods") is not None)
     store_rows(store, sink3)
     closed = q("SELECT `end`, version FROM {db}.gpu_allocations FINAL WHERE pod = 'llm-serve-0'")
-    assert closed == [(relist_at, version_of(relist_at, 3))]
+    assert closed == [(relist_at, version_of(relist_at, CLOSED_BY_RELIST))]
     assert q("SELECT version FROM {db}.gpu_allocations FINAL WHERE pod = 'bert-finetune-7d9c5-qk2mx'") == bert_version
     assert [r[13] for r in sink3.raw("gpu_allocations") if r[2] == "bert-finetune-7d9c5-qk2mx"] == [
         bert_version[0][0]]                                                  # re-emitted, same version
