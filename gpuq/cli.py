@@ -5,6 +5,7 @@
     gpuq migrate                   create or upgrade the schema and print the applied versions
     gpuq queues / usage            the accounting views (see accounting.cli)
     gpuq simulate SCENARIO --out   replay a scenario through the scheduler core (see scheduler.cli)
+    gpuq dashboard [--port 8501]   the Streamlit dashboards, reading the API (see dashboards.launch)
 """
 from __future__ import annotations
 
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", "scheduler.cli", "serve_main", "the API, collectors, accounting and scheduler"),
         ("workloads", "scheduler.cli", "workloads_main", "the scheduler's workloads"),
         ("explain", "scheduler.cli", "explain_main", "why a workload is pending"),
+        ("dashboard", "dashboards.launch", "dashboard_main", "the Streamlit dashboards (read the API)"),
     ):
         sp = sub.add_parser(name, parents=[common], help=text, add_help=False)
         sp.add_argument("rest", nargs=argparse.REMAINDER)

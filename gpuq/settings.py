@@ -127,6 +127,17 @@ class ApiSettings(_Section):
     tokens: list[ApiToken] = []
 
 
+class DashboardSettings(_Section):
+    """``gpuq dashboard``: the Streamlit app reads the API at ``api_url`` with a viewer ``token``."""
+
+    api_url: str = "http://127.0.0.1:8377"
+    token: str = ""                      # a viewer token of api.tokens (empty: the API has auth off)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8501, ge=0, le=65535)
+    refresh_s: float = Field(default=30.0, gt=0)       # auto-refresh of each page
+    cache_ttl_s: float = Field(default=15.0, ge=0)     # API answers shared by every viewer this long
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GPUQ_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -137,6 +148,7 @@ class Settings(BaseSettings):
     accounting: AccountingSettings = AccountingSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     api: ApiSettings = ApiSettings()
+    dashboard: DashboardSettings = DashboardSettings()
     queues_file: str | None = None
 
     @classmethod

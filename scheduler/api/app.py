@@ -26,6 +26,7 @@ from gpuq.errors import GpuqError
 from scheduler.api.auth import Auth, Caller
 from scheduler.api.models import DryRunIn, ReloadOut, WorkloadIn
 from scheduler.api.problems import Problem, install, invalid, problem_response
+from scheduler.api.routes_dashboard import dashboard_router
 from scheduler.service import SchedulerService
 from scheduler.service_errors import (
     ActuatorFailed,
@@ -210,6 +211,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         log.info("%s reloaded the queue file: %s", caller.name, result.value)
         return ReloadOut(result=result.value, error=acc.error, queues=leaves)
 
+    app.include_router(dashboard_router(auth, service, accounting, settings, clock, _window, registry))
     return app
 
 

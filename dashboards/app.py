@@ -1,0 +1,32 @@
+"""The gpuq dashboards: ``gpuq dashboard`` runs ``streamlit run dashboards/app.py -- --config FILE``.
+
+Every page reads the gpuq HTTP API through :mod:`dashboards.client` (never the store), answers
+one question with a row of numbers, the chart that explains them and the table to drill into,
+and keeps the time range in the URL (``?range=7d``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from dashboards.client import Client, conf
+from dashboards.common import time_range
+
+VIEWS = Path(__file__).resolve().parent / "views"
+
+st.set_page_config(page_title="gpuq", page_icon=":material/memory:", layout="wide")
+settings = conf()
+st.session_state["gpuq_client"] = Client(settings)
+pages = [
+    st.Page(VIEWS / "overview.py", title="Overview", url_path="overview", icon=":material/dashboard:", default=True),
+    st.Page(VIEWS / "queues.py", title="Queues", url_path="queues", icon=":material/account_tree:"),
+    st.Page(VIEWS / "gpu_types.py", title="GPU types", url_path="gpu-types", icon=":material/memory:"),
+    st.Page(VIEWS / "idle.py", title="Idle GPUs", url_path="idle", icon=":material/hourglass_empty:"),
+    st.Page(VIEWS / "scheduler.py", title="Scheduler", url_path="scheduler", icon=":material/schedule:"),
+    st.Page(VIEWS / "cost.py", title="Cost", url_path="cost", icon=":material/payments:"),
+]
+nav = st.navigation(pages)
+st.session_state["gpuq_range"] = time_range()
+st.sidebar.caption(f"API {settings.api_url} · refreshes every {settings.refresh_s:g} s")
+nav.run()

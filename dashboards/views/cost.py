@@ -1,0 +1,67 @@
+"""Cost: GPU-hours, idle GPU-hours and cost per queue and GPU type over the range, as CSV too."""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboards.client import Client
+from dashboards.common import Range, fetch, metrics_row, queue_scale, type_scale
+from dashboards.views import run
+
+COLUMNS = ["queue", "gpu_type", "gpu_hours", "idle_gpu_hours", "idle_pct", "cost", "idle_cost"]
+
+
+def page() -> None:
+    run("Cost", "Who used how many GPU-hours, how many of them idle, and what did it cost?", body)
+
+
+def table(rows: list[dict]) -> pd.DataFrame:
+    """The usage rows as the CSV download has them (GPU-hours, %, $)."""
+    return pd.DataFrame([{
+        "queue": r["queue"], "gpu_type": r["gpu_type"], "gpu_hours": round(r["gpu_seconds"] / 3600, 3),
+        "idle_gpu_hours": round(r["idle_gpu_seconds"] / 3600, 3), "idle_pct": round(100 * r["idle_ratio"], 1),
+        "cost": round(r["cost"], 2), "idle_cost": round(r["idle_cost"], 2)} for r in rows], columns=COLUMNS)
+
+
+def body(client: Client, rng: Range) -> None:
+    rows = fetch(client, "/accounting/usage", **{"from": rng.since, "to": "now", "by": "queue,gpu_type"})
+    if rows is None:
+        return
+    if not rows:
+        st.info(f"No GPU usage in the last {rng.key}: no allocations were collected in this range.")
+        return
+    df = table(rows)
+    used, idle_h, cost = df["gpu_hours"].sum(), df["idle_gpu_hours"].sum(), df["cost"].sum()
+    metrics_row([
+        (f"GPU-hours ({rng.key})", f"{used:,.1f} GPU-h"),
+        ("Idle GPU-hours", f"{idle_h:,.1f} GPU-h"),
+        ("Idle share", f"{100 * idle_h / used if used else 0:.1f} %"),
+        ("Cost", f"$ {cost:,.2f}", "gpu_types.*.price_per_hour in the queue file"),
+        ("Idle cost", f"$ {df['idle_cost'].sum():,.2f}"),
+    ])
+    left, right = st.columns(2)
+    with left:
+        st.subheader("GPU-hours per queue, by type")
+        st.altair_chart(alt.Chart(df).mark_bar().encode(
+            y=alt.Y("queue:N", sort="-x", title=None), x=alt.X("sum(gpu_hours):Q", title="GPU-h"),
+            color=alt.Color("gpu_type:N", title="GPU type", scale=type_scale(client, df["gpu_type"])),
+            tooltip=COLUMNS).properties(height=max(120, 32 * df["queue"].nunique())), width="stretch")
+    with right:
+        st.subheader("Cost per queue")
+        st.altair_chart(alt.Chart(df).mark_bar().encode(
+            y=alt.Y("queue:N", sort="-x", title=None), x=alt.X("sum(cost):Q", title="$"),
+            color=alt.Color("queue:N", scale=queue_scale(client, df["queue"]), legend=None),
+            tooltip=COLUMNS).properties(height=max(120, 32 * df["queue"].nunique())), width="stretch")
+    st.dataframe(df, hide_index=True, width="stretch", column_config={
+        "gpu_hours": st.column_config.NumberColumn("GPU-h", format="%.2f"),
+        "idle_gpu_hours": st.column_config.NumberColumn("idle GPU-h", format="%.2f"),
+        "idle_pct": st.column_config.NumberColumn("idle %", format="%.1f %%"),
+        "cost": st.column_config.NumberColumn("cost", format="$ %.2f"),
+        "idle_cost": st.column_config.NumberColumn("idle cost", format="$ %.2f")})
+    st.download_button("Download CSV", df.to_csv(index=False).encode(), file_name=f"gpuq-cost-{rng.key}.csv",
+                       mime="text/csv")
+
+
+if __name__ == "__main__":      # run by st.navigation as a page script
+    page()

@@ -1,0 +1,88 @@
+"""Idle GPUs: allocated but unused (by queue and workload, for how long), free GPUs by type and
+node, and a node-by-GPU map showing what fragmentation strands."""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboards.client import Client
+from dashboards.common import STATE_COLOURS, Range, fetch, gpus, hours, metrics_row, pct, queue_scale, when
+from dashboards.views import run
+
+
+def page() -> None:
+    run("Idle GPUs", "Which allocated GPUs sit idle, since when, and where are the free ones?", body)
+
+
+def body(client: Client, rng: Range) -> None:
+    idle = fetch(client, "/accounting/idle")
+    cap = fetch(client, "/accounting/capacity")
+    if idle is None or cap is None:
+        return
+    work = idle["workloads"]
+    total = cap["total"] or {"free": 0.0, "fragmented_free": 0.0, "fragmentation_ratio": 0.0}
+    metrics_row([
+        ("Idle allocated", gpus(idle["idle_gpus"])),
+        ("Idle workloads", f"{len(work)}"),
+        ("Longest idle", hours(max((w["idle_for_s"] for w in work), default=0.0))),
+        ("Free", gpus(total["free"])),
+        ("Stranded free", gpus(total["fragmented_free"]),
+         f"free GPUs on partly used nodes ({pct(total['fragmentation_ratio'])} of free)"),
+    ])
+    st.subheader("Idle allocated GPUs")
+    if work:
+        df = pd.DataFrame([{"queue": w["queue"], "workload": f"{w['namespace']}/{w['workload']}",
+                            "idle (GPUs)": w["idle_gpus"], "allocated (GPUs)": w["allocated_gpus"],
+                            "GPU type": w["gpu_type"], "idle for": hours(w["idle_for_s"]),
+                            "idle for (h)": round(w["idle_for_s"] / 3600, 2), "idle since": when(w["idle_since"]),
+                            "nodes": ", ".join(w["nodes"])} for w in work])
+        st.altair_chart(alt.Chart(df).mark_bar().encode(
+            y=alt.Y("workload:N", sort="-x", title=None), x=alt.X("idle (GPUs):Q"),
+            color=alt.Color("queue:N", scale=queue_scale(client, df["queue"])), tooltip=list(df.columns),
+        ).properties(height=max(100, 28 * len(df))), width="stretch")
+        st.dataframe(df, hide_index=True, width="stretch")
+    else:
+        health = fetch(client, "/collector/health") or {"sources": []}
+        if not any(s["source"] in ("dcgm", "nvml") for s in health["sources"]):
+            st.info("No DCGM data yet: idle detection needs DCGM_FI_PROF_GR_ENGINE_ACTIVE or DCGM_FI_DEV_GPU_UTIL "
+                    "samples (configure collector.dcgm or collector.nvml).")
+        else:
+            st.success("No allocated GPU has been idle for the whole idle window.")
+    _nodes(cap, idle)
+
+
+def _nodes(cap: dict, idle: dict) -> None:
+    nodes = cap["nodes"]
+    if not nodes:
+        return
+    idle_on = {(n["cluster"], n["node"]): n["idle_gpus"] for n in idle["nodes"]}
+    st.subheader("Node by GPU map")
+    st.caption("Each cell is one GPU: busy, idle (allocated, unused), free, or unavailable (node not ready or "
+               "cordoned). Free cells on a partly used node are stranded for whole-node requests.")
+    cells = []
+    for n in nodes:
+        cap_n = int(n["capacity"])
+        i = int(min(idle_on.get((n["cluster"], n["node"]), 0.0), n["allocated"]))
+        states = (["busy"] * int(n["allocated"] - i) + ["idle"] * i + ["free"] * int(n["free"]))
+        states += ["unavailable"] * (cap_n - len(states))
+        label = f"{n['node']} ({n['gpu_type']})"
+        cells += [{"node": label, "GPU": g, "state": s} for g, s in enumerate(states[:cap_n])]
+    df = pd.DataFrame(cells)
+    st.altair_chart(alt.Chart(df).mark_rect(stroke="white", strokeWidth=1).encode(
+        x=alt.X("GPU:O"), y=alt.Y("node:N", sort=None, title=None),
+        color=alt.Color("state:N", scale=alt.Scale(domain=list(STATE_COLOURS), range=list(STATE_COLOURS.values()))),
+        tooltip=["node", "GPU", "state"]).properties(height=max(80, 22 * len(nodes))), width="stretch")
+    st.subheader("Free GPUs by type and node")
+    free = [n for n in nodes if n["free"] > 0]
+    if not free:
+        st.info("No free GPUs.")
+        return
+    st.dataframe(pd.DataFrame([{"GPU type": n["gpu_type"], "node": n["node"], "cluster": n["cluster"],
+                                "free (GPUs)": n["free"], "capacity (GPUs)": n["capacity"],
+                                "stranded": 0 < n["free"] < n["capacity"]} for n in free]),
+                 hide_index=True, width="stretch")
+
+
+if __name__ == "__main__":      # run by st.navigation as a page script
+    page()

@@ -1,0 +1,105 @@
+"""Queues: allocated against guaranteed and max over the range, fair share, borrowed and lent;
+drill into a queue's children and workloads."""
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboards.client import Client
+from dashboards.common import Range, fetch, gpus, leaves, metrics_row, queue_scale, when
+from dashboards.views import run
+
+
+def page() -> None:
+    run("Queues", "Is each queue getting its guarantee, and who borrows or lends?", body)
+
+
+def _now_table(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "queue": r["queue"], "allocated (GPUs)": r["allocated"], "reserved (GPUs)": r.get("reserved"),
+        "guaranteed (GPUs)": r["guaranteed"], "max (GPUs)": r["max"], "pending (GPUs)": r["pending"],
+        "borrowed (GPUs)": r["borrowed"], "lent (GPUs)": r["lent"], "idle (GPUs)": r["idle"],
+        "fair share (%)": round(100 * r["fair_share"], 1), "source": r.get("source")} for r in rows])
+
+
+def body(client: Client, rng: Range) -> None:
+    rows = fetch(client, "/queues")
+    if rows is None:
+        return
+    now = [r for r in rows if r["gpu_type"] == "*" and r["queue"] != "root"]
+    if not now:
+        st.info("No queues: set queues_file in the config (see docs/ARCHITECTURE.md for the queue file).")
+        return
+    names = [r["queue"] for r in now]
+    leaf = set(leaves(names))
+    top = [r for r in now if "." not in r["queue"]]
+    metrics_row([
+        ("Queues", f"{len(leaf)} leaves"),
+        ("Allocated", gpus(sum(r["allocated"] for r in top))),
+        ("Guaranteed", gpus(sum(r["guaranteed"] or 0 for r in top))),
+        ("Borrowed", gpus(sum(r["borrowed"] or 0 for r in top)), "allocated above the guarantee"),
+        ("Lent", gpus(sum(r["lent"] or 0 for r in top)), "guarantee not in use, lent to others"),
+        ("Pending", gpus(sum(r["pending"] for r in top))),
+    ])
+    series = fetch(client, "/accounting/series", **{"from": rng.since, "to": "now", "step": rng.step})
+    cap = fetch(client, "/accounting/capacity")
+    if series:
+        df = pd.DataFrame(series)
+        df["time"] = pd.to_datetime(df["t"], unit="s", utc=True)
+        colour = alt.Color("queue:N", scale=queue_scale(client))
+        st.subheader(f"All leaf queues against capacity, last {rng.key}")
+        stacked = alt.Chart(df[df["queue"].isin(leaf)]).mark_area(opacity=0.85).encode(
+            x=alt.X("time:T", title=None), y=alt.Y("allocated:Q", stack="zero", title="allocated GPUs"),
+            color=colour, tooltip=["queue", "time:T", alt.Tooltip("allocated:Q", format=".1f")])
+        if cap and cap.get("total"):
+            rule = alt.Chart(pd.DataFrame([{"capacity": cap["total"]["capacity"]}])).mark_rule(
+                strokeDash=[6, 3], color="black").encode(y="capacity:Q", tooltip=["capacity:Q"])
+            stacked = stacked + rule
+        st.altair_chart(stacked.properties(height=260), width="stretch")
+        st.subheader("Per queue: allocated (area), guaranteed (solid), max (dashed)")
+        long = df.melt(id_vars=["queue", "time"], value_vars=["allocated", "guaranteed", "max"],
+                       var_name="kind", value_name="GPUs").dropna()
+        area = alt.Chart().mark_area(opacity=0.6).encode(
+            x=alt.X("time:T", title=None), y=alt.Y("GPUs:Q", title="GPUs"),
+            color=alt.Color("queue:N", scale=queue_scale(client), legend=None),
+            tooltip=["queue", "time:T", alt.Tooltip("GPUs:Q", format=".1f")],
+        ).transform_filter("datum.kind == 'allocated'")
+        lim = alt.Chart().mark_line(color="#333").encode(
+            x="time:T", y="GPUs:Q", detail="kind:N",
+            strokeDash=alt.StrokeDash("kind:N", title="limit", scale=alt.Scale(
+                domain=["guaranteed", "max"], range=[[1, 0], [5, 3]])),
+        ).transform_filter("datum.kind != 'allocated'")
+        grid = alt.layer(area, lim, data=long).properties(width=300, height=140).facet(
+            facet=alt.Facet("queue:N", title=None), columns=3).resolve_scale(y="independent")
+        st.altair_chart(grid, width="content")
+    else:
+        st.info(f"No allocations in the last {rng.key}.")
+    st.subheader("Now")
+    st.dataframe(_now_table(now).dropna(axis=1, how="all"), hide_index=True, width="stretch")
+    _drill(client, now, names)
+
+
+def _drill(client: Client, now: list[dict], names: list[str]) -> None:
+    st.subheader("Drill into a queue")
+    q = st.selectbox("Queue", sorted(names), key="queue_drill")
+    kids = [r for r in now if r["queue"].startswith(q + ".") and "." not in r["queue"][len(q) + 1:]]
+    if kids:
+        st.markdown(f"**Children of {q}**")
+        st.dataframe(_now_table(kids).dropna(axis=1, how="all"), hide_index=True, width="stretch")
+    work = fetch(client, "/workloads", queue=q)
+    if work is None:
+        return
+    active = [w for w in work if w["state"] in ("pending", "running")]
+    st.markdown(f"**Workloads in {q} and below** ({len(active)} pending or running)")
+    if not active:
+        st.info(f"No pending or running workloads in {q} submitted through gpuq.")
+        return
+    st.dataframe(pd.DataFrame([{
+        "id": w["id"], "queue": w["queue"], "state": w["state"], "GPUs": w["gpus"], "GPU type": w["gpu_type"],
+        "priority": w["priority"], "submitted": when(w["submit_s"]), "reason": w["reason_code"],
+        "message": w["message"], "idle": w["idle"]} for w in active]), hide_index=True, width="stretch")
+
+
+if __name__ == "__main__":      # run by st.navigation as a page script
+    page()

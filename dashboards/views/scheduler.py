@@ -1,0 +1,118 @@
+"""Scheduler: what waits and why, what was admitted and preempted, and what would happen if a
+workload arrived now (the API's dry run)."""
+from __future__ import annotations
+
+import time
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboards.client import ApiError, Client
+from dashboards.common import Range, fetch, gpus, hours, leaves, metrics_row, when
+from dashboards.views import run
+
+EVENT_COLOURS = {"admit": "#54a24b", "preempt": "#e45756", "finish": "#4c78a8", "cancel": "#bab0ac",
+                 "reject": "#b279a2"}
+
+
+def page() -> None:
+    run("Scheduler", "What is waiting and why, what was admitted or preempted, and what if something arrived now?",
+        body)
+    _what_if(st.session_state["gpuq_client"])
+
+
+def body(client: Client, rng: Range) -> None:
+    work = fetch(client, "/workloads")
+    events = fetch(client, "/scheduler/events", **{"from": rng.since, "to": "now"})
+    if work is None or events is None:
+        return
+    pending = sorted((w for w in work if w["state"] == "pending"), key=lambda w: (w["queue"], w["position"] or 0))
+    running = [w for w in work if w["state"] == "running"]
+    kinds = pd.Series([e["event"] for e in events], dtype="object").value_counts()
+    metrics_row([
+        ("Pending", f"{len(pending)} workloads", f"{gpus(sum(w['gpus'] for w in pending))} asked"),
+        ("Running", f"{len(running)} workloads", f"{gpus(sum(w['gpus'] for w in running))} held"),
+        (f"Admitted ({rng.key})", f"{int(kinds.get('admit', 0))}"),
+        (f"Preempted ({rng.key})", f"{int(kinds.get('preempt', 0))}"),
+    ])
+    st.subheader("Pending workloads")
+    if pending:
+        now = time.time()
+        st.dataframe(pd.DataFrame([{
+            "queue": w["queue"], "position": w["position"], "id": w["id"], "GPUs": w["gpus"],
+            "GPU types": ", ".join(w["gpu_types"]) or "any", "priority": w["priority"],
+            "waiting": hours(max(0.0, now - w["submit_s"])), "reason": w["reason_code"], "message": w["message"]}
+            for w in pending]), hide_index=True, width="stretch")
+    else:
+        st.success("Nothing is waiting.")
+    st.subheader(f"Admissions and preemptions, last {rng.key}")
+    shown = [e for e in events if e["event"] != "submit"]
+    if not shown:
+        st.info(f"No scheduler decisions in the last {rng.key}.")
+    else:
+        df = pd.DataFrame(shown)
+        df["time"] = pd.to_datetime(df["t"], unit="s", utc=True)
+        qnames = sorted({e["queue"] for e in shown})
+        st.altair_chart(alt.Chart(df).mark_point(filled=True, size=90).encode(
+            x=alt.X("time:T", title=None), y=alt.Y("queue:N", title=None),
+            color=alt.Color("event:N", scale=alt.Scale(domain=list(EVENT_COLOURS), range=list(EVENT_COLOURS.values()))),
+            shape="event:N", tooltip=["time:T", "event", "workload", "queue", "gpus", "by", "reason"],
+        ).properties(height=max(120, 36 * len(qnames))), width="stretch")
+        st.dataframe(pd.DataFrame([{"time": when(e["t"]), "event": e["event"], "workload": e["workload"],
+                                    "queue": e["queue"], "GPUs": e["gpus"] or None, "GPU type": e["gpu_type"],
+                                    "by": e["by"], "reason": e["reason"]} for e in shown]),
+                     hide_index=True, width="stretch")
+
+
+def _what_if(client: Client) -> None:
+    st.subheader("What if this arrived now?")
+    rows = fetch(client, "/queues")
+    if rows is None:
+        return
+    qs = leaves(r["queue"] for r in rows if r["queue"] != "(unassigned)")
+    types = sorted({r["gpu_type"] for r in rows if r["gpu_type"] != "*"})
+    if not qs:
+        st.info("No queues configured.")
+        return
+    with st.form("what_if"):
+        c1, c2, c3, c4 = st.columns(4)
+        queue = c1.selectbox("Queue", qs)
+        pods = c2.number_input("Pods", min_value=1, value=1, step=1)
+        per_pod = c3.number_input("GPUs per pod", min_value=1, value=8, step=1)
+        priority = c4.number_input("Priority", value=0, step=1)
+        wanted = st.multiselect("GPU types (in order of preference; none: any)", types)
+        preemptible = st.checkbox("Preemptible", value=True)
+        token = st.text_input("Operator token (the dry run needs the operator role; empty: the dashboard's)",
+                              type="password")
+        go = st.form_submit_button("Dry run")
+    if not go:
+        return
+    body = {"queue": queue, "pods": int(pods), "gpus_per_pod": int(per_pod), "priority": int(priority),
+            "gpu_types": wanted, "preemptible": preemptible}
+    try:
+        d = client.post("/dry-run", body, token or None)
+    except ApiError as exc:
+        st.error(f"Dry run refused: {exc.url}: {exc.why}")
+        return
+    _answer(d)
+
+
+def _answer(d: dict) -> None:
+    outcome = d["outcome"]
+    text = {"admit": f"Admitted now on {d.get('gpu_type')}: {d.get('placement')}",
+            "preempt": f"Admitted once {len(d.get('victims') or [])} workload(s) stop",
+            "pending": f"Pending: {d.get('reason_code')}: {d.get('message')} (position {d.get('position')})",
+            "reject": f"Rejected: {d.get('message')}"}.get(outcome, outcome)
+    (st.success if outcome == "admit" else st.warning if outcome in ("preempt", "pending") else st.error)(text)
+    if d.get("victims"):
+        st.dataframe(pd.DataFrame(d["victims"]), hide_index=True, width="stretch")
+    if d.get("after_delay"):
+        a = d["after_delay"]
+        st.info(f"After the preemption delay: {a.get('outcome')} {a.get('reason_code') or ''} {a.get('message') or ''}")
+    if d.get("also_admitted"):
+        st.caption(f"This cycle would also admit: {', '.join(map(str, d['also_admitted']))}")
+
+
+if __name__ == "__main__":      # run by st.navigation as a page script
+    page()

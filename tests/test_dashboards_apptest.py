@@ -1,0 +1,230 @@
+"""The dashboards with Streamlit's AppTest against the real API (uvicorn in a thread) over a chDB
+store seeded with known rows: every page renders without an exception, and its numbers are the
+seed's (capacity, allocated, idle, free, fragmentation, pending; idle GPUs per workload; the cost
+CSV's GPU-hours and dollars). An API that does not answer gives a clear message, not a traceback.
+
+The fleet, two hours before NOW (times in seconds from NOW - 7200):
+  H100 h0, h1, h2 and A100 a0: 8 GPUs each; A100 a1: 8 GPUs, cordoned
+  v1 research.vision 8 H100 on h0 (restarted at 3600 as a new uid), one GPU idle throughout
+  n1 research.nlp    2 A100 on a0 from 1800, both idle (profiling metric)
+  p1 prod            4 H100 on h1, no DCGM data
+  old prod           8 H100 on h2, ended an hour before the others started
+"""
+from __future__ import annotations
+
+import datetime as dt
+import io
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pandas as pd
+import pytest
+import uvicorn
+import yaml
+from streamlit.testing.v1 import AppTest
+
+from accounting.idle import GPU_UTIL, PROF_ACTIVE
+from gpuq.settings import load_settings
+from gpuq.store import COLUMNS, open_store
+from scheduler.actuators.base import DryRunActuator, Target
+from scheduler.api import create_app
+from scheduler.model import Workload
+from scheduler.service import SchedulerService
+from scheduler.service_accounting import LiveAccounting
+from dashboards.views.cost import COLUMNS as CSV_COLUMNS
+from tests.accounting_helpers import BASE_QUEUES
+from tests.conftest import REPO, closed_port, free_port
+
+APP = str(REPO / "dashboards" / "app.py")
+NOW = float(int(time.time()) // 60 * 60)
+T0 = NOW - 7200
+H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
+PAGES = ["overview", "queues", "gpu_types", "idle", "scheduler", "cost"]
+ALLOC_COLUMNS = ("cluster", "namespace", "pod", "uid", "queue", "node", "gpu_model", "gpu_resource", "gpus",
+                 "priority", "ray_cluster", "start", "end", "version")
+_ids = itertools.count()
+
+
+def ts(offset: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(T0 + offset, dt.UTC)
+
+
+def alloc_row(pod: str, uid: str, queue: str, node: str, model: str, gpus: float, start: float,
+              end: float | None, version: int) -> tuple[Any, ...]:
+    return ("c", "ml", pod, uid, queue, node, model, "nvidia.com/gpu", gpus, 0, "", ts(start),
+            None if end is None else ts(end), version)
+
+
+def node_row(node: str, model: str, gpus: float, cordoned: int = 0) -> tuple[Any, ...]:
+    return (ts(-7200), "c", node, f"uid-{node}", "SYNC", 1, cordoned, model, gpus, gpus, {}, {}, "1")
+
+
+def samples(node: str, gpu: str, pod: str, metric: str, value: float, start: float, end: float) -> list[tuple]:
+    return [(ts(t), "c", node, gpu, 0, "H100", "", "", pod, "ml", "main", metric, value, "dcgm")
+            for t in range(int(start), int(end), 15)]
+
+
+def seed(store: Any) -> None:
+    store.insert("node_events", [node_row("h0", H100, 8), node_row("h1", H100, 8), node_row("h2", H100, 8),
+                                 node_row("a0", A100, 8), node_row("a1", A100, 8, cordoned=1)],
+                 COLUMNS["node_events"])
+    store.insert("gpu_allocations", [
+        alloc_row("v1", "u1", "research.vision", "h0", H100, 8, 0, None, 1),
+        alloc_row("v1", "u1", "research.vision", "h0", H100, 8, 0, 3600, 2),
+        alloc_row("v1", "u2", "research.vision", "h0", H100, 8, 3600, None, 3),
+        alloc_row("n1", "u3", "research.nlp", "a0", A100, 2, 1800, None, 1),
+        alloc_row("p1", "u4", "prod", "h1", H100, 4, 0, None, 1),
+        alloc_row("old", "u5", "prod", "h2", H100, 8, -7200, -3600, 2),
+    ], ALLOC_COLUMNS)
+    rows = samples("h0", "GPU-h0-0", "v1", GPU_UTIL, 0.0, 0, 7200)
+    for i in range(1, 8):
+        rows += samples("h0", f"GPU-h0-{i}", "v1", GPU_UTIL, 80.0, 0, 7200)
+    for i in range(2):
+        rows += samples("a0", f"GPU-a0-{i}", "n1", PROF_ACTIVE, 0.01, 1800, 7200)
+    store.insert("gpu_samples", rows, COLUMNS["gpu_samples"])
+
+
+class EventSink:
+    """The scheduler's events into the store; its admissions' own allocation rows are left out, so
+    the numbers below are the seed's (train-a, admitted by gpuq, is no pod the collectors saw)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def write(self, table: str, rows: Any) -> None:
+        if table == "scheduler_events":
+            self.store.insert(table, list(rows), COLUMNS[table])
+
+
+@pytest.fixture(scope="module")
+def api_url(chdb_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    store = open_store(f"chdb://{chdb_path}?database=dash{next(_ids)}")
+    server = None
+    try:
+        seed(store)
+        qf = tmp_path_factory.mktemp("dash") / "queues.yaml"
+        qf.write_text(yaml.safe_dump(BASE_QUEUES))
+        acc = LiveAccounting(store, queues_file=str(qf))
+        svc = SchedulerService(acc.config, DryRunActuator(), sink=EventSink(store))
+        svc.set_nodes(acc.refresh(NOW).nodes)
+        svc.submit(Workload("train-a", "prod", gpus_per_pod=8, gpu_types=("H100",), submit_s=NOW - 60),
+                   Target(), NOW - 60)
+        svc.cycle(NOW)                       # admitted now: no GPU-seconds yet
+        svc.submit(Workload("train-b", "prod", pods=3, gpus_per_pod=8, gpu_types=("H100",), submit_s=NOW - 30),
+                   Target(), NOW - 30)
+        svc.cycle(NOW)
+        acc.refresh(NOW, svc.pending_demand())
+        port = free_port()
+        app = create_app(svc, acc, load_settings(None), clock=lambda: NOW)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                               lifespan="off"))
+        threading.Thread(target=server.run, daemon=True).start()
+        while not server.started:
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if server is not None:
+            server.should_exit = True
+        store.command(f"DROP DATABASE IF EXISTS {store.database}")
+        store.close()
+
+
+def render(url: str, page: str, monkeypatch: pytest.MonkeyPatch, range_: str = "24h") -> AppTest:
+    monkeypatch.setenv("GPUQ_DASHBOARD__API_URL", url)
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params["range"] = range_
+    at.run()
+    if page != "overview":
+        at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders(api_url: str, page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = render(api_url, page, monkeypatch)
+    assert not errors(at)
+    assert at.title[0].value and at.metric, "a row of numbers at the top"
+
+
+def test_overview_numbers_are_the_seed(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    m = metrics(render(api_url, "overview", monkeypatch))
+    assert m["Capacity"] == "40 GPUs"                 # 5 nodes x 8, the cordoned one included
+    assert m["Allocated"] == "14 GPUs"                # v1 8 + n1 2 + p1 4
+    assert m["Idle allocated"] == "3 GPUs"            # one of v1's, both of n1's
+    assert m["Free"] == "18 GPUs"                     # h1 4 + h2 8 + a0 6; a1 cordoned
+    assert m["Fragmentation"] == "56 %"               # (h1 4 + a0 6) / 18 on partly used nodes
+    assert m["Pending demand"] == "24 GPUs"           # train-b: 3 x 8 H100
+
+
+def test_idle_page_names_the_idle_workloads(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = render(api_url, "idle", monkeypatch)
+    m = metrics(at)
+    assert (m["Idle allocated"], m["Idle workloads"], m["Free"]) == ("3 GPUs", "2", "18 GPUs")
+    idle = at.dataframe[0].value
+    assert dict(zip(idle["workload"], idle["idle (GPUs)"])) == {"ml/n1": 2.0, "ml/v1": 1.0}
+    assert set(idle["queue"]) == {"research.nlp", "research.vision"}
+
+
+def test_cost_csv_totals_match_the_seed(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table is the frame the CSV download writes (AppTest keeps no media files after a run)."""
+    at = render(api_url, "cost", monkeypatch)
+    [button] = at.get("download_button")
+    assert button.proto.label == "Download CSV"
+    csv = pd.read_csv(io.StringIO(at.dataframe[0].value.to_csv(index=False)))
+    assert list(csv.columns) == CSV_COLUMNS
+    got = {(r.queue, r.gpu_type): (r.gpu_hours, r.idle_gpu_hours, r.cost) for r in csv.itertuples()}
+    assert got == {("research.vision", "H100"): (16.0, 2.0, 64.0),    # 8 GPUs x 2 h at $4, GPU 0 idle 2 h
+                   ("research.nlp", "A100"): (3.0, 3.0, 6.0),        # 2 GPUs x 1.5 h at $2, all idle
+                   ("prod", "H100"): (16.0, 0.0, 64.0)}              # p1 4 x 2 h + old 8 x 1 h
+    m = metrics(at)
+    assert m["GPU-hours (24h)"] == "35.0 GPU-h" and m["Cost"] == "$ 134.00" and m["Idle GPU-hours"] == "5.0 GPU-h"
+
+
+def test_scheduler_page_shows_pending_and_admissions(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = render(api_url, "scheduler", monkeypatch)
+    m = metrics(at)
+    assert m["Pending"] == "1 workloads" and m["Running"] == "1 workloads" and m["Admitted (24h)"] == "1"
+    pending = at.dataframe[0].value
+    assert list(pending["id"]) == ["train-b"] and list(pending["position"]) == [1]
+    assert pending["reason"][0] and pending["message"][0]
+
+
+def test_queues_page_and_range_in_the_url(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = render(api_url, "queues", monkeypatch, range_="7d")
+    assert at.query_params["range"] == "7d" and at.sidebar.selectbox[0].value == "7d"
+    m = metrics(at)
+    assert m["Allocated"] == "14 GPUs" and m["Guaranteed"] == "80 GPUs"     # research 24 + prod 56
+    assert m["Borrowed"] == "0 GPUs" and m["Lent"] == "66 GPUs"             # research 24-10, prod 56-4
+
+
+def test_api_unreachable_is_a_message_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    for page in ("overview", "cost"):
+        at = render(url, page, monkeypatch)
+        [msg] = errors(at)
+        assert msg.startswith(f"API unreachable: {url}/") and "gpuq serve" in msg
+
+
+def test_api_route_answers(api_url: str) -> None:
+    cap = httpx.get(api_url + "/accounting/capacity").json()
+    assert [(t["gpu_type"], t["capacity"], t["allocated"], t["free"]) for t in cap["types"]] == [
+        ("A100", 16.0, 2.0, 6.0), ("H100", 24.0, 12.0, 12.0)]
+    health = httpx.get(api_url + "/collector/health").json()
+    assert {(s["source"], s["node"]) for s in health["sources"]} == {("dcgm", "a0"), ("dcgm", "h0"),
+                                                                     ("kubernetes", "")}
+    events = httpx.get(api_url + "/scheduler/events", params={"event": "admit"}).json()
+    assert [(e["workload"], e["gpus"]) for e in events] == [("train-a", 8)]
