@@ -42,6 +42,10 @@ class Allocation:
     gpu_resource: str = "nvidia.com/gpu"
     priority: int = 0
     ray_cluster: str = ""
+    source: str = "pod"          # pod | placement_group | ray_job | admission (accounting.ledger)
+    workload_id: str = ""        # the gpuq workload id, when the allocation belongs to one
+    owner_kind: str = ""         # the pod's top owner (RayJob, RayCluster, ...), "" for a bare pod
+    owner: str = ""
 
     @property
     def workload(self) -> str:

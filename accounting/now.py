@@ -19,6 +19,7 @@ from accounting.capacity import CapacityView, TypeShare, capacity_view, distribu
 from accounting.fairshare import Claim, dominant_share, water_fill
 from accounting.idle import DEFAULT_PARAMS, IdleParams, current
 from accounting.intervals import running
+from accounting.ledger import ADMISSION
 from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand
 from accounting.queues import ROOT
 from accounting.resolve import UNASSIGNED, Resolver
@@ -48,6 +49,7 @@ class QueueRow:
     fair_share: float
     over_quota_share: float
     idle: float
+    reserved: float = 0.0      # of allocated: admitted by gpuq, not seen yet (accounting.ledger)
 
     def as_dict(self) -> dict[str, object]:
         return {s: getattr(self, s) for s in self.__slots__}
@@ -77,10 +79,14 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
     cap = capacity_view(snap.nodes, live, resolver)
     alloc: dict[str, dict[str, float]] = {}
     pend: dict[str, dict[str, float]] = {}
+    resv: dict[str, dict[str, float]] = {}
     idle_q: dict[tuple[str, str], float] = {}
     owner = {(a.cluster, a.namespace, a.pod): a for a in live}
     for al in live:
-        _add(alloc, resolver.queue(al.queue, al.namespace), resolver.gpu_type(al.gpu_model, al.gpu_resource), al.gpus)
+        key = (resolver.queue(al.queue, al.namespace), resolver.gpu_type(al.gpu_model, al.gpu_resource))
+        _add(alloc, *key, al.gpus)
+        if al.source == ADMISSION:
+            _add(resv, *key, al.gpus)
     for dem in snap.pending:
         _add(pend, resolver.queue(dem.queue, dem.namespace), resolver.gpu_type(dem.gpu_model) if dem.gpu_model else None,
              dem.gpus)
@@ -92,6 +98,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
     kids = _tree(resolver, UNASSIGNED in alloc or UNASSIGNED in pend)
     _roll(alloc, kids, ROOT)
     _roll(pend, kids, ROOT)
+    _roll(resv, kids, ROOT)
     idle_roll: dict[str, dict[str, float]] = {}
     for (iq, it), v in idle_q.items():
         _add(idle_roll, iq, it, v)
@@ -120,7 +127,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
                 pending=p.get(r, 0.0), borrowed=None if g is None else max(0.0, used - g),
                 lent=None if g is None else max(0.0, g - used), fair_share=fair,
                 over_quota_share=oq.get(q, {}).get(r, capacity.get(r, 0.0) if q == ROOT else 0.0),
-                idle=idle_roll.get(q, {}).get(r, 0.0)))
+                idle=idle_roll.get(q, {}).get(r, 0.0), reserved=resv.get(q, {}).get(r, 0.0)))
     dist = distribution(cap, live, idle_q, resolver)
     return NowView(now, tuple(rows), cap, dist, starving(rows, snap.pending, resolver, now, starvation_s))
 

@@ -13,6 +13,21 @@ UTIL = "DCGM_FI_DEV_GPU_UTIL"
 _W = ("fromUnixTimestamp64Milli({f:Int64}, 'UTC') AS wf, fromUnixTimestamp64Milli({t:Int64}, 'UTC') AS wt, "
       "fromUnixTimestamp64Milli({n:Int64}, 'UTC') AS wn")
 
+# The ledger (accounting.ledger.dedup): the allocations overlapping [wf, wt), each gpuq workload
+# counted once, from its best source (pod, then placement group, then Ray job, then the admission),
+# a row with no queue of its own taking its workload's (a placement group's queue is the admission's).
+LEDGER = """(
+  SELECT * EXCEPT (rank, best, wq) REPLACE (if(queue = '', wq, queue) AS queue)
+  FROM (
+    SELECT *, multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, 3) AS rank,
+           if(workload_id = '', rank, min(rank) OVER (PARTITION BY workload_id)) AS best,
+           if(workload_id = '', '', max(queue) OVER (PARTITION BY workload_id)) AS wq
+    FROM {db}.@ALLOC@ FINAL
+    WHERE start < wt AND (end IS NULL OR end > wf)
+  )
+  WHERE rank = best
+)"""
+
 # Allocations overlapping [wf, wt) with the end they really had (accounting.intervals.effective_ends):
 # open rows count to now, and a row is cut at the start of the next uid of the same pod.
 ALLOC_SPANS = """
@@ -21,8 +36,7 @@ SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpu_resource, gpus,
 FROM (
   SELECT *, leadInFrame(toNullable(start)) OVER (PARTITION BY cluster, namespace, pod ORDER BY start, uid
                                                  ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_start
-  FROM {db}.@ALLOC@ FINAL
-  WHERE start < wt AND (end IS NULL OR end > wf)
+  FROM @LEDGER@
 )"""
 
 # GPU-seconds per UsageAgg key (accounting.intervals.clip + to_aggs).
@@ -39,9 +53,10 @@ ORDER BY cluster, queue, namespace, workload, gpu_model, gpu_resource"""
 ALLOCATIONS = f"""
 WITH {_W}
 SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpus, toUnixTimestamp64Milli(start) / 1000,
-       if(end IS NULL, NULL, toUnixTimestamp64Milli(assumeNotNull(end)) / 1000), gpu_resource, priority, ray_cluster
-FROM {{db}}.@ALLOC@ FINAL
-WHERE start < wt AND (end IS NULL OR end > wf)
+       if(end IS NULL, NULL, toUnixTimestamp64Milli(assumeNotNull(end)) / 1000), gpu_resource, priority, ray_cluster,
+       source, workload_id, owner_kind, owner
+FROM @LEDGER@
+WHERE {{sources:String}} = '' OR has(splitByChar(',', {{sources:String}}), source)
 ORDER BY cluster, namespace, pod, start, uid"""
 
 # Idle detection (accounting.idle.activity_points + idle_runs), in two stages and one pass over the
@@ -191,6 +206,23 @@ FROM (
 )
 GROUP BY cluster, node
 HAVING gpus > 0
+ORDER BY cluster, node"""
+
+# The State API's view of Ray nodes (preferred to the metrics pages, whose NodeAddress is shared by
+# every node of one host): alive nodes seen in the last 10 minutes, named by the first 12 hex
+# characters of their node id (collector.ray.ray_node_name), the placement groups' node names.
+RAY_STATE_NODES = """
+SELECT cluster, substring(node_id, 1, 12) AS node,
+       arrayStringConcat(arrayMap(k -> replaceOne(k, 'accelerator_type:', ''),
+                                  arrayFilter(k -> startsWith(k, 'accelerator_type:'), mapKeys(res))), ',') AS model,
+       res['GPU'] AS gpus
+FROM (
+  SELECT cluster, node_id, argMax(resources_total, ts) AS res, argMax(state, ts) AS st, max(ts) AS seen
+  FROM {db}.ray_nodes
+  WHERE ts <= fromUnixTimestamp64Milli({n:Int64}, 'UTC')
+  GROUP BY cluster, node_id
+)
+WHERE st = 'ALIVE' AND seen > fromUnixTimestamp64Milli({n:Int64}, 'UTC') - INTERVAL 10 MINUTE AND gpus > 0
 ORDER BY cluster, node"""
 
 # Pods whose latest event says Pending, unbound, asking for GPUs (accounting.model.PendingDemand).

@@ -48,7 +48,7 @@ def alloc_table(store: Store, window: Window) -> str:
 
 
 def _alloc(store: Store, text: str, window: Window) -> str:
-    return text.replace("@ALLOC@", alloc_table(store, window))
+    return text.replace("@LEDGER@", sql.LEDGER).replace("@ALLOC@", alloc_table(store, window))
 
 
 def _window(window: Window, now_s: float) -> dict[str, Any]:
@@ -63,11 +63,15 @@ def read_usage(store: Store, window: Window, now_s: float, by_workload: bool = T
             for c, q, ns, w, m, r, g in rows]
 
 
-def read_allocations(store: Store, window: Window, now_s: float) -> list[Allocation]:
-    rows = _q(store, _alloc(store, sql.ALLOCATIONS, window), _window(window, now_s))
+def read_allocations(store: Store, window: Window, now_s: float,
+                     sources: tuple[str, ...] = ()) -> list[Allocation]:
+    """The ledger's allocations overlapping the window (:mod:`accounting.ledger`), of ``sources``
+    only when given (after the ledger chose each workload's source)."""
+    rows = _q(store, _alloc(store, sql.ALLOCATIONS, window), {**_window(window, now_s), "sources": ",".join(sources)})
     return [Allocation(str(c), str(ns), str(p), str(u), str(q), str(n), str(m), float(g), float(s),
-                       None if e is None else float(e), str(r), int(pr), str(rc))
-            for c, ns, p, u, q, n, m, g, s, e, r, pr, rc in rows]
+                       None if e is None else float(e), str(r), int(pr), str(rc), str(src), str(wid), str(ok),
+                       str(o))
+            for c, ns, p, u, q, n, m, g, s, e, r, pr, rc, src, wid, ok, o in rows]
 
 
 def _runs_query(source: IdleSource, params: IdleParams, scan: dict[str, int]) -> tuple[str, dict[str, Any]]:
@@ -124,8 +128,8 @@ def read_idle_runs(store: Store, window: Window, now_s: float, params: IdleParam
 
 
 def read_nodes(store: Store, now_s: float) -> list[NodeCapacity]:
-    """Kubernetes nodes (allocatable GPUs, MIG slices as their own model); Ray's GPU resources for
-    clusters that have no node events."""
+    """Kubernetes nodes (allocatable GPUs, MIG slices as their own model); for clusters that have
+    no node events, Ray's nodes from the State API (``ray_nodes``), else from the metrics pages."""
     out: list[NodeCapacity] = []
     for c, n, model, gpus, ready, cordoned, _, mig in _q(store, sql.NODES, {"n": _ms(now_s)}):
         ok = bool(ready) and not bool(cordoned)
@@ -135,8 +139,12 @@ def read_nodes(store: Store, now_s: float) -> list[NodeCapacity]:
             profile = str(res).removeprefix("nvidia.com/mig-")
             out.append(NodeCapacity(str(c), str(n), f"{model}-MIG-{profile}", float(count), ok))
     k8s = {nc.cluster for nc in out}
+    state = [NodeCapacity(str(c), str(n), str(model or ""), float(gpus), True)
+             for c, n, model, gpus in _q(store, sql.RAY_STATE_NODES, {"n": _ms(now_s)}) if str(c) not in k8s]
+    out.extend(state)
+    seen = k8s | {nc.cluster for nc in state}
     for c, n, model, gpus in _q(store, sql.RAY_NODES, {"n": _ms(now_s)}):
-        if str(c) not in k8s:
+        if str(c) not in seen:
             out.append(NodeCapacity(str(c), str(n), str(model or ""), float(gpus), True))
     return out
 

@@ -25,11 +25,12 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from functools import partial
 from typing import Any, Protocol
 
-from accounting.model import PendingDemand
+from accounting.ledger import admission_rows
+from accounting.model import Allocation, PendingDemand
 from accounting.queues import ROOT, QueueConfig
 from scheduler import events as ev
 from scheduler.actuators.base import ActionResult, Actuator, Target, with_retries
@@ -61,6 +62,7 @@ from scheduler.service_views import (
     WorkloadView,
     bump,
 )
+from scheduler.service_ledger import DRIFT, MISPLACED, Foreign, Mismatch, admission_store_row, foreign, reconcile
 from scheduler.snapshot import Cluster, Settings, build_cluster, snapshot
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,8 @@ class SchedulerService:
         self._history: deque[PreemptionRecord] = deque(maxlen=history)
         self._idle: frozenset[str] = frozenset()
         self._cluster: Cluster | None = None
+        self._foreign = Foreign((), {}, ())           # observed allocations gpuq did not admit
+        self.mismatches: tuple[Mismatch, ...] = ()     # the last reconciliation's
         self._seq = 0
         self._last_t = float("-inf")
 
@@ -223,6 +227,7 @@ class SchedulerService:
         cluster = self._cluster_now()
         running = [r if r.workload.id not in self._idle else Running(r.workload, r.placement, r.start_s, True)
                    for e in self._entries.values() if (r := e.running) is not None]
+        running.extend(self._foreign.running)
         pending = [e.workload for e in self._entries.values() if e.state == PENDING]
         return snapshot(cluster, running, [*pending, *extra], self.settings)
 
@@ -280,11 +285,14 @@ class SchedulerService:
                 self.stats.observe_wait(w.queue, now - w.submit_s)
         if record:
             self._emit(now, "admit", w, gpu_type=placement.gpu_type, placement=placement.as_dict())
+            self._ledger(e, now, None)
             bump(self.stats.admissions, w.queue)
 
     def _preempt(self, v: Entry, by: str, reason: str, now: float, record: bool = True) -> None:
         r = v.running
         assert r is not None
+        if record:
+            self._ledger(v, r.start_s, now)
         if v.left_s > 0:
             v.left_s = max(0.0, v.left_s - (now - r.start_s)) if v.workload.checkpoint else v.workload.duration_s
         v.state, v.running, v.preempted = PENDING, None, v.preempted + 1
@@ -299,6 +307,8 @@ class SchedulerService:
             self._emit(now, "finish", e.workload)
 
     def _close(self, e: Entry, state: str, now: float, reason: Reason | None) -> None:
+        if e.running is not None:
+            self._ledger(e, e.running.start_s, now)
         e.state, e.running, e.end_s, e.reason = state, None, now, reason
         self._entries.pop(e.workload.id, None)
         self._done[e.workload.id] = e
@@ -312,6 +322,66 @@ class SchedulerService:
         self._last_t = max(self._last_t, event["t"])
         if self._sink is not None:
             self._sink.write(ev.TABLE, [ev.to_row(event, self._seq, self.cluster_name, spec)])
+
+    def _ledger(self, e: Entry, start_s: float, end_s: float | None) -> None:
+        """The admission's rows in the ledger (``gpu_allocations``, source ``admission``)."""
+        if self._sink is not None and e.running is not None:
+            self._sink.write("gpu_allocations", [admission_store_row(a) for a in self._admission(e, end_s)])
+
+    def _admission(self, e: Entry, end_s: float | None = None) -> list[Allocation]:
+        r = e.running
+        assert r is not None
+        return admission_rows(e.workload.id, e.workload.queue, cluster=self.cluster_name,
+                              namespace=e.target.namespace, gpu_type=r.placement.gpu_type,
+                              placement=r.placement.nodes, start_s=r.start_s, end_s=end_s,
+                              priority=e.workload.priority)
+
+    # -- the ledger ---------------------------------------------------------------------------------
+    def admitted_allocations(self) -> list[Allocation]:
+        """What gpuq holds now, as ledger rows (one per node of each running workload)."""
+        with self._lock:
+            return [a for e in self._entries.values() if e.running is not None for a in self._admission(e)]
+
+    def set_observed(self, observed: Sequence[Allocation], queue_of: Callable[[Allocation], str],
+                     node_name: Callable[[Allocation], str], now: float, grace_s: float | None) -> None:
+        """The ledger's observed allocations running now (deduplicated, no ``admission`` rows):
+        those gpuq did not admit occupy their nodes and count for their queue; with ``grace_s``
+        (None: no reconciliation, as with the dry-run actuator) every mismatch gets its reason."""
+        with self._lock:
+            targets = self._targets()
+            types = {n.name: n.gpu_type for n in self._nodes}
+            leaves = frozenset(_leaves(self._config))
+            known = lambda wid: wid in self._entries or wid in self._done   # noqa: E731
+            f = foreign(observed, known, targets, queue_of, leaves, node_name,
+                        lambda node, a: types.get(node) or a.gpu_model or "unknown")
+            if (f.running, dict(f.occupied)) != (self._foreign.running, dict(self._foreign.occupied)):
+                self._cluster = None
+            self._foreign = f
+            if grace_s is None:
+                self.mismatches = ()
+                return
+            running = {wid: (e.running, e.target) for wid, e in self._entries.items() if e.running is not None}
+            managed = frozenset(e.target.namespace for e in (*self._entries.values(), *self._done.values())
+                                if e.target.namespace)
+            self.mismatches = tuple(reconcile(observed, running, targets, node_name, now, grace_s, managed,
+                                              f.allocations))
+            flagged = {m.workload: m for m in self.mismatches}
+            for wid, e in self._entries.items():
+                if e.running is None:
+                    continue
+                m = flagged.get(wid)
+                if m is not None:
+                    e.reason = Reason(m.kind, m.message)
+                elif e.reason is not None and e.reason.code in (DRIFT, MISPLACED):
+                    e.reason = None
+
+    def foreign_running(self) -> tuple[Running, ...]:
+        with self._lock:
+            return self._foreign.running
+
+    def _targets(self) -> dict[tuple[str, str], str]:
+        return {(e.target.namespace, e.target.name): wid
+                for wid, e in (*self._done.items(), *self._entries.items()) if e.target.name}
 
     # -- reads ------------------------------------------------------------------------------------
     def _active(self, workload_id: str) -> Entry:
@@ -409,15 +479,17 @@ class SchedulerService:
         """``nodes``, kept large enough for what runs there; a node that left while workloads still
         run on it stays (as large as what they hold) until they stop, so the books balance."""
         held: dict[str, tuple[str, int]] = {}
-        for e in self._entries.values():
-            if e.running is not None:
-                for name, gpus in e.running.placement.nodes:
-                    t, h = held.get(name, (e.running.placement.gpu_type, 0))
-                    held[name] = (t, h + gpus)
+        for r in (*(e.running for e in self._entries.values() if e.running is not None), *self._foreign.running):
+            for name, gpus in r.placement.nodes:
+                t, h = held.get(name, (r.placement.gpu_type, 0))
+                held[name] = (t, h + gpus)
+        occupied = self._foreign.occupied
         out: list[Node] = []
         for node in nodes:
             t, h = held.pop(node.name, (node.gpu_type, 0))
-            out.append(node if h <= node.gpus else dataclasses.replace(node, gpus=h))
+            # GPUs held outside any leaf queue are not there for gpuq; what gpuq runs there always is
+            gpus = max(h, node.gpus - occupied.get(node.name, ("", 0))[1], 0)
+            out.append(node if gpus == node.gpus else dataclasses.replace(node, gpus=gpus))
         out.extend(Node(name, t, h) for name, (t, h) in sorted(held.items()))
         return out
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from accounting import service as acc
 from accounting.idle import IdleParams, current
+from accounting.ledger import ADMISSION, combine
 from accounting.metrics import AccountingCollector
-from accounting.model import PendingDemand, Window
+from accounting.model import Allocation, PendingDemand, Window
 from accounting.now import NowSnapshot, NowView, compute_now
 from accounting.queues import QueueConfig
 from accounting.resolve import Resolver
@@ -34,6 +35,8 @@ class Refresh:
     view: NowView
     nodes: tuple[Node, ...]                       # schedulable nodes with GPUs, as the scheduler sees them
     idle: frozenset[tuple[str, str]]              # (namespace, workload) holding an idle GPU now
+    observed: tuple[Allocation, ...] = ()         # the ledger's observed allocations running now
+    node_name: Callable[[Allocation], str] = lambda a: a.node   # an allocation's node, as in ``nodes``
 
 
 class LiveAccounting:
@@ -48,6 +51,10 @@ class LiveAccounting:
         self._config = config if config is not None else acc.load_config(None)
         self._lock = threading.Lock()
         self.view: NowView | None = None
+        self._snap: NowSnapshot | None = None
+        # what gpuq admitted now, as ledger rows (SchedulerService.admitted_allocations): every view
+        # adds them to what the collectors observed (accounting.ledger.combine)
+        self.admitted: Callable[[], Sequence[Allocation]] = lambda: ()
         self.error: str | None = None             # the last reload's problem, while the old config stays
         if self.watcher is not None:
             self.collector.watch_config(lambda: self.error is not None)
@@ -93,21 +100,36 @@ class LiveAccounting:
     def refresh(self, now_s: float, pending: Sequence[PendingDemand] | None = None) -> Refresh:
         """Compute the "now" view (the scheduler's pending demand when given) and update the gauges."""
         snap = acc.now_snapshot(self.store, now_s, self.params, pending)
-        view = compute_now(snap, Resolver(self._config), self.params, self.starvation_s)
+        observed = tuple(a for a in snap.allocations if a.source != ADMISSION)
+        view = self._compute(snap)
         with self._lock:
-            self.view = view
+            self.view, self._snap = view, snap
         self.collector.update(view)
         nodes = _nodes(view)
-        return Refresh(view, nodes, _idle(snap, now_s, self.params))
+        many = len({n.cluster for n in view.capacity.nodes if n.schedulable and n.capacity >= 1}) > 1
+        return Refresh(view, nodes, _idle(snap, now_s, self.params), observed,
+                       (lambda a: f"{a.cluster}/{a.node}") if many else (lambda a: a.node))
+
+    def _compute(self, snap: NowSnapshot) -> NowView:
+        live = replace(snap, allocations=tuple(combine(snap.allocations, self.admitted())))
+        return compute_now(live, Resolver(self._config), self.params, self.starvation_s)
+
+    def queue_of(self, a: Allocation) -> str:
+        return Resolver(self._config).queue(a.queue, a.namespace)
 
     def materialize(self, now_s: float) -> list[float]:
         return materialize_hours(self.store, now_s, self.params)
 
     # -- what the API serves ------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
+        """The "now" view with gpuq's admissions as they are at this moment (so that it agrees with
+        the scheduler's workloads whenever asked), over the last observed snapshot."""
         with self._lock:
-            view = self.view
-        return [r.as_dict() for r in view.rows] if view is not None else []
+            snap = self._snap
+        if snap is None:
+            return []
+        view = self._compute(snap)
+        return [r.as_dict() for r in view.rows]
 
     def usage(self, start_s: float, end_s: float, by: Sequence[str], now_s: float,
               rollup: bool = False) -> list[dict[str, Any]]:

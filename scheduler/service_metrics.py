@@ -48,6 +48,9 @@ class SchedulerCollector(Collector):
                 if e.state == PENDING and e.first_start_s is None:
                     q = e.workload.queue
                     oldest[q] = min(oldest.get(q, e.workload.submit_s), e.workload.submit_s)
+            mismatches: dict[str, int] = {}
+            for m in svc.mismatches:
+                mismatches[m.kind] = mismatches.get(m.kind, 0) + 1
         counts = svc.counts()
         yield _counter("gpuq_scheduler_cycles", "Scheduling cycles run.", [], {(): st.cycles})
         buckets = [(str(b), n) for b, n in zip(BUCKETS_S, st.cycle_buckets)] + [("+Inf", st.cycles)]
@@ -85,6 +88,12 @@ class SchedulerCollector(Collector):
             for q, submit_s in sorted(oldest.items()):
                 age.add_metric([q], max(0.0, st.last_cycle_s - submit_s))
         yield age
+        ledger = GaugeMetricFamily("gpuq_ledger_mismatches",
+                                   "Mismatches between the ledger and gpuq's decisions at the last reconciliation "
+                                   "(actuator_drift, misplaced, foreign).", labels=["kind"])
+        for kind in ("actuator_drift", "misplaced", "foreign"):
+            ledger.add_metric([kind], mismatches.get(kind, 0))
+        yield ledger
 
 
 def _counter(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], int]) -> CounterMetricFamily:

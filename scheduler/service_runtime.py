@@ -88,6 +88,9 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
                                    cluster=cluster, retry_attempts=1)
         writer.start()                               # replays spilled events first, so the restore sees them
         service.restore(read_events(store, cluster))
+        accounting.admitted = service.admitted_allocations
+        # admitted but unseen for this long is actuator drift; the dry-run actuator acts on nothing
+        grace = None if sc.actuator == "dry-run" else max(120.0, 4 * settings.accounting.interval_s)
         if not nodes:
             log.info("nodes: from the accounting's view of capacity")
         state = {"materialized": clock()}             # first after MATERIALIZE_EVERY_S: a quick start
@@ -99,6 +102,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             if not nodes:
                 service.set_nodes(r.nodes)
             service.set_idle_targets(r.idle)
+            service.set_observed(r.observed, accounting.queue_of, r.node_name, now, grace)
             if now - state["materialized"] >= MATERIALIZE_EVERY_S:
                 state["materialized"] = now
                 accounting.materialize(now)

@@ -34,10 +34,11 @@ QUEUES = {"a": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}},
 class Sink:
     def __init__(self) -> None:
         self.rows: list[tuple[Any, ...]] = []
+        self.ledger: list[tuple[Any, ...]] = []       # the admissions' gpu_allocations rows
 
     def write(self, table: str, rows: Any) -> None:
-        assert table == ev.TABLE
-        self.rows.extend(rows)
+        assert table in (ev.TABLE, "gpu_allocations")
+        (self.rows if table == ev.TABLE else self.ledger).extend(rows)
 
     def events(self) -> list[tuple[str, str]]:
         return [(r[4], r[5]) for r in self.rows]

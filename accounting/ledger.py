@@ -1,0 +1,77 @@
+"""The one ledger of allocations: who holds which GPUs, each workload counted once. Pure.
+
+Sources, in order of precedence (:data:`SOURCES`):
+
+``pod``
+    a Kubernetes pod bound to a node with GPUs (the collector's watcher);
+``placement_group``
+    a Ray placement group's bundles on a node (the collector's State API target);
+``ray_job``
+    a Ray job's driver that asked for GPUs (``entrypoint_num_gpus``);
+``admission``
+    what gpuq admitted and has not been seen yet by any of the above (the scheduler).
+
+Rows that carry a gpuq ``workload_id`` are one allocation per workload: only the rows of its
+best source count (an admitted RayJob's pods, not also its admission; a Ray gang's placement
+group, not also its admission). A row with no queue of its own (a placement group) takes its
+workload's queue from the other rows (the admission). Rows without a workload id (work gpuq did
+not admit: pods of other schedulers, jobs started before gpuq) always count: they are *foreign*.
+
+``accounting.sql.LEDGER`` is the same rule in SQL; ``tests/test_ledger.py`` checks the two agree.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from accounting.model import Allocation
+
+SOURCES = ("pod", "placement_group", "ray_job", "admission")
+_RANK = {s: i for i, s in enumerate(SOURCES)}
+ADMISSION = "admission"
+
+
+def rank(source: str) -> int:
+    return _RANK.get(source, len(SOURCES) - 1)
+
+
+def dedup(allocations: Iterable[Allocation]) -> list[Allocation]:
+    """The allocations that count, in their input order."""
+    allocs = list(allocations)
+    best: dict[str, int] = {}
+    queue: dict[str, str] = {}
+    for a in allocs:
+        if a.workload_id:
+            r = rank(a.source)
+            if r < best.get(a.workload_id, len(SOURCES)):
+                best[a.workload_id] = r
+            if a.queue > queue.get(a.workload_id, ""):
+                queue[a.workload_id] = a.queue
+    out = []
+    for a in allocs:
+        if not a.workload_id:
+            out.append(a)
+        elif rank(a.source) == best[a.workload_id]:
+            out.append(a if a.queue else replace(a, queue=queue[a.workload_id]))
+    return out
+
+
+def combine(observed: Iterable[Allocation], admitted: Iterable[Allocation]) -> list[Allocation]:
+    """The ledger now: what the collectors observed (any stored ``admission`` rows dropped: the
+    scheduler's live ``admitted`` rows replace them) plus what gpuq admitted, deduplicated."""
+    return dedup([*(a for a in observed if a.source != ADMISSION), *admitted])
+
+
+def admission_rows(workload_id: str, queue: str, *, cluster: str, namespace: str, gpu_type: str,
+                   placement: Mapping[str, int] | Iterable[tuple[str, int]], start_s: float,
+                   end_s: float | None = None, priority: int = 0) -> list[Allocation]:
+    """The ledger rows of one admission: one per node of its placement."""
+    nodes = placement.items() if isinstance(placement, Mapping) else placement
+    return [Allocation(cluster, namespace, workload_id, f"{workload_id}/{node}", queue, node, gpu_type,
+                       float(gpus), start_s, end_s, "nvidia.com/gpu", priority, "", ADMISSION, workload_id)
+            for node, gpus in nodes if gpus > 0]
+
+
+def reserved(allocations: Iterable[Allocation]) -> list[Allocation]:
+    """Of the ledger's rows, those only the scheduler knows (admitted, not seen yet)."""
+    return [a for a in allocations if a.source == ADMISSION]
