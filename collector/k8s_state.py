@@ -177,6 +177,11 @@ class ClusterTracker:
                 self._stored[a.uid] = a
 
     # -- owners (RayCluster, RayJob) --------------------------------------------------------------
+    def prime_owners(self, stream_kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
+        """Fill the owner index without rows (a restart that resumes the owner watch)."""
+        for obj in objs:
+            self.owners.put(owner_of(OWNER_KINDS[stream_kind], obj))
+
     def on_owner(self, stream_kind: str, event: str, obj: Mapping[str, Any], now: dt.datetime) -> Rows:
         owner = owner_of(OWNER_KINDS[stream_kind], obj)
         if event == "DELETED":

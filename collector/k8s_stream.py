@@ -1,7 +1,8 @@
 """List and watch one Kubernetes collection with the real client, resuming and retrying.
 
-One :class:`ResourceStream` per collection (``nodes``, ``pods``, or ``pods/<namespace>``). It
-does the I/O only; what the objects mean is the handler's business
+One :class:`ResourceStream` per collection (``nodes``, ``pods``, or ``pods/<namespace>``, and
+KubeRay's ``rayclusters`` / ``rayjobs`` (``ray.io/v1`` custom objects, read with the client's
+``CustomObjectsApi``), also per namespace). It does the I/O only; what the objects mean is the handler's business
 (:class:`collector.kubernetes.KubernetesWatcher`).
 
 The loop, until ``stop``:
@@ -16,7 +17,10 @@ The loop, until ``stop``:
 * anything else (connection refused or dropped mid-stream, HTTP error, a line that is not JSON):
   report a :class:`WatchError` and, after an exponential backoff with jitter (capped), watch
   again from the last resourceVersion (or list again, if the list failed);
-* an unexpected exception (a bug, the emit callable failing): report it, back off, relist.
+* an unexpected exception (a bug, the emit callable failing): report it, back off, relist;
+* a custom resource the server does not know (HTTP 404: KubeRay's CRDs not installed): logged
+  once, not reported as an error, and asked again every ``absent_retry_s`` (KubeRay installed
+  later is picked up). The stream counts as synced meanwhile, so nothing waits for it.
 
 Bodies are read with ``_preload_content=False`` and parsed as plain JSON: the handler works on
 the API's own dicts, and the client's model classes (slow for pods) are never built.
@@ -29,12 +33,12 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import urllib3
-from kubernetes.client import CoreV1Api
+from kubernetes.client import CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
@@ -42,17 +46,23 @@ from collector.errors import ResourceExpired, WatchError
 
 log = logging.getLogger(__name__)
 WATCH_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
+CUSTOM_RESOURCES = {"rayclusters": ("ray.io", "v1"), "rayjobs": ("ray.io", "v1")}   # plural -> group, version
 
 
 @dataclass(frozen=True, slots=True)
 class StreamSpec:
-    kind: str                      # "pods" or "nodes"
-    namespace: str | None = None   # pods of one namespace; None = all
+    kind: str                      # "pods", "nodes", or a plural of CUSTOM_RESOURCES
+    namespace: str | None = None   # objects of one namespace; None = all
 
     @property
     def key(self) -> str:
         """The collector_state key that holds this stream's resourceVersion."""
         return f"{self.kind}/{self.namespace}" if self.namespace else self.kind
+
+    @property
+    def custom(self) -> tuple[str, str] | None:
+        """(group, version) of a custom resource, None for a core one."""
+        return CUSTOM_RESOURCES.get(self.kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +74,7 @@ class StreamOptions:
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
     min_watch_s: float = 1.0           # a watch shorter than this with no event counts as a failure
+    absent_retry_s: float = 300.0      # how often to ask again for a custom resource answered 404
 
 
 def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random) -> float:
@@ -82,9 +93,11 @@ class StreamHandler(Protocol):
 class ResourceStream:
     def __init__(self, spec: StreamSpec, api: CoreV1Api, handler: StreamHandler, *, cluster: str,
                  server: str, stop: threading.Event, options: StreamOptions = StreamOptions(),
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, custom_api: CustomObjectsApi | None = None) -> None:
         self.spec = spec
         self.api = api
+        self.custom_api = custom_api
+        self.absent_logged = False
         self.handler = handler
         self.cluster = cluster
         self.server = server
@@ -98,18 +111,18 @@ class ResourceStream:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, resume_from: str | None = None, *, prime: bool = False,
-            wait_for: threading.Event | None = None) -> None:
+            wait_for: Sequence[threading.Event] = ()) -> None:
         """List/watch until ``stop``. With ``resume_from``, watch from there without relisting
-        (``prime``: read the collection once for the handler's cache first)."""
+        (``prime``: read the collection once for the handler's cache first). ``wait_for``: start
+        once these are set (other streams' first list)."""
         self.resource_version = resume_from or None
         need_prime = prime and self.resource_version is not None
         failures = expired = 0
+        for event in wait_for:
+            while not event.wait(0.1):
+                if self.stop.is_set():
+                    return
         while not self.stop.is_set():
-            if wait_for is not None:
-                while not wait_for.wait(0.1):
-                    if self.stop.is_set():
-                        return
-                wait_for = None
             try:
                 if need_prime:
                     self.handler.on_primed(self.spec, self._list()[0])
@@ -135,6 +148,11 @@ class ResourceStream:
                 self.synced.set()
                 if self.stop.is_set():
                     return
+                if self.absent(exc):
+                    self.resource_version = None
+                    need_prime = False
+                    self.stop.wait(self.options.absent_retry_s)
+                    continue
                 if not isinstance(exc, WatchError):
                     log.exception("%s: unexpected error; relisting after a backoff", self.spec.key)
                     self.resource_version = None          # what was handed over may be incomplete
@@ -148,6 +166,18 @@ class ResourceStream:
             finally:
                 if self.resource_version:
                     self.handler.on_resource_version(self.spec, self.resource_version, True)
+
+    def absent(self, exc: BaseException) -> bool:
+        """True (and logged once) when ``exc`` says the server does not serve this custom resource."""
+        if self.spec.custom is None or not isinstance(exc, WatchError) or exc.status != 404:
+            return False
+        if not self.absent_logged:
+            self.absent_logged = True
+            group, version = self.spec.custom
+            log.warning("kubernetes cluster %r at %s: %s.%s/%s not served (CRD not installed?); going on "
+                        "without it, asking again every %.0f s", self.cluster, self.server, self.spec.kind,
+                        group, version, self.options.absent_retry_s)
+        return True
 
     def list_once(self) -> str:
         """List the whole collection, hand it to the handler; return the list's resourceVersion."""
@@ -177,7 +207,18 @@ class ResourceStream:
         what = "watch" if kwargs.get("watch") else "list"
         resp: Any
         try:
-            if self.spec.kind == "nodes":
+            custom = self.spec.custom
+            if custom is not None:
+                if self.custom_api is None:
+                    raise TypeError(f"{self.spec.key}: a custom resource stream needs custom_api")
+                group, version = custom
+                if self.spec.namespace:
+                    resp = self.custom_api.list_namespaced_custom_object(
+                        group, version, self.spec.namespace, self.spec.kind, _preload_content=False, **kwargs)
+                else:
+                    resp = self.custom_api.list_cluster_custom_object(
+                        group, version, self.spec.kind, _preload_content=False, **kwargs)
+            elif self.spec.kind == "nodes":
                 resp = self.api.list_node(_preload_content=False, **kwargs)
             elif self.spec.namespace:
                 resp = self.api.list_namespaced_pod(self.spec.namespace, _preload_content=False, **kwargs)

@@ -1,5 +1,5 @@
-"""The Kubernetes watcher: list and watch nodes and pods, emit pod_events, node_events,
-gpu_allocations and the resume points in collector_state.
+"""The Kubernetes watcher: list and watch nodes, pods and KubeRay's RayClusters and RayJobs, emit
+pod_events, node_events, gpu_allocations and the resume points in collector_state.
 
 Wiring (the runner's side)::
 
@@ -12,16 +12,21 @@ Wiring (the runner's side)::
     )
     watcher.run(writer.write, stop)               # in a thread; returns within ~2 s of stop
 
-Streams: ``nodes``, and ``pods`` (or one ``pods/<ns>`` per configured namespace), each in its own
-thread (:mod:`collector.k8s_stream`). The pod streams wait for the node stream's first list, so
-pods get their node's GPU model from the start.
+Streams: ``nodes``, ``rayclusters`` and ``rayjobs`` (``ray.io/v1``, read only: the pods' owners,
+:mod:`collector.k8s_owners`), and ``pods`` (each but ``nodes`` as one ``<kind>/<ns>`` stream per
+configured namespace when namespaces are set), each in its own thread
+(:mod:`collector.k8s_stream`). The pod streams wait for the first list of the others, so pods
+get their node's GPU model and their owner's queue from the start; an owner seen after its pods
+re-attributes their open allocations (:mod:`collector.k8s_state`). Where KubeRay's CRDs are not
+installed (404) its streams log it once and pods are attributed from their own labels.
 
 Resume: each stream's resourceVersion is emitted as a ``collector_state`` row
 (``source="kubernetes"``, ``key`` = ``nodes`` / ``pods`` / ``pods/<ns>``) after the rows it covers:
 after a list, at every bookmark, when a watch ends, at stop, and at most every
 ``checkpoint_interval_s`` in between. At start ``load_state`` gives it back and the stream
-watches from there without relisting; the node stream reads the node list once (no rows) to
-refill its GPU-model cache. If the server answers 410 the stream relists. Events replayed
+watches from there without relisting; the node and owner streams read their list once (no
+rows) to refill the GPU-model cache and the owner index, and the open allocations in the store
+are read once, so that a changed attribution outranks the stored rows (:mod:`collector.k8s_alloc`). If the server answers 410 the stream relists. Events replayed
 because the stored resourceVersion lags collapse in the store (see :mod:`collector.k8s_state`).
 
 Relists: after a pod list the allocations still open, in the store (``open_allocations``) or
@@ -38,12 +43,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kubernetes.client import ApiClient, Configuration, CoreV1Api
+from kubernetes.client import ApiClient, Configuration, CoreV1Api, CustomObjectsApi
 
 from collector.base import Emit
 from collector.errors import CollectorError, WatchError
 from collector.k8s_alloc import Allocation
 from collector.k8s_extract import QueueKeys, QueueLookup
+from collector.k8s_owners import OWNER_KINDS
 from collector.k8s_state import ClusterTracker, Rows, merge
 from collector.k8s_stream import ResourceStream, StreamOptions, StreamSpec
 from gpuq.errors import ConfigError
@@ -102,8 +108,10 @@ class KubernetesWatcher:
 
     @property
     def specs(self) -> list[StreamSpec]:
-        pods = [StreamSpec("pods", ns) for ns in self.target.namespaces] or [StreamSpec("pods")]
-        return [StreamSpec("nodes"), *pods]
+        """``nodes``, the owner streams, then the pod streams (the order ``once`` lists them in)."""
+        namespaces: list[str | None] = list(self.target.namespaces) or [None]
+        owners = [StreamSpec(kind, ns) for kind in OWNER_KINDS for ns in namespaces]
+        return [StreamSpec("nodes"), *owners, *(StreamSpec("pods", ns) for ns in namespaces)]
 
     # -- run ----------------------------------------------------------------------------------
     def run(self, emit: Emit, stop: threading.Event, once: bool = False) -> None:
@@ -111,18 +119,25 @@ class KubernetesWatcher:
         cfg = api_configuration(self.target)
         self.server = self.name = str(cfg.host)
         api_client = ApiClient(cfg)
-        api = CoreV1Api(api_client)
+        api, custom_api = CoreV1Api(api_client), CustomObjectsApi(api_client)
         with self._lock:
             self._emit = emit
         try:
             streams = [ResourceStream(spec, api, self, cluster=self.cluster, server=self.server,
-                                      stop=stop, options=self.options,
+                                      stop=stop, options=self.options, custom_api=custom_api,
                                       rng=random.Random(self._rng.random()))
                        for spec in self.specs]
             if once:
                 for stream in streams:
-                    stream.list_once()
+                    try:
+                        stream.list_once()
+                    except WatchError as exc:
+                        if not stream.absent(exc):
+                            raise
                 return
+            stored = self._stored_open()
+            with self._lock:
+                self.tracker.remember_stored(stored)
             self._watch_all(streams, stop)
         finally:
             with self._lock:
@@ -130,14 +145,14 @@ class KubernetesWatcher:
             api_client.close()  # type: ignore[no-untyped-call]
 
     def _watch_all(self, streams: list[ResourceStream], stop: threading.Event) -> None:
-        nodes = streams[0]
+        first = [s.synced for s in streams if s.spec.kind != "pods"]   # nodes and owners
         threads = []
         for stream in streams:
             resume = self._resume_point(stream.spec)
-            is_nodes = stream is nodes
+            is_pods = stream.spec.kind == "pods"
             thread = threading.Thread(
                 target=self._run_stream, name=f"k8s-{self.cluster}-{stream.spec.key}", daemon=True,
-                args=(stream, resume, is_nodes, None if is_nodes else nodes.synced))
+                args=(stream, resume, not is_pods, first if is_pods else ()))
             thread.start()
             threads.append(thread)
         stop.wait()
@@ -148,7 +163,7 @@ class KubernetesWatcher:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _run_stream(self, stream: ResourceStream, resume: str | None, prime: bool,
-                    wait_for: threading.Event | None) -> None:
+                    wait_for: Sequence[threading.Event]) -> None:
         try:
             stream.run(resume, prime=prime, wait_for=wait_for)
         except Exception as exc:  # a last resort: the stream itself catches and retries
@@ -171,15 +186,20 @@ class KubernetesWatcher:
 
     # -- the streams' handler (called from the stream threads) ---------------------------------
     def on_listed(self, spec: StreamSpec, items: list[dict[str, Any]], resource_version: str) -> None:
-        stored = [] if spec.kind == "nodes" else self._stored_open()
+        stored = self._stored_open() if spec.kind == "pods" else []
         with self._lock:
             now = self._clock()
             rows: Rows = {}
+            if spec.kind == "pods":
+                self.tracker.remember_stored(stored)
             for obj in items:
                 merge(rows, self._apply(spec, "SYNC", obj, now))
             if spec.kind == "nodes":
                 names = {str((o.get("metadata") or {}).get("name") or "") for o in items}
                 merge(rows, self.tracker.nodes_relisted(names, now))
+            elif spec.kind in OWNER_KINDS:
+                uids = {str((o.get("metadata") or {}).get("uid") or "") for o in items}
+                merge(rows, self.tracker.owners_relisted(spec.kind, spec.namespace, uids, now))
             else:
                 uids = {str((o.get("metadata") or {}).get("uid") or "") for o in items}
                 merge(rows, self.tracker.pods_relisted(spec.namespace, uids, stored, now))
@@ -190,6 +210,8 @@ class KubernetesWatcher:
         with self._lock:
             if spec.kind == "nodes":
                 self.tracker.prime_nodes(items)
+            elif spec.kind in OWNER_KINDS:
+                self.tracker.prime_owners(spec.kind, items)
 
     def on_event(self, spec: StreamSpec, event: str, obj: dict[str, Any]) -> None:
         with self._lock:
@@ -218,6 +240,8 @@ class KubernetesWatcher:
         try:
             if spec.kind == "nodes":
                 return self.tracker.on_node(event, obj, now)
+            if spec.kind in OWNER_KINDS:
+                return self.tracker.on_owner(spec.kind, event, obj, now)
             return self.tracker.on_pod(event, obj, now)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             meta = obj.get("metadata") or {}

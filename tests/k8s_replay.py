@@ -1,7 +1,9 @@
 """A local Kubernetes API server that replays recorded objects in the API's wire format.
 
-Serves, for ``pods`` (``/api/v1/pods``, ``/api/v1/namespaces/<ns>/pods``) and ``nodes``
-(``/api/v1/nodes``):
+Serves, for ``pods`` (``/api/v1/pods``, ``/api/v1/namespaces/<ns>/pods``), ``nodes``
+(``/api/v1/nodes``) and KubeRay's custom objects ``rayclusters`` and ``rayjobs``
+(``/apis/ray.io/v1/<plural>``, ``/apis/ray.io/v1/namespaces/<ns>/<plural>``; answered 404, as by
+a cluster without the CRDs, for the plurals named in ``absent``):
 
 * list: ``{"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": ...},
   "items": [...]}``, paged with ``limit``/``continue`` (a consistent snapshot, like etcd);
@@ -41,7 +43,10 @@ from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 DATA = Path(__file__).parent / "data" / "k8s"
-KINDS = {"pods": "Pod", "nodes": "Node"}
+KINDS = {"pods": "Pod", "nodes": "Node", "rayclusters": "RayCluster", "rayjobs": "RayJob"}
+API_VERSIONS = {"pods": "v1", "nodes": "v1", "rayclusters": "ray.io/v1", "rayjobs": "ray.io/v1"}
+CUSTOM = ("rayclusters", "rayjobs")
+NAMESPACED = ("pods", *CUSTOM)
 
 
 def load(name: str) -> Any:
@@ -53,7 +58,7 @@ class Request:
     method: str
     path: str
     query: dict[str, str]
-    resource: str                 # "pods" or "nodes" ("" for anything else)
+    resource: str                 # a key of KINDS ("" for anything else)
     namespace: str | None
 
     @property
@@ -90,11 +95,15 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 
 class ReplayServer:
     def __init__(self, pods: Iterable[dict[str, Any]] = (), nodes: Iterable[dict[str, Any]] = (),
-                 resource_version: int = 1, max_watch_s: float = 30.0) -> None:
+                 resource_version: int = 1, max_watch_s: float = 30.0, *,
+                 rayclusters: Iterable[dict[str, Any]] = (), rayjobs: Iterable[dict[str, Any]] = (),
+                 absent: Iterable[str] = ()) -> None:
         self._cond = threading.Condition()
         self._rv = resource_version
-        self._res = {"pods": _Resource(), "nodes": _Resource()}
-        for kind, items in (("pods", pods), ("nodes", nodes)):
+        self._res = {kind: _Resource() for kind in KINDS}
+        self.absent = frozenset(absent)
+        for kind, items in (("pods", pods), ("nodes", nodes), ("rayclusters", rayclusters),
+                            ("rayjobs", rayjobs)):
             for obj in items:
                 obj = copy.deepcopy(obj)
                 self._rv = max(self._rv, int(obj["metadata"].get("resourceVersion") or 0))
@@ -161,14 +170,15 @@ class ReplayServer:
             res = self._res[kind]
             body: dict[str, Any]
             if obj is None:                           # a bookmark
-                body = {"kind": KINDS[kind], "apiVersion": "v1",
+                body = {"kind": KINDS[kind], "apiVersion": API_VERSIONS[kind],
                         "metadata": {"resourceVersion": str(self._rv)}}
             else:
                 body = copy.deepcopy(obj)
                 body.setdefault("kind", KINDS[kind])
-                body.setdefault("apiVersion", "v1")
+                body.setdefault("apiVersion", API_VERSIONS[kind])
                 body["metadata"]["resourceVersion"] = str(self._rv)
-                item = {k: v for k, v in body.items() if k not in ("kind", "apiVersion")}
+                item = body if kind in CUSTOM else {k: v for k, v in body.items()
+                                                    if k not in ("kind", "apiVersion")}
                 if type_ == "DELETED":
                     res.objects.pop(_key(body), None)
                 else:
@@ -253,7 +263,7 @@ class ReplayServer:
         if end < len(snap):
             meta["continue"] = base64.urlsafe_b64encode(f"{rv}/{end}".encode()).decode()
             meta["remainingItemCount"] = len(snap) - end
-        return 200, {"kind": f"{KINDS[kind]}List", "apiVersion": "v1", "metadata": meta,
+        return 200, {"kind": f"{KINDS[kind]}List", "apiVersion": API_VERSIONS[kind], "metadata": meta,
                      "items": snap[start:end]}
 
     def _watch_plan(self, kind: str, rv: int) -> tuple[str, int | None, int]:
@@ -308,9 +318,14 @@ def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
                 kind = segs[2]
             elif segs[:3] == ["api", "v1", "namespaces"] and len(segs) == 5 and segs[4] == "pods":
                 kind, ns = "pods", segs[3]
+            elif segs[:2] == ["apis", "ray.io"] and segs[2:3] == ["v1"]:
+                if len(segs) == 4 and segs[3] in CUSTOM:
+                    kind = segs[3]
+                elif len(segs) == 6 and segs[3] == "namespaces" and segs[5] in CUSTOM:
+                    kind, ns = segs[5], segs[4]
             req = Request("GET", parts.path, query, kind, ns)
             server.requests.append(req)
-            if not kind:
+            if not kind or kind in server.absent:
                 self._json(404, _status(404, "NotFound", f"the server could not find {parts.path}"))
             elif req.watch:
                 self._watch(kind, ns, query)

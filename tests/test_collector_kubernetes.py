@@ -694,12 +694,12 @@ def test_unreachable_server_retries_with_backoff(tmp_path: Path) -> None:
                   f'"contexts": [{{"name": "c", "context": {{"cluster": "c", "user": "u"}}}}]}}')
     errors: list[CollectorError] = []
     with watching(kc, errors=errors) as (_, sink):
-        wait_until(lambda: len(errors) >= 6)
+        wait_until(lambda: len(errors) >= 8)
     assert not sink.rows
     first = errors[0]
     assert isinstance(first, WatchError) and first.retryable and first.status is None
     assert url in str(first) and "'prod'" in str(first) and first.source == url
-    assert {e.resource for e in errors if isinstance(e, WatchError)} == {"nodes", "pods"}
+    assert {e.resource for e in errors if isinstance(e, WatchError)} == {"nodes", "pods", "rayclusters", "rayjobs"}
 
 
 def test_watches_that_end_at_once_back_off(tmp_path: Path) -> None:
