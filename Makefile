@@ -10,7 +10,7 @@ DEB_PACKAGES := prometheus prometheus-alertmanager chromium
 # the commands those packages give, checked before apt-get is asked
 DEB_COMMANDS := promtool amtool chromium
 
-.PHONY: test demo setup deb lint bench clean
+.PHONY: test demo setup deb lint bench clean alerts
 
 $(DEB_STAMP):
 	@missing=0; for c in $(DEB_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing=1; done; \
@@ -43,6 +43,10 @@ demo: setup
 
 bench: setup
 	$(BIN)/python -m benchmarks.run_all
+
+# the PrometheusRule the Helm chart ships, rendered from alerts/gpuq.rules.yml
+alerts: $(STAMP)
+	$(BIN)/python alerts/render.py
 
 clean:
 	rm -rf $(VENV) $(DEB_STAMP) .pytest_cache build *.egg-info
