@@ -439,11 +439,11 @@ class SchedulerService:
             cluster = self._cluster_now()
             used: dict[str, int] = {}
             on: dict[str, list[str]] = {}
-            for e in self._entries.values():
-                if e.running is not None:
-                    for name, n in e.running.placement.nodes:
-                        used[name] = used.get(name, 0) + n
-                        on.setdefault(name, []).append(e.workload.id)
+            own = (e.running for e in self._entries.values() if e.running is not None)
+            for r in (*own, *self._foreign.running):       # foreign work holds its GPUs too
+                for name, n in r.placement.nodes:
+                    used[name] = used.get(name, 0) + n
+                    on.setdefault(name, []).append(r.workload.id)
             return [NodeView(n.name, n.gpu_type, n.gpus, used.get(n.name, 0), n.gpus - used.get(n.name, 0),
                              tuple(on.get(n.name, ()))) for n in cluster.nodes]
 

@@ -111,7 +111,9 @@ class LiveAccounting:
                        (lambda a: f"{a.cluster}/{a.node}") if many else (lambda a: a.node))
 
     def _compute(self, snap: NowSnapshot) -> NowView:
-        live = replace(snap, allocations=tuple(combine(snap.allocations, self.admitted())))
+        admitted = tuple(self.admitted())
+        at = max([snap.at_s, *(a.start_s for a in admitted)])    # an admission after the snapshot is now
+        live = replace(snap, at_s=at, allocations=tuple(combine(snap.allocations, admitted)))
         return compute_now(live, Resolver(self._config), self.params, self.starvation_s)
 
     def queue_of(self, a: Allocation) -> str:

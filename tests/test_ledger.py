@@ -1,0 +1,86 @@
+"""The one ledger of allocations (accounting.ledger, accounting.sql.LEDGER): each workload counted
+once from its best source, in Python and in SQL alike; admissions written by the scheduler and
+read back by the accounting."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from accounting.ledger import combine, dedup
+from accounting.model import Allocation, Window
+from accounting.store_adapter import read_allocations, read_usage
+from gpuq.store.schema import COLUMNS
+from scheduler.service_ledger import admission_store_row
+from tests.accounting_helpers import T0, alloc
+
+
+def led(pod: str, source: str, wid: str = "", queue: str = "research.vision", node: str = "n1",
+        gpus: float = 4, start: float = 0.0, end: float | None = None, **kw: Any) -> Allocation:
+    a = alloc(pod, queue, gpus, start, end, node=node, uid=f"{pod}/{node}", **kw)
+    return dataclasses.replace(a, source=source, workload_id=wid)
+
+
+@pytest.mark.parametrize("rows, kept", [
+    pytest.param([led("p", "pod", "w"), led("pg", "placement_group", "w"), led("a", "admission", "w")],
+                 ["p"], id="pod-wins"),
+    pytest.param([led("a", "admission", "w"), led("pg", "placement_group", "w", queue="")],
+                 ["pg"], id="placement-group-over-admission"),
+    pytest.param([led("j", "ray_job", "w"), led("a", "admission", "w")], ["j"], id="ray-job-over-admission"),
+    pytest.param([led("a", "admission", "w")], ["a"], id="admission-alone-is-reserved"),
+    pytest.param([led("f1", "pod"), led("f2", "pod"), led("a", "admission", "w")],
+                 ["f1", "f2", "a"], id="foreign-always-counts"),
+    pytest.param([led("p1", "pod", "w", node="n1"), led("p2", "pod", "w", node="n2"),
+                  led("pg", "placement_group", "w")], ["p1", "p2"], id="every-pod-of-the-workload"),
+])
+def test_dedup_keeps_the_best_source(rows: list[Allocation], kept: list[str]) -> None:
+    assert [a.pod for a in dedup(rows)] == kept
+
+
+def test_placement_group_takes_its_workloads_queue() -> None:
+    (pg,) = dedup([led("pg", "placement_group", "w", queue=""), led("a", "admission", "w", queue="prod")])
+    assert (pg.source, pg.queue) == ("placement_group", "prod")
+
+
+def test_combine_replaces_stored_admissions_with_live_ones() -> None:
+    stored = [led("old", "admission", "gone"), led("f", "pod")]
+    live = [led("a", "admission", "w")]
+    assert [a.pod for a in combine(stored, live)] == ["f", "a"]
+
+
+def _row(a: Allocation) -> tuple[Any, ...]:
+    if a.source == "admission":
+        return admission_store_row(a)
+    ts = lambda t: dt.datetime.fromtimestamp(t, dt.UTC)   # noqa: E731
+    return (a.cluster, a.namespace, a.pod, a.uid, a.queue, a.node, a.gpu_model, a.gpu_resource, a.gpus,
+            a.priority, a.ray_cluster, ts(a.start_s), None if a.end_s is None else ts(a.end_s),
+            round(a.start_s * 1000) * 10 + 1, a.source, a.workload_id, a.owner_kind, a.owner)
+
+
+def test_sql_ledger_agrees_with_the_pure_one(store: Any) -> None:
+    rows = [led("p", "pod", "w1", start=0), led("pg1", "placement_group", "w1", start=5),
+            led("pg2", "placement_group", "w2", queue="", start=10), led("a2", "admission", "w2", queue="prod"),
+            led("a3", "admission", "w3", queue="research.nlp", node="n2"),
+            led("f", "pod", queue="", start=20, gpus=2), led("done", "pod", end=50.0)]
+    store.insert("gpu_allocations", [_row(a) for a in rows], COLUMNS["gpu_allocations"])
+    now = T0 + 3600
+    got = read_allocations(store, Window(now, now + 1e-3), now)
+    want = [a for a in dedup(rows) if a.end_s is None]
+    key = lambda a: (a.pod, a.source, a.queue, a.gpus, a.workload_id)   # noqa: E731
+    assert sorted(map(key, got)) == sorted(map(key, want))
+    assert {a.pod for a in got} == {"p", "pg2", "a3", "f"}
+    # usage over the hour bills each workload once: w2's placement group under the admission's queue
+    usage = {(u.queue, u.workload): u.gpu_seconds for u in read_usage(store, Window(T0, now), now)}
+    assert usage[("prod", "pg2")] == pytest.approx(4 * 3590)
+    assert ("prod", "a2") not in usage and ("research.vision", "pg1") not in usage
+    assert usage[("research.vision", "p")] == pytest.approx(4 * 3600)
+
+
+def test_only_sources_filter(store: Any) -> None:
+    store.insert("gpu_allocations", [_row(led("a", "admission", "w")), _row(led("f", "pod"))],
+                 COLUMNS["gpu_allocations"])
+    now = T0 + 60
+    got = read_allocations(store, Window(now, now + 1e-3), now, sources=("pod",))
+    assert [a.pod for a in got] == ["f"]
