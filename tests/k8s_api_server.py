@@ -12,7 +12,12 @@ Serves what the ``kubernetes`` actuator and the workload source call:
 * ``POST /api/v1/namespaces/<ns>/pods/<name>/eviction``: a ``policy/v1`` Eviction deletes the pod
   (201 Success Status), 404 when there is no such pod, 429 TooManyRequests with the
   ``DisruptionBudget`` cause while :meth:`ApiServer.block_eviction` holds;
-* ``GET /apis/scheduling.k8s.io/v1/priorityclasses/<name>``.
+* ``GET /apis/scheduling.k8s.io/v1/priorityclasses/<name>``;
+* ``POST /api/v1/namespaces/<ns>/events``: a ``v1`` Event is stored (201, the Event with a uid,
+  resourceVersion and creationTimestamp); 409 AlreadyExists for a name taken, 422 Invalid for a
+  name that is not a DNS subdomain or a namespace that differs from the URL's or from
+  ``involvedObject.namespace`` (the API server's legacy Event validation); :meth:`ApiServer.events`
+  lists them in creation order.
 
 Scripting: :meth:`ApiServer.fail` answers the next ``times`` matching requests with a Status
 error; :meth:`ApiServer.after_next_get` changes an object right after the next GET of it is
@@ -24,6 +29,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -85,6 +91,7 @@ class _State:
     priority_classes: dict[str, int] = field(default_factory=dict)
     faults: list[_Fault] = field(default_factory=list)
     after_get: dict[str, Callable[[dict[str, Any]], None]] = field(default_factory=dict)
+    events: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)      # (ns, name)
 
 
 class ApiServer:
@@ -145,6 +152,12 @@ class ApiServer:
     def has_pod(self, namespace: str, name: str) -> bool:
         with self._lock:
             return (namespace, name) in self._state.pods
+
+    def events(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """The Events created, oldest first."""
+        with self._lock:
+            return [copy.deepcopy(e) for (ns, _), e in self._state.events.items()
+                    if namespace is None or ns == namespace]
 
     def fail(self, method: str, path: str, status: int, message: str, *, reason: str = "", times: int = 1,
              details: dict[str, Any] | None = None) -> None:
@@ -258,6 +271,34 @@ class ApiServer:
             self._state.pods.discard((ns, name))
         return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 
+    def _create_event(self, ns: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if not isinstance(body, dict) or (body.get("apiVersion"), body.get("kind")) != ("v1", "Event"):
+            return 400, _status(400, "BadRequest", "expected a v1 Event")
+        meta = body.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        involved = body.get("involvedObject") or {}
+        problems = []
+        if not _DNS_SUBDOMAIN.fullmatch(name) or len(name) > 253:
+            problems.append(f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain")
+        if meta.get("namespace", ns) != ns:
+            problems.append("metadata.namespace: Invalid value: does not match the namespace of the request")
+        if involved.get("namespace") != ns:
+            problems.append("involvedObject.namespace: Invalid value: does not match event.namespace")
+        if problems:
+            return 422, _status(422, "Invalid", f"Event \"{name}\" is invalid: " + ", ".join(problems))
+        with self._lock:
+            if (ns, name) in self._state.events:
+                body = _status(409, "AlreadyExists", f"events \"{name}\" already exists")
+                body["details"] = {"name": name, "kind": "events"}
+                return 409, body
+            self._rv += 1
+            stored = copy.deepcopy(body)
+            stored["metadata"] = {**meta, "namespace": ns, "resourceVersion": str(self._rv),
+                                  "uid": f"00000000-0000-4000-8000-{self._rv:012d}",
+                                  "creationTimestamp": body.get("firstTimestamp") or "2025-03-04T12:00:00Z"}
+            self._state.events[(ns, name)] = stored
+        return 201, copy.deepcopy(stored)
+
     def _priority_class(self, name: str) -> tuple[int, dict[str, Any]]:
         with self._lock:
             value = self._state.priority_classes.get(name)
@@ -286,6 +327,11 @@ class ApiServer:
         if method == "POST" and len(s) == 7 and s[:3] == ["api", "v1", "namespaces"] \
                 and (s[4], s[6]) == ("pods", "eviction"):
             return self._evict(s[3], s[5], content_type, body)
+        if method == "POST" and len(s) == 5 and s[:3] == ["api", "v1", "namespaces"] and s[4] == "events":
+            if content_type.split(";")[0].strip() != "application/json":
+                return 415, _status(415, "UnsupportedMediaType", "the body of the request was in an unknown "
+                                    "format - accepted media types include: application/json, application/yaml")
+            return self._create_event(s[3], body)
         if method == "GET" and len(s) == 5 and s[:4] == ["apis", "scheduling.k8s.io", "v1",
                                                          "priorityclasses"]:
             return self._priority_class(s[4])
@@ -293,6 +339,7 @@ class ApiServer:
                             f"the server could not find the requested resource ({method} {path})")
 
 
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 422: "Invalid",
             429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
 

@@ -21,6 +21,7 @@ from scheduler.actuators.kubernetes import (
     ADMISSION_ANNOTATION,
     CANCELLED_ANNOTATION,
     PREEMPTED_ANNOTATION,
+    WORKLOAD_ANNOTATION,
     KubernetesActuator,
     ObjectError,
     merge_patch,
@@ -33,6 +34,7 @@ LABELS = {"H100": "NVIDIA-H100-80GB-HBM3", "A100": "NVIDIA-A100-SXM4-80GB"}
 KEY = "nvidia.com/gpu.product"
 JOB = "/apis/ray.io/v1/namespaces/team-a/rayjobs/train-llm"
 CLUSTER = "/apis/ray.io/v1/namespaces/team-vision/rayclusters/vision-dev"
+EVENTS_A = "/api/v1/namespaces/team-a/events"
 JOB_T = Target("RayJob", "team-a", "train-llm", "ray.io/v1")
 CLUSTER_T = Target("RayCluster", "team-vision", "vision-dev", "ray.io/v1")
 POD_T = Target("Pod", "team-nlp", "bert-finetune-0")
@@ -72,7 +74,7 @@ def test_admit_rayjob_sends_kueues_strict_merge_patch(api: ApiServer, actuator: 
     assert before is not None
     res = actuator.admit(W, JOB_T, H100)
     assert res.ok and res.detail["patched"], res.message
-    assert [(r.method, r.path) for r in api.requests] == [("GET", JOB), ("PATCH", JOB)]
+    assert [(r.method, r.path) for r in api.requests] == [("GET", JOB), ("PATCH", JOB), ("POST", EVENTS_A)]
     patch = api.requests[1]
     assert patch.content_type == MERGE_PATCH
     body = patch.body
@@ -83,13 +85,18 @@ def test_admit_rayjob_sends_kueues_strict_merge_patch(api: ApiServer, actuator: 
     assert set(cluster) == {"headGroupSpec", "workerGroupSpecs"}
     assert cluster["headGroupSpec"] == {"template": {"spec": {"nodeSelector": {KEY: LABELS["H100"]}}}}
     # a merge patch replaces lists: the worker groups go whole, each with the selector merged in
+    # and (GPU groups) pinned to the chosen nodes; the CPU-only head gets no hostname pin
     want = copy.deepcopy(before["spec"]["rayClusterSpec"]["workerGroupSpecs"])
     for group in want:
         group["template"]["spec"]["nodeSelector"] = {KEY: LABELS["H100"]}
+        group["template"]["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["h-0", "h-1"]}]}]}}}
     assert cluster["workerGroupSpecs"] == want
     record = json.loads(body["metadata"]["annotations"][ADMISSION_ANNOTATION])
     assert record == {"workload": W.id, "gpuType": "H100", "key": KEY, "value": LABELS["H100"],
-                      "nodeSelectors": [None, None]}
+                      "nodeSelectors": [None, None], "affinities": [None, None], "nodes": ["h-0", "h-1"]}
+    assert body["metadata"]["annotations"][WORKLOAD_ANNOTATION] == W.id
     after = api.get("RayJob", "team-a", "train-llm")
     assert after is not None and after["spec"]["suspend"] is False
     assert all(t["spec"]["nodeSelector"] == {KEY: LABELS["H100"]} for t in templates("RayJob", after))
@@ -230,7 +237,8 @@ def test_cancel_suspends_and_marks(api: ApiServer, actuator: KubernetesActuator)
 def test_evict_pod_posts_a_policy_v1_eviction(api: ApiServer, actuator: KubernetesActuator) -> None:
     res = actuator.preempt(W, POD_T, "r")
     assert res.ok, res.message
-    (post,) = api.requests
+    post, event = api.requests
+    assert (event.method, event.path) == ("POST", "/api/v1/namespaces/team-nlp/events")
     assert (post.method, post.path) == ("POST", "/api/v1/namespaces/team-nlp/pods/bert-finetune-0/eviction")
     assert post.content_type == "application/json"
     assert post.body == {"apiVersion": "policy/v1", "kind": "Eviction",
@@ -257,7 +265,7 @@ def test_conflict_regets_and_reapplies(api: ApiServer, actuator: KubernetesActua
     api.after_next_get(JOB, other_writer)
     res = actuator.admit(W, JOB_T, H100)
     assert res.ok, res.message
-    assert [r.method for r in api.requests] == ["GET", "PATCH", "GET", "PATCH"]
+    assert [r.method for r in api.requests] == ["GET", "PATCH", "GET", "PATCH", "POST"]
     first, second = api.calls("PATCH")
     assert first.body["metadata"]["resourceVersion"] != second.body["metadata"]["resourceVersion"]
     after = api.get("RayJob", "team-a", "train-llm")

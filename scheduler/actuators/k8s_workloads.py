@@ -65,7 +65,7 @@ from scheduler.actuators.kubernetes import (
     kubernetes_target,
     make_api_client,
     pod_templates,
-    restore_node_selectors,
+    restore_templates,
 )
 from scheduler.errors import SchedulerError
 from scheduler.model import Workload
@@ -174,7 +174,7 @@ def workload_of(kind: str, obj: Mapping[str, Any], *, keys: SourceKeys = SourceK
     ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     original = json.loads(json.dumps(obj))             # the templates as the user wrote them
     if admission_record(original) is not None:
-        restore_node_selectors(kind, original)
+        restore_templates(kind, original)
     templates = pod_templates(kind, original)
     cluster = (original["spec"].get("rayClusterSpec") if kind == "RayJob" else original["spec"]) or {}
     counts = [1] + [group_pods(g) for g in cluster.get("workerGroupSpecs") or ()]

@@ -12,15 +12,22 @@ with ``clientutil.Patch(..., strict=true)``, ``rayjob.RunWithPodSetsInfo``/``Sus
   template (RayJob: ``spec.rayClusterSpec.headGroupSpec.template`` and each
   ``workerGroupSpecs[*].template``, and ``spec.submitterPodTemplate`` when the RayJob has one;
   RayCluster: ``spec.headGroupSpec``/``spec.workerGroupSpecs``; a merge patch replaces lists
-  whole, so ``workerGroupSpecs`` goes complete) and
-  ``metadata.resourceVersion`` (Kueue's *strict* patch: a concurrent change answers 409, and the
-  next attempt re-GETs and re-applies). A template that already selects another value for the key
-  is a conflict (Kueue's ``podset.Merge``): not retryable. Kueue keeps the templates' original
-  node selectors in its Workload object to restore them on suspension; gpuq has no such object,
-  so the same patch stores them in the annotation ``gpuq.io/admission`` (JSON: workload, gpuType,
-  nodeSelectors in template order, ``null`` where there was none).
+  whole, so ``workerGroupSpecs`` goes complete), **the chosen nodes**: required node affinity
+  ``kubernetes.io/hostname In [<the placement's nodes>]`` on every template that requests GPUs
+  (the GPU worker groups; the head or submitter only when they request GPUs, a CPU head stays
+  unpinned), ANDed into the template's own required terms, so the kube-scheduler places the gang
+  where gpuq placed it (Kueue's topology-aware scheduling pins a pod set to its domain the same
+  way; details and node-name mapping in :mod:`scheduler.actuators.k8s_templates`), the annotation
+  ``gpuq.io/workload: <workload id>`` (the collector joins pods to the workload through their top
+  owner's), and ``metadata.resourceVersion`` (Kueue's *strict* patch: a concurrent change answers
+  409, and the next attempt re-GETs and re-applies). A template that already selects another
+  value for the key, or whose hostname terms exclude the chosen nodes, is a conflict (Kueue's
+  ``podset.Merge``): not retryable. Kueue keeps the templates' originals in its Workload object
+  to restore them on suspension; gpuq has no such object, so the same patch stores them in the
+  annotation ``gpuq.io/admission`` (JSON: workload, gpuType, key/value, nodes, and the
+  ``nodeSelectors`` and ``affinities`` in template order, ``null`` where there was none).
 * **preempt** / **cancel** a RayJob/RayCluster: one merge patch with ``spec.suspend: true``, the
-  original node selectors restored from ``gpuq.io/admission`` (which is removed), the
+  original node selectors and affinity restored exactly from ``gpuq.io/admission`` (which is removed), the
   resourceVersion, and a mark: ``gpuq.io/preempted: <reason>`` or ``gpuq.io/cancelled: "true"``.
   Cancel means "stop scheduling it": suspended and marked, never deleted (the user's object,
   status and logs stay; :mod:`scheduler.actuators.k8s_workloads` skips cancelled objects; a user
@@ -30,6 +37,16 @@ with ``clientutil.Patch(..., strict=true)``, ``rayjob.RunWithPodSetsInfo``/``Sus
   API respects PodDisruptionBudgets and sets the pod's DisruptionTarget condition itself).
   429 (a PodDisruptionBudget forbids it now) is a retryable failure carrying the API's message;
   404 means the pod is already gone: ok.
+
+**Events**: each action that happened gets one Kubernetes Event on the object (``Admitted``,
+``Preempted``, ``Suspended``, ``Cancelled``; :mod:`scheduler.actuators.k8s_events`), with a
+deterministic name so a repeated call does not tell twice. An Event that cannot be created is
+logged and counted (``actuator.events.failures``), never a failed action.
+
+**RBAC** (a Role in each namespace the target names, or a ClusterRole when it names none):
+``ray.io`` ``rayjobs``, ``rayclusters``: get, list, patch (list for the workload source);
+``""`` ``pods/eviction``: create; ``""`` ``events``: create; ``scheduling.k8s.io``
+``priorityclasses``: get (cluster-wide, the workload source); docs/ARCHITECTURE.md has the Role.
 
 Idempotent: admitting an unsuspended object that already selects the type, or suspending a
 suspended object with nothing to restore, answers ok without a PATCH (``detail["patched"]``).
@@ -42,8 +59,9 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import urllib3
@@ -53,22 +71,38 @@ from kubernetes.client.exceptions import ApiException
 from gpuq.kube import load_configuration
 from gpuq.settings import KubernetesTarget, Settings
 from scheduler.actuators.base import ActionResult, Target, with_retries
+from scheduler.actuators.k8s_events import EventRecorder, Involved
+from scheduler.actuators.k8s_templates import (
+    ADMISSION_ANNOTATION,
+    CANCELLED_ANNOTATION,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCES,
+    HOSTNAME_LABEL,
+    PREEMPTED_ANNOTATION,
+    WORKLOAD_ANNOTATION,
+    ObjectError,
+    admission_record,
+    admitted_object,
+    is_admitted,
+    kube_node_names,
+    merge_patch,
+    pod_templates,
+    restore_templates,
+    suspended_object,
+)
 from scheduler.model import Placement, Workload
+
+__all__ = ["ADMISSION_ANNOTATION", "CANCELLED_ANNOTATION", "GPU_PRODUCT_LABEL", "HOSTNAME_LABEL",
+           "PREEMPTED_ANNOTATION", "WORKLOAD_ANNOTATION", "KubernetesActuator", "ObjectError",
+           "admission_record", "gpu_node_labels", "kubernetes_target", "make_api_client", "merge_patch",
+           "pod_templates", "restore_templates"]
 
 log = logging.getLogger(__name__)
 
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-ADMISSION_ANNOTATION = "gpuq.io/admission"
-PREEMPTED_ANNOTATION = "gpuq.io/preempted"
-CANCELLED_ANNOTATION = "gpuq.io/cancelled"
 MERGE_PATCH = "application/merge-patch+json"
 RAY_GROUP, RAY_VERSION = "ray.io", "v1"
 PLURALS = {"RayJob": "rayjobs", "RayCluster": "rayclusters"}
 NOT_RETRYABLE = frozenset({400, 401, 403, 404, 405, 415, 422})
-
-
-class ObjectError(ValueError):
-    """The object cannot be handled as asked (no pod templates, a node selector conflict)."""
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -96,139 +130,6 @@ def gpu_node_labels(settings: Settings) -> dict[str, str]:
     return {name: t.node_labels[0] for name, t in types.items() if t.node_labels}
 
 
-# -- the object's shape (pure) --------------------------------------------------------------------
-def pod_templates(kind: str, obj: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """``(where, template)`` for the head, each worker group and a RayJob's explicit
-    ``submitterPodTemplate``, in that order (the dicts of ``obj`` itself, for editing a copy)."""
-    spec = obj.get("spec") or {}
-    cluster = spec.get("rayClusterSpec") if kind == "RayJob" else spec
-    prefix = "spec.rayClusterSpec" if kind == "RayJob" else "spec"
-    if not isinstance(cluster, dict):
-        raise ObjectError(f"{prefix} is missing (a RayJob on an existing cluster has no pods to admit)")
-    out: list[tuple[str, dict[str, Any]]] = []
-    head = (cluster.get("headGroupSpec") or {}).get("template")
-    if not isinstance(head, dict):
-        raise ObjectError(f"{prefix}.headGroupSpec.template is missing")
-    out.append((f"{prefix}.headGroupSpec.template", head))
-    for i, group in enumerate(cluster.get("workerGroupSpecs") or ()):
-        tmpl = group.get("template") if isinstance(group, dict) else None
-        if not isinstance(tmpl, dict):
-            raise ObjectError(f"{prefix}.workerGroupSpecs[{i}].template is missing")
-        out.append((f"{prefix}.workerGroupSpecs[{i}].template", tmpl))
-    if kind == "RayJob" and isinstance(spec.get("submitterPodTemplate"), dict):
-        out.append(("spec.submitterPodTemplate", spec["submitterPodTemplate"]))
-    return out
-
-
-def merge_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
-    """The RFC 7386 merge patch turning ``before`` into ``after`` (removed keys -> ``null``;
-    a changed list is sent whole), as ``jsonpatch.CreateMergePatch`` computes it."""
-    patch: dict[str, Any] = {key: None for key in before if key not in after}
-    for key, value in after.items():
-        old = before.get(key, _MISSING)
-        if isinstance(value, dict) and isinstance(old, dict):
-            sub = merge_patch(old, value)
-            if sub:
-                patch[key] = sub
-        elif old is _MISSING or old != value:
-            patch[key] = value
-    return patch
-
-
-_MISSING = object()
-
-
-def _annotations(obj: dict[str, Any]) -> dict[str, Any]:
-    meta = obj.setdefault("metadata", {})
-    if not isinstance(meta.get("annotations"), dict):
-        meta["annotations"] = {}
-    return meta["annotations"]  # type: ignore[no-any-return]
-
-
-def admission_record(obj: Mapping[str, Any]) -> dict[str, Any] | None:
-    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(ADMISSION_ANNOTATION)
-    try:
-        rec = json.loads(raw) if raw else None
-    except ValueError:
-        return None
-    return rec if isinstance(rec, dict) else None
-
-
-def restore_node_selectors(kind: str, obj: dict[str, Any]) -> None:
-    """Put back the node selectors recorded at admission (in place; Kueue's RestorePodSpec). When
-    the templates changed in number since, only the injected key=value pairs are removed."""
-    rec = admission_record(obj)
-    if rec is None:
-        return
-    templates = pod_templates(kind, obj)
-    saved = rec.get("nodeSelectors")
-    if isinstance(saved, list) and len(saved) == len(templates):
-        for (_, tmpl), sel in zip(templates, saved):
-            _set_selector(tmpl, dict(sel) if isinstance(sel, dict) else None)
-        return
-    key, value = rec.get("key") or GPU_PRODUCT_LABEL, rec.get("value")
-    for _, tmpl in templates:
-        sel = dict((tmpl.get("spec") or {}).get("nodeSelector") or {})
-        if sel.get(key) == value:
-            del sel[key]
-            _set_selector(tmpl, sel or None)
-
-
-def _set_selector(tmpl: dict[str, Any], selector: dict[str, str] | None) -> None:
-    spec = tmpl.setdefault("spec", {})
-    if selector:
-        spec["nodeSelector"] = selector
-    else:
-        spec.pop("nodeSelector", None)
-
-
-def _selector(tmpl: Mapping[str, Any]) -> dict[str, str]:
-    return dict((tmpl.get("spec") or {}).get("nodeSelector") or {})
-
-
-def is_admitted(kind: str, obj: Mapping[str, Any], key: str, value: str | None) -> bool:
-    """Unsuspended, and every template selects ``key=value`` (any selector when ``value`` is None)."""
-    if (obj.get("spec") or {}).get("suspend") is True:
-        return False
-    return value is None or all(_selector(t).get(key) == value for _, t in pod_templates(kind, obj))
-
-
-def admitted_object(kind: str, obj: Mapping[str, Any], workload_id: str, gpu_type: str,
-                    key: str, value: str | None) -> dict[str, Any]:
-    """A copy of ``obj`` unsuspended with ``key=value`` merged into every pod template (Kueue's
-    RunWithPodSetsInfo), the originals recorded, the stop marks cleared. ObjectError on conflict."""
-    after = copy.deepcopy(dict(obj))
-    restore_node_selectors(kind, after)               # a stale record: start from the originals
-    templates = pod_templates(kind, after)
-    originals = [(_selector(t) or None) for _, t in templates]
-    if value is not None:
-        for where, tmpl in templates:
-            sel = _selector(tmpl)
-            if sel.get(key, value) != value:
-                raise ObjectError(f"nodeSelector conflict in {where}: {key}={sel[key]!r}, "
-                                  f"admission wants {value!r}")
-            _set_selector(tmpl, {**sel, key: value})
-    after.setdefault("spec", {})["suspend"] = False
-    notes = _annotations(after)
-    notes[ADMISSION_ANNOTATION] = json.dumps(
-        {"workload": workload_id, "gpuType": gpu_type, "key": key, "value": value,
-         "nodeSelectors": originals}, separators=(",", ":"), sort_keys=True)
-    notes.pop(PREEMPTED_ANNOTATION, None)
-    notes.pop(CANCELLED_ANNOTATION, None)
-    return after
-
-
-def suspended_object(kind: str, obj: Mapping[str, Any], mark: tuple[str, str]) -> dict[str, Any]:
-    """A copy of ``obj`` suspended, its node selectors restored and ``mark`` annotated."""
-    after = copy.deepcopy(dict(obj))
-    restore_node_selectors(kind, after)
-    after.setdefault("spec", {})["suspend"] = True
-    notes = _annotations(after)
-    notes.pop(ADMISSION_ANNOTATION, None)
-    notes[mark[0]] = mark[1]
-    return after
-
-
 # -- the actuator ---------------------------------------------------------------------------------
 class _Failed(Exception):
     def __init__(self, result: ActionResult) -> None:
@@ -241,23 +142,29 @@ class KubernetesActuator:
 
     ``target``: the cluster (default: the first ``collector.kubernetes`` target); ``node_labels``:
     GPU type -> value of ``node_label_key`` (default: the queue file's ``gpu_types.*.node_labels``;
-    an unlisted type is its own value); ``attempts``/``backoff_s``: :func:`with_retries`.
+    an unlisted type is its own value); ``gpu_resources``: what makes a template a GPU pod set
+    (MIG slices always do); ``attempts``/``backoff_s``: :func:`with_retries`; ``events``: create
+    Kubernetes Events (:mod:`scheduler.actuators.k8s_events`), ``clock``/``instance`` for them.
     """
 
     name = "kubernetes"
 
     def __init__(self, settings: Settings, *, target: KubernetesTarget | None = None,
                  api_client: ApiClient | None = None, node_labels: Mapping[str, str] | None = None,
-                 node_label_key: str = GPU_PRODUCT_LABEL, attempts: int = 4, backoff_s: float = 0.2,
-                 timeout_s: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> None:
+                 node_label_key: str = GPU_PRODUCT_LABEL, gpu_resources: Sequence[str] = GPU_RESOURCES,
+                 attempts: int = 4, backoff_s: float = 0.2, timeout_s: float = 10.0,
+                 sleep: Callable[[float], None] = time.sleep, events: bool = True,
+                 clock: Callable[[], float] = time.time, instance: str | None = None) -> None:
         self.target = target or kubernetes_target(settings)
         self._client = api_client or make_api_client(self.target)
         self._custom = CustomObjectsApi(self._client)
         self._core = CoreV1Api(self._client)
         self.node_labels = dict(node_labels) if node_labels is not None else gpu_node_labels(settings)
-        self.node_label_key = node_label_key
+        self.node_label_key, self.gpu_resources = node_label_key, tuple(gpu_resources)
         self.attempts, self.backoff_s, self.timeout_s, self._sleep = attempts, backoff_s, timeout_s, sleep
         self.server = str(self._client.configuration.host)
+        self.events = EventRecorder(self._core, clock=clock, instance=instance or socket.gethostname(),
+                                    timeout_s=timeout_s, retry=self._retry) if events else None
 
     def close(self) -> None:
         self._client.close()  # type: ignore[no-untyped-call]
@@ -271,13 +178,20 @@ class KubernetesActuator:
         if target.kind not in PLURALS:
             return ActionResult(False, f"kubernetes: cannot admit a {target.kind or 'target-less'} workload "
                                        f"{_ref(target)}: only RayJob and RayCluster are admitted")
-        return self._retry(lambda: self._admit_once(workload, target, placement.gpu_type))
+        result = self._retry(lambda: self._admit_once(workload, target, placement))
+        gpus = sum(g for _, g in placement.nodes)
+        where = ", ".join(n for n, _ in placement.nodes) or "any node"
+        return self._tell(target, result, "admit", f"admitted to queue {workload.queue} on {where} "
+                                                   f"({gpus} x {placement.gpu_type or 'any type'})")
 
     def preempt(self, workload: Workload, target: Target, reason: str) -> ActionResult:
-        return self._stop(target, (PREEMPTED_ANNOTATION, reason[:250] or "preempted"))
+        result = self._stop(target, (PREEMPTED_ANNOTATION, reason[:250] or "preempted"))
+        return self._tell(target, result, "preempt" if reason else "suspend", reason or "suspended by gpuq")
 
-    def cancel(self, workload: Workload, target: Target) -> ActionResult:
-        return self._stop(target, (CANCELLED_ANNOTATION, "true"))
+    def cancel(self, workload: Workload, target: Target, reason: str = "") -> ActionResult:
+        """``reason``: the Event's message (default ``cancelled by gpuq``)."""
+        return self._tell(target, self._stop(target, (CANCELLED_ANNOTATION, "true")), "cancel",
+                          reason or "cancelled by gpuq")
 
     def _stop(self, target: Target, mark: tuple[str, str]) -> ActionResult:
         if target.kind == "Pod":
@@ -287,28 +201,45 @@ class KubernetesActuator:
                                        f"{_ref(target)}: only RayJob, RayCluster and Pod")
         return self._retry(lambda: self._suspend_once(target, mark))
 
+    def _tell(self, target: Target, result: ActionResult, verb: str, message: str) -> ActionResult:
+        """The Event for an action that happened (``detail["tell"]`` holds its token); the result
+        itself whatever becomes of the Event."""
+        token = result.detail.get("tell")
+        if not result.ok or token is None or self.events is None:
+            return result
+        api_version = target.api_version or ("v1" if target.kind == "Pod" else f"{RAY_GROUP}/{RAY_VERSION}")
+        obj = Involved(api_version, target.kind, target.namespace, target.name, str(result.detail.get("uid") or ""))
+        told = self.events.record(obj, verb, message, token or None)
+        detail = {k: v for k, v in result.detail.items() if k not in ("tell", "uid")}
+        return ActionResult(result.ok, result.message, result.retryable, {**detail, **told})
+
     # -- one attempt each -------------------------------------------------------------------------
-    def _admit_once(self, workload: Workload, target: Target, gpu_type: str) -> ActionResult:
+    def _admit_once(self, workload: Workload, target: Target, placement: Placement) -> ActionResult:
         path = _path(target)
-        key, value = self.node_label_key, self.label_value(gpu_type)
+        key, value = self.node_label_key, self.label_value(placement.gpu_type)
         try:
+            nodes = kube_node_names((n for n, _ in placement.nodes), self.target.cluster)
             obj = self._get(target)
             if is_admitted(target.kind, obj, key, value):
+                ours = (admission_record(obj) or {}).get("workload") == workload.id
                 return ActionResult(True, f"kubernetes: {target.kind} {_ref(target)} already admitted"
-                                          f"{_on(key, value)}", detail={"path": path, "patched": False})
+                                          f"{_on(key, value)}",
+                                    detail={"path": path, "patched": False, **(_tell_keys(obj) if ours else {})})
             if (obj.get("spec") or {}).get("suspend") is not True:
                 return ActionResult(False, f"kubernetes: {target.kind} {_ref(target)} is running unsuspended "
                                            f"without {key}={value}: preempt it before admitting it again",
                                     detail={"path": path})
-            after = admitted_object(target.kind, obj, workload.id, gpu_type, key, value)
-            self._patch(target, obj, after)
+            after = admitted_object(target.kind, obj, workload.id, placement.gpu_type, key, value, nodes,
+                                    self.gpu_resources)
+            done = self._patch(target, obj, after)
         except ObjectError as exc:
             return ActionResult(False, f"kubernetes: cannot admit {target.kind} {_ref(target)}: {exc}",
                                 detail={"path": path})
         except _Failed as failed:
             return failed.result
-        return ActionResult(True, f"kubernetes: admitted {target.kind} {_ref(target)}{_on(key, value)}",
-                            detail={"path": path, "patched": True})
+        pinned = f" on {', '.join(nodes)}" if nodes else ""
+        return ActionResult(True, f"kubernetes: admitted {target.kind} {_ref(target)}{_on(key, value)}{pinned}",
+                            detail={"path": path, "patched": True, **_tell_keys(done, obj)})
 
     def _suspend_once(self, target: Target, mark: tuple[str, str]) -> ActionResult:
         path = _path(target)
@@ -321,16 +252,17 @@ class KubernetesActuator:
             notes = (obj.get("metadata") or {}).get("annotations") or {}
             done = (obj.get("spec") or {}).get("suspend") is True and ADMISSION_ANNOTATION not in notes
             if done and (mark[0] != CANCELLED_ANNOTATION or notes.get(CANCELLED_ANNOTATION) == "true"):
+                ours = mark[0] in notes             # gpuq's own earlier stop: its Event has this name
                 return ActionResult(True, f"kubernetes: {target.kind} {_ref(target)} already suspended",
-                                    detail={"path": path, "patched": False})
-            self._patch(target, obj, suspended_object(target.kind, obj, mark))
+                                    detail={"path": path, "patched": False, **(_tell_keys(obj) if ours else {})})
+            patched = self._patch(target, obj, suspended_object(target.kind, obj, mark))
         except ObjectError as exc:
             return ActionResult(False, f"kubernetes: cannot suspend {target.kind} {_ref(target)}: {exc}",
                                 detail={"path": path})
         except _Failed as failed:
             return failed.result
         return ActionResult(True, f"kubernetes: {verb} {target.kind} {_ref(target)}",
-                            detail={"path": path, "patched": True})
+                            detail={"path": path, "patched": True, **_tell_keys(patched, obj)})
 
     def _evict_once(self, target: Target) -> ActionResult:
         path = f"/api/v1/namespaces/{target.namespace}/pods/{target.name}/eviction"
@@ -342,7 +274,7 @@ class KubernetesActuator:
                 target.name, target.namespace, body,  # type: ignore[arg-type]
                 _headers={"Content-Type": "application/json"}, _preload_content=False,
                 _request_timeout=(self.timeout_s, self.timeout_s))
-            resp.release_conn()
+            _drain(resp)
         except ApiException as exc:
             if exc.status == 404:
                 return ActionResult(True, f"kubernetes: pod {_ref(target)} is already gone",
@@ -350,7 +282,7 @@ class KubernetesActuator:
             return self._api_failure("POST", path, exc)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return self._unreachable("POST", path, exc)
-        return ActionResult(True, f"kubernetes: evicted pod {_ref(target)}", detail={"path": path})
+        return ActionResult(True, f"kubernetes: evicted pod {_ref(target)}", detail={"path": path, "tell": ""})
 
     # -- I/O --------------------------------------------------------------------------------------
     def _get(self, target: Target, missing_ok: bool = False) -> Any:
@@ -377,8 +309,9 @@ class KubernetesActuator:
                                        detail={"path": path}))
         return obj
 
-    def _patch(self, target: Target, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
-        """Kueue's strict merge patch: the diff plus the resourceVersion read (409 if it moved)."""
+    def _patch(self, target: Target, before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Kueue's strict merge patch: the diff plus the resourceVersion read (409 if it moved).
+        Answers the object as patched (None when the answer is not a JSON object)."""
         path = _path(target)
         base = copy.deepcopy(dict(before))
         base.setdefault("metadata", {}).pop("resourceVersion", None)
@@ -388,11 +321,19 @@ class KubernetesActuator:
                 RAY_GROUP, RAY_VERSION, target.namespace, PLURALS[target.kind], target.name, body,
                 _content_type=MERGE_PATCH, _preload_content=False,
                 _request_timeout=(self.timeout_s, self.timeout_s))
-            resp.release_conn()
+            try:
+                raw = resp.data
+            finally:
+                resp.release_conn()
         except ApiException as exc:
             raise _Failed(self._api_failure("PATCH", path, exc)) from exc
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise _Failed(self._unreachable("PATCH", path, exc)) from exc
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            return None
+        return obj if isinstance(obj, dict) else None
 
     def _retry(self, call: Callable[[], ActionResult]) -> ActionResult:
         return with_retries(call, attempts=self.attempts, backoff_s=self.backoff_s, sleep=self._sleep)
@@ -425,6 +366,28 @@ def _path(target: Target) -> str:
 
 def _ref(target: Target) -> str:
     return f"{target.namespace}/{target.name}" if target.namespace else target.name
+
+
+def _drain(resp: Any) -> None:
+    """Read the answer before giving the connection back: an unread body would be read as the
+    next answer on the same pooled connection."""
+    try:
+        resp.data  # noqa: B018 - reading is the point
+    finally:
+        resp.release_conn()
+
+
+def _tell_keys(obj: Mapping[str, Any] | None, read: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``detail`` keys asking :meth:`KubernetesActuator._tell` for an Event: the uid and the
+    object's generation after the change (its Event's token; ``read``'s + 1 when the PATCH
+    answer had none, the next generation a spec change gives)."""
+    meta = (obj or {}).get("metadata") or {}
+    gen = meta.get("generation")
+    if gen is None and read is not None:
+        before = ((read.get("metadata") or {}).get("generation"))
+        gen = int(before) + 1 if isinstance(before, int) else None
+    uid = meta.get("uid") or ((read or {}).get("metadata") or {}).get("uid") or ""
+    return {"tell": f"generation {gen}" if gen is not None else "", "uid": uid}
 
 
 def _on(key: str, value: str | None) -> str:
