@@ -110,7 +110,7 @@ class ReplayServer:
                 self._res[kind].objects[_key(obj)] = obj
         self.max_watch_s = max_watch_s
         self.requests: list[Request] = []
-        self._snapshots: dict[int, dict[str, list[dict[str, Any]]]] = {}
+        self._snapshots: dict[int, dict[tuple[str, str], list[dict[str, Any]]]] = {}
         self._closing = False
         self._open: dict[str, int] = {}
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -250,14 +250,14 @@ class ReplayServer:
             if token:
                 rv_s, _, start_s = base64.urlsafe_b64decode(token.encode()).decode().partition("/")
                 rv, start = int(rv_s), int(start_s)
-                snap = self._snapshots.get(rv, {}).get(ns or "")
+                snap = self._snapshots.get(rv, {}).get((kind, ns or ""))
                 if snap is None:
                     return 410, _status(410, "Expired", "The provided continue parameter is too old")
             else:
                 rv, start = self._rv, 0
                 snap = sorted((o for k, o in self._res[kind].objects.items()
                                if ns is None or k.startswith(f"{ns}/")), key=_key)
-                self._snapshots.setdefault(rv, {})[ns or ""] = snap
+                self._snapshots.setdefault(rv, {})[(kind, ns or "")] = snap
         end = start + limit if limit else len(snap)
         meta: dict[str, Any] = {"resourceVersion": str(rv)}
         if end < len(snap):
