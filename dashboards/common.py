@@ -129,3 +129,8 @@ def type_scale(client: Client, seen: Iterable[str] = ()) -> alt.Scale:
     except ApiError:
         types = []
     return scale([*types, *seen], "gpu_type")
+
+
+def bar_height(rows: int, per_row: int = 36) -> int:
+    """A horizontal bar chart's height for ``rows`` bars, with room for the axis."""
+    return max(110, per_row * rows + 60)

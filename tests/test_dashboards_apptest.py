@@ -138,9 +138,8 @@ def render(url: str, page: str, monkeypatch: pytest.MonkeyPatch, range_: str = "
     monkeypatch.setenv("GPUQ_DASHBOARD__API_URL", url)
     at = AppTest.from_file(APP, default_timeout=60)
     at.query_params["range"] = range_
-    at.run()
-    if page != "overview":
-        at.switch_page(f"views/{page}.py").run()
+    at.run()                                 # the root page goes to /overview
+    at.switch_page(f"views/{page}.py").run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 
@@ -197,7 +196,8 @@ def test_cost_csv_totals_match_the_seed(api_url: str, monkeypatch: pytest.Monkey
 def test_scheduler_page_shows_pending_and_admissions(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = render(api_url, "scheduler", monkeypatch)
     m = metrics(at)
-    assert m["Pending"] == "1 workloads" and m["Running"] == "1 workloads" and m["Admitted (24h)"] == "1"
+    assert (m["Pending workloads"], m["Pending GPUs"], m["Running workloads"]) == ("1", "24 GPUs", "1")
+    assert m["Admitted (24h)"] == "1" and m["Preempted (24h)"] == "0"
     pending = at.dataframe[0].value
     assert list(pending["id"]) == ["train-b"] and list(pending["position"]) == [1]
     assert pending["reason"][0] and pending["message"][0]

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import Client
-from dashboards.common import Range, fetch, metrics_row, queue_scale, type_scale
+from dashboards.common import Range, bar_height, fetch, metrics_row, queue_scale, type_scale
 from dashboards.views import run
 
 COLUMNS = ["queue", "gpu_type", "gpu_hours", "idle_gpu_hours", "idle_pct", "cost", "idle_cost"]
@@ -46,13 +46,13 @@ def body(client: Client, rng: Range) -> None:
         st.altair_chart(alt.Chart(df).mark_bar().encode(
             y=alt.Y("queue:N", sort="-x", title=None), x=alt.X("sum(gpu_hours):Q", title="GPU-h"),
             color=alt.Color("gpu_type:N", title="GPU type", scale=type_scale(client, df["gpu_type"])),
-            tooltip=COLUMNS).properties(height=max(120, 32 * df["queue"].nunique())), width="stretch")
+            tooltip=COLUMNS).properties(height=bar_height(df["queue"].nunique())), width="stretch")
     with right:
         st.subheader("Cost per queue")
         st.altair_chart(alt.Chart(df).mark_bar().encode(
             y=alt.Y("queue:N", sort="-x", title=None), x=alt.X("sum(cost):Q", title="$"),
             color=alt.Color("queue:N", scale=queue_scale(client, df["queue"]), legend=None),
-            tooltip=COLUMNS).properties(height=max(120, 32 * df["queue"].nunique())), width="stretch")
+            tooltip=COLUMNS).properties(height=bar_height(df["queue"].nunique())), width="stretch")
     st.dataframe(df, hide_index=True, width="stretch", column_config={
         "gpu_hours": st.column_config.NumberColumn("GPU-h", format="%.2f"),
         "idle_gpu_hours": st.column_config.NumberColumn("idle GPU-h", format="%.2f"),

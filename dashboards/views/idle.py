@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import Client
-from dashboards.common import STATE_COLOURS, Range, fetch, gpus, hours, metrics_row, pct, queue_scale, when
+from dashboards.common import STATE_COLOURS, Range, bar_height, fetch, gpus, hours, metrics_row, pct, queue_scale, when
 from dashboards.views import run
 
 
@@ -40,7 +40,7 @@ def body(client: Client, rng: Range) -> None:
         st.altair_chart(alt.Chart(df).mark_bar().encode(
             y=alt.Y("workload:N", sort="-x", title=None), x=alt.X("idle (GPUs):Q"),
             color=alt.Color("queue:N", scale=queue_scale(client, df["queue"])), tooltip=list(df.columns),
-        ).properties(height=max(100, 28 * len(df))), width="stretch")
+        ).properties(height=bar_height(len(df))), width="stretch")
         st.dataframe(df, hide_index=True, width="stretch")
     else:
         health = fetch(client, "/collector/health") or {"sources": []}
@@ -72,7 +72,7 @@ def _nodes(cap: dict, idle: dict) -> None:
     st.altair_chart(alt.Chart(df).mark_rect(stroke="white", strokeWidth=1).encode(
         x=alt.X("GPU:O"), y=alt.Y("node:N", sort=None, title=None),
         color=alt.Color("state:N", scale=alt.Scale(domain=list(STATE_COLOURS), range=list(STATE_COLOURS.values()))),
-        tooltip=["node", "GPU", "state"]).properties(height=max(80, 22 * len(nodes))), width="stretch")
+        tooltip=["node", "GPU", "state"]).properties(height=bar_height(len(nodes), 30)), width="stretch")
     st.subheader("Free GPUs by type and node")
     free = [n for n in nodes if n["free"] > 0]
     if not free:

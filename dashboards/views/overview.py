@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import Client
-from dashboards.common import (STATE_COLOURS, Range, fetch, gpus, hours, metrics_row, pct, when)
+from dashboards.common import STATE_COLOURS, Range, bar_height, fetch, gpus, hours, metrics_row, pct, when
 from dashboards.views import run
 
 
@@ -53,9 +53,9 @@ def _by_type(cap: dict) -> None:
         color=alt.Color("state:N", scale=alt.Scale(domain=list(STATE_COLOURS), range=list(STATE_COLOURS.values()))),
         order=alt.Order("state_order:Q"), tooltip=["GPU type", "state", "GPUs"],
     ).transform_calculate(state_order="indexof(['busy','idle','free','unavailable'], datum.state)")
-    st.altair_chart(chart.properties(height=max(120, 45 * len(cap["types"]))), width="stretch")
+    st.altair_chart(chart.properties(height=bar_height(len(cap["types"]), 44)), width="stretch")
     table = pd.DataFrame([{
-        "GPU type": t["gpu_type"], "capacity (GPUs)": t["capacity"], "allocated (GPUs)": t["allocated"],
+        "GPU type": "all types" if t["gpu_type"] == "*" else t["gpu_type"], "capacity (GPUs)": t["capacity"], "allocated (GPUs)": t["allocated"],
         "idle allocated (GPUs)": t["idle"], "free (GPUs)": t["free"],
         "fragmentation (%)": round(100 * t["fragmentation_ratio"], 1),
         "pending (GPUs)": cap["pending"].get(t["gpu_type"], 0.0),

@@ -49,7 +49,7 @@ def body(client: Client, rng: Range) -> None:
         df["time"] = pd.to_datetime(df["t"], unit="s", utc=True)
         colour = alt.Color("queue:N", scale=queue_scale(client))
         st.subheader(f"All leaf queues against capacity, last {rng.key}")
-        stacked = alt.Chart(df[df["queue"].isin(leaf)]).mark_area(opacity=0.85).encode(
+        stacked = alt.Chart(df[df["queue"].isin(leaf)]).mark_area(opacity=0.85, interpolate="step-after").encode(
             x=alt.X("time:T", title=None), y=alt.Y("allocated:Q", stack="zero", title="allocated GPUs"),
             color=colour, tooltip=["queue", "time:T", alt.Tooltip("allocated:Q", format=".1f")])
         if cap and cap.get("total"):
@@ -60,18 +60,18 @@ def body(client: Client, rng: Range) -> None:
         st.subheader("Per queue: allocated (area), guaranteed (solid), max (dashed)")
         long = df.melt(id_vars=["queue", "time"], value_vars=["allocated", "guaranteed", "max"],
                        var_name="kind", value_name="GPUs").dropna()
-        area = alt.Chart().mark_area(opacity=0.6).encode(
+        area = alt.Chart().mark_area(opacity=0.6, interpolate="step-after").encode(
             x=alt.X("time:T", title=None), y=alt.Y("GPUs:Q", title="GPUs"),
             color=alt.Color("queue:N", scale=queue_scale(client), legend=None),
             tooltip=["queue", "time:T", alt.Tooltip("GPUs:Q", format=".1f")],
         ).transform_filter("datum.kind == 'allocated'")
-        lim = alt.Chart().mark_line(color="#333").encode(
+        lim = alt.Chart().mark_line(color="#333", interpolate="step-after").encode(
             x="time:T", y="GPUs:Q", detail="kind:N",
             strokeDash=alt.StrokeDash("kind:N", title="limit", scale=alt.Scale(
                 domain=["guaranteed", "max"], range=[[1, 0], [5, 3]])),
         ).transform_filter("datum.kind != 'allocated'")
-        grid = alt.layer(area, lim, data=long).properties(width=300, height=140).facet(
-            facet=alt.Facet("queue:N", title=None), columns=3).resolve_scale(y="independent")
+        grid = alt.layer(area, lim, data=long).properties(width=290, height=130).facet(
+            facet=alt.Facet("queue:N", title=None), columns=2).resolve_scale(y="independent")
         st.altair_chart(grid, width="content")
     else:
         st.info(f"No allocations in the last {rng.key}.")

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import ApiError, Client
-from dashboards.common import Range, fetch, gpus, hours, leaves, metrics_row, when
+from dashboards.common import Range, bar_height, fetch, gpus, hours, leaves, metrics_row, when
 from dashboards.views import run
 
 EVENT_COLOURS = {"admit": "#54a24b", "preempt": "#e45756", "finish": "#4c78a8", "cancel": "#bab0ac",
@@ -31,14 +31,15 @@ def body(client: Client, rng: Range) -> None:
     running = [w for w in work if w["state"] == "running"]
     kinds = pd.Series([e["event"] for e in events], dtype="object").value_counts()
     metrics_row([
-        ("Pending", f"{len(pending)} workloads", f"{gpus(sum(w['gpus'] for w in pending))} asked"),
-        ("Running", f"{len(running)} workloads", f"{gpus(sum(w['gpus'] for w in running))} held"),
+        ("Pending workloads", f"{len(pending)}", f"{gpus(sum(w['gpus'] for w in pending))} asked"),
+        ("Pending GPUs", gpus(sum(w["gpus"] for w in pending))),
+        ("Running workloads", f"{len(running)}", f"{gpus(sum(w['gpus'] for w in running))} held"),
         (f"Admitted ({rng.key})", f"{int(kinds.get('admit', 0))}"),
         (f"Preempted ({rng.key})", f"{int(kinds.get('preempt', 0))}"),
     ])
     st.subheader("Pending workloads")
+    now = time.time()
     if pending:
-        now = time.time()
         st.dataframe(pd.DataFrame([{
             "queue": w["queue"], "position": w["position"], "id": w["id"], "GPUs": w["gpus"],
             "GPU types": ", ".join(w["gpu_types"]) or "any", "priority": w["priority"],
@@ -55,14 +56,19 @@ def body(client: Client, rng: Range) -> None:
         df["time"] = pd.to_datetime(df["t"], unit="s", utc=True)
         qnames = sorted({e["queue"] for e in shown})
         st.altair_chart(alt.Chart(df).mark_point(filled=True, size=90).encode(
-            x=alt.X("time:T", title=None), y=alt.Y("queue:N", title=None),
+            x=alt.X("time:T", title=None, scale=alt.Scale(domain=[_iso(now - rng.seconds), _iso(now)])),
+            y=alt.Y("queue:N", title=None),
             color=alt.Color("event:N", scale=alt.Scale(domain=list(EVENT_COLOURS), range=list(EVENT_COLOURS.values()))),
             shape="event:N", tooltip=["time:T", "event", "workload", "queue", "gpus", "by", "reason"],
-        ).properties(height=max(120, 36 * len(qnames))), width="stretch")
+        ).properties(height=bar_height(len(qnames))), width="stretch")
         st.dataframe(pd.DataFrame([{"time": when(e["t"]), "event": e["event"], "workload": e["workload"],
                                     "queue": e["queue"], "GPUs": e["gpus"] or None, "GPU type": e["gpu_type"],
                                     "by": e["by"], "reason": e["reason"]} for e in shown]),
                      hide_index=True, width="stretch")
+
+
+def _iso(t: float) -> str:
+    return pd.Timestamp(t, unit="s", tz="UTC").isoformat()
 
 
 def _what_if(client: Client) -> None:
