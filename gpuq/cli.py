@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", "scheduler.cli", "serve_main", "the API, collectors, accounting and scheduler"),
         ("workloads", "scheduler.cli", "workloads_main", "the scheduler's workloads"),
         ("explain", "scheduler.cli", "explain_main", "why a workload is pending"),
+        ("demo", "gpuq.demo.run", "demo_main", "local Ray, gpuq serve, dashboards and a story (make demo)"),
         ("dashboard", "dashboards.launch", "dashboard_main", "the Streamlit dashboards (read the API)"),
     ):
         sp = sub.add_parser(name, parents=[common], help=text, add_help=False)

@@ -1,0 +1,114 @@
+"""What the demo shows: live lines as workloads change state (read from the API), the GPUs the
+DCGM page shows (who holds which GPU, busy or idle), and the summary read back from the store
+(``gpuq query`` in a process of its own, once ``gpuq serve`` has let go of the chDB path).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpuq.demo.dcgm import Gpu
+
+
+class Watcher:
+    """Polls ``/workloads`` and prints a line per change of state, with the story clock."""
+
+    def __init__(self, api: str, labels: dict[str, str], out: Callable[[str], None] = print) -> None:
+        self.http = httpx.Client(base_url=api, timeout=5)
+        self.labels, self.out = labels, out
+        self.states: dict[str, str] = {}
+        self.running: list[dict[str, Any]] = []
+        self.nodes: list[dict[str, Any]] = []
+
+    def poll(self, t_s: float) -> None:
+        try:
+            rows = self.http.get("/workloads").json()
+            self.nodes = self.http.get("/nodes").json()
+        except (httpx.HTTPError, ValueError):
+            return
+        self.running = [w for w in rows if w["state"] == "running"]
+        for w in rows:
+            old, new = self.states.get(w["id"]), w["state"]
+            self.states[w["id"]] = new
+            if old == new:
+                continue
+            what = f"{w['id']} ({w['queue']}, {_shape(w)})"
+            if new == "running":
+                where = ", ".join(f"{self.labels.get(n, n)}:{g}" for n, g in (w["placement"] or {}).items())
+                self.out(f"t={t_s:6.1f}s  admitted  {what} on {where}")
+            elif new == "pending" and old is None and w["reason_code"] == "queued":
+                self.out(f"t={t_s:6.1f}s  submitted {what}")
+            else:
+                why = w.get("message") or w.get("reason_code") or ""
+                self.out(f"t={t_s:6.1f}s  {new:9} {what}{': ' + why if why else ''}")
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _shape(w: dict[str, Any]) -> str:
+    types = "/".join(w["gpu_types"]) or "any"
+    return f"{w['pods']} x {w['gpus_per_pod']} {types}" if w["pods"] > 1 else f"{w['gpus_per_pod']} {types}"
+
+
+def gpus(nodes: list[dict[str, Any]], running: list[dict[str, Any]], idle: set[str], tick: int) -> list[Gpu]:
+    """Every GPU of ``nodes`` (the API's ``/nodes``): held ones in admission order, busy 70-95 %
+    unless their workload is in ``idle``; free ones at 0 %."""
+    out: list[Gpu] = []
+    held: dict[str, list[str]] = {}
+    for w in sorted(running, key=lambda w: (w["start_s"] or 0, w["id"])):
+        for node, n in (w["placement"] or {}).items():
+            held.setdefault(node, []).extend([w["id"]] * int(n))
+    for nd in nodes:
+        node, gpu_type, owners = nd["name"], nd["gpu_type"], held.get(nd["name"], [])
+        for i in range(int(nd["gpus"])):
+            wid = owners[i] if i < len(owners) else ""
+            busy = wid and wid not in idle
+            util = 70 + zlib.crc32(f"{wid}/{i}/{tick}".encode()) % 26 if busy else 0
+            out.append(Gpu(node, i, gpu_type, float(util), wid))
+    return out
+
+
+def query(config: Path, sql: str) -> list[dict[str, Any]]:
+    r = subprocess.run([sys.executable, "-m", "gpuq.cli", "query", "--config", str(config), "--format", "json",
+                        sql], capture_output=True, text=True, timeout=120, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"gpuq query failed: {r.stderr.strip()[-500:]}")
+    rows: list[dict[str, Any]] = json.loads(r.stdout or "[]")
+    return rows
+
+
+def summary(config: Path, t0_s: float, gang: str, idle: tuple[str, ...], labels: dict[str, str]) -> list[str]:
+    """The story read back from ``scheduler_events`` and ``gpu_samples``."""
+    ev = query(config, "SELECT t, event, workload, queue, placement, by, reason FROM scheduler_events "
+                       "ORDER BY t, seq")
+    counts: dict[str, int] = {}
+    for e in ev:
+        counts[e["event"]] = counts.get(e["event"], 0) + 1
+    lines = ["events: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
+    for e in ev:
+        if e["event"] == "preempt":
+            lines.append(f"preempt at t={e['t'] - t0_s:.1f}s: {e['by']} preempted {e['workload']} "
+                         f"({e['queue']}): {e['reason']}")
+    sub = next((e["t"] for e in ev if e["event"] == "submit" and e["workload"] == gang), None)
+    adm = next((e for e in ev if e["event"] == "admit" and e["workload"] == gang), None)
+    if sub is not None and adm is not None:
+        where = ", ".join(f"{labels.get(n, n)}:{g}" for n, g in adm["placement"].items())
+        lines.append(f"gang {gang}: submitted t={sub - t0_s:.1f}s, admitted t={adm['t'] - t0_s:.1f}s "
+                     f"(waited {adm['t'] - sub:.1f} s) across {where}")
+    elif sub is not None:
+        lines.append(f"gang {gang}: submitted t={sub - t0_s:.1f}s, not admitted by the end")
+    for wid in idle:
+        rows = query(config, "SELECT count() AS n, avg(value) AS util FROM gpu_samples "
+                             f"WHERE metric = 'DCGM_FI_DEV_GPU_UTIL' AND pod = 'gpuq-{wid}'")
+        if rows and int(rows[0]["n"]):
+            lines.append(f"idle: {wid} holds its GPUs at {float(rows[0]['util']):.0f} % DCGM utilization "
+                         f"({rows[0]['n']} samples)")
+    return lines
