@@ -228,3 +228,18 @@ def test_api_route_answers(api_url: str) -> None:
                                                                      ("kubernetes", "")}
     events = httpx.get(api_url + "/scheduler/events", params={"event": "admit"}).json()
     assert [(e["workload"], e["gpus"]) for e in events] == [("train-a", 8)]
+
+
+def test_what_if_form_runs_a_dry_run(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = render(api_url, "scheduler", monkeypatch)
+    form = at.main                                               # the what-if form's widgets
+    assert "prod" in form.selectbox[0].options
+    form.selectbox[0].set_value("research.nlp")
+    form.number_input[1].set_value(2)                            # GPUs per pod
+    [submit] = at.button                                         # the form's "Dry run"
+    assert submit.label == "Dry run"
+    submit.click().run()
+    texts = [s.value for s in at.success] + [w.value for w in at.warning]
+    assert any(t.startswith(("Admitted now", "Pending", "Admitted once")) for t in texts), texts
+    before = httpx.get(api_url + "/workloads").json()
+    assert "dry-run" not in {w["id"] for w in before}          # nothing was submitted
