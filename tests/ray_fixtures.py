@@ -1,5 +1,6 @@
 """Fixtures of the collector tests: a local HTTP server that replays recorded answers, and one
-real Ray head for the whole session. Import the fixture functions you use into the test module
+real Ray head for the whole session, and :func:`local_cluster` (a head plus worker nodes, from
+``scheduler.ray_local``) for module-scoped fixtures. Import the fixture functions you use into the test module
 (``http_server_fixture``, ``ray_head_fixture``); the tests ask for them as ``http_server``, ``ray_head``.
 
 The Ray head is started with ``ray start --head --block`` in a session of its own, on free ports
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -178,3 +180,25 @@ def ray_head_fixture() -> Iterator[RayHead]:
         finally:
             _stop_group(proc)
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- a local multi-node cluster (scheduler.ray_local), one per test module ------------------------
+
+def local_cluster(nodes: list[Any]) -> Iterator[Any]:
+    """Start ``scheduler.ray_local.start_local_cluster(nodes)``, yield it, stop it (its own
+    process groups only). Use it from a module-scoped fixture."""
+    pytest.importorskip("ray")
+    from scheduler.ray_local import start_local_cluster
+
+    if not Path(sys.executable).with_name("ray").exists():
+        pytest.skip(f"no ray command next to {sys.executable}")
+    cluster = start_local_cluster(nodes, preexec_fn=die_with_parent)
+    try:
+        yield cluster
+    finally:
+        try:
+            import ray
+
+            ray.shutdown()
+        finally:
+            cluster.stop()
