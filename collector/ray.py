@@ -24,6 +24,12 @@ The State API (:class:`RayStateTarget`, source ``ray-state``), as Ray 2.60's das
   ``/api/v0/jobs`` lacks those, so it is not used.
 
 Timestamps: a page sample's own, else ``now``; State API rows get ``now``.
+
+Ledger: the State API target also writes ``gpu_allocations`` rows with ``source='placement_group'``
+for placed groups that hold GPUs (:mod:`collector.ray_alloc`); the discoverer keeps their open
+allocations between rounds. Ray nodes are named :func:`ray_node_name` (12 hex characters of the
+node id) there and everywhere in gpuq; ``ray_nodes.resources_total`` holds each node's ``GPU``
+total and its ``accelerator_type:<T>`` resource, which is all the accounting needs for capacity.
 """
 from __future__ import annotations
 
@@ -40,10 +46,13 @@ from collector.base import ScrapeResult, ScrapeTarget
 from collector.errors import CollectorError, ConfigurationError, ScrapeError
 from collector.http import HttpClient, fetch, sample_time, status_error, utc
 from collector.prometheus import Sample, parse
+from collector.ray_alloc import OpenAllocations, PlacementGroupLedger
+from gpuq.ray_names import ray_node_name
 from gpuq.settings import RayTarget
 
 __all__ = ["RayDiscoverer", "RayNodeMetricsTarget", "RayStateTarget", "job_rows", "keep_metric",
-           "metrics_ports", "node_rows", "page_rows", "placement_group_rows", "state_api_items"]
+           "metrics_ports", "node_rows", "page_rows", "placement_group_rows", "ray_node_name",
+           "state_api_items"]
 
 log = logging.getLogger(__name__)
 Row = tuple[Any, ...]
@@ -212,11 +221,14 @@ class RayStateTarget:
     """The dashboard's State API and Jobs API -> ray_nodes, ray_placement_groups, ray_jobs.
 
     The three requests run concurrently; when some fail, the others' rows are kept and the
-    failures go to ``ScrapeResult.errors``; when all three fail, the first failure is raised."""
+    failures go to ``ScrapeResult.errors``; when all three fail, the first failure is raised.
+    With a ``ledger``, placed groups also become ``gpu_allocations`` rows (nothing is closed in
+    a round whose group list failed, was truncated or partial)."""
 
     cluster: str
     dashboard_url: str
     limit: int = STATE_LIMIT
+    ledger: PlacementGroupLedger | None = field(default=None, compare=False, repr=False)
     source: str = field(default="ray-state", init=False)
 
     @property
@@ -253,6 +265,11 @@ class RayStateTarget:
             result.errors.extend(warnings)
             result.samples += len(items)
             result.add(table, mapper(items, cluster=self.cluster, now=now))
+        pgs = got[1]
+        if self.ledger is not None and not isinstance(pgs, BaseException):
+            nodes = None if isinstance(got[0], BaseException) else got[0][0]
+            changes = self.ledger.round(pgs[0], nodes, now, complete=not pgs[1])
+            result.add("gpu_allocations", [a.row() for a in changes])
         return result
 
 
@@ -290,15 +307,16 @@ class RayDiscoverer:
     target (whose own scrape then reports the failure), so node pages keep being collected.
     """
 
-    def __init__(self, settings: RayTarget) -> None:
+    def __init__(self, settings: RayTarget, open_allocations: OpenAllocations | None = None) -> None:
         self.settings = settings
+        self.ledger = PlacementGroupLedger(settings.cluster, open_allocations)
         self.name = f"ray:{settings.cluster}"
         self._ports: dict[str, int] = {}          # node_id -> metrics export port
         self._last: list[RayNodeMetricsTarget] = []
 
     async def targets(self, client: HttpClient) -> list[ScrapeTarget]:
         s = self.settings
-        state = RayStateTarget(s.cluster, s.dashboard_url) if s.dashboard_url else None
+        state = RayStateTarget(s.cluster, s.dashboard_url, ledger=self.ledger) if s.dashboard_url else None
         found: list[ScrapeTarget] = [] if state is None else [state]
         if s.metrics_urls:
             found.extend(RayNodeMetricsTarget(s.cluster, u) for u in s.metrics_urls)

@@ -59,7 +59,7 @@ def build_sources(settings: Settings, state: StoreState,
     if cs.ray:
         from collector.ray import RayDiscoverer
 
-        discoverers.extend(RayDiscoverer(t) for t in cs.ray)
+        discoverers.extend(RayDiscoverer(t, open_allocations=state.open_allocations) for t in cs.ray)
     if cs.dcgm:
         from collector.dcgm import DcgmDiscoverer
 
