@@ -13,12 +13,23 @@ metadata=...)`` becomes one Ray job per admission:
   submitted. A refused submission whose id then reads back from ``GET /api/jobs/<id>`` (Ray
   refuses a duplicate id: a retried POST that had gone through, a concurrent admit) is ok.
   GPUs: a one-pod workload's GPUs are reserved for the entrypoint itself
-  (``entrypoint_num_gpus`` = ``gpus_per_pod``); a multi-pod gang's GPUs are taken by the job's
-  own tasks and actors, so the driver reserves none. When the placement names a GPU type the
+  (``entrypoint_num_gpus`` = ``gpus_per_pod``), and when the placement names a GPU type the
   driver is pinned to a node of that type with ``entrypoint_resources``
   ``{"accelerator_type:<TYPE>": 0.001}`` (Ray's accelerator resource; ``accelerator_resources``
   maps gpuq type names to other resource names, ``pin_accelerator_type=False`` turns it off).
-  Metadata: the target's metadata plus ``gpuq.workload``, ``gpuq.queue``, ``gpuq.attempt``.
+  A multi-pod gang is held in a Ray placement group named ``gpuq-<workload id>``
+  (:func:`gpuq.ray_names.placement_group_name`): one bundle per pod, ``{"GPU": gpus_per_pod}``
+  plus ``{"CPU": cpu_millicores_per_pod / 1000}`` when the workload asks for CPU and the
+  accelerator resource (0.001) when pinning, bundle ``i`` pinned to the node the placement chose
+  for it (``Placement.nodes`` in order, ``gpus // gpus_per_pod`` bundles per node), strategy PACK
+  (the workload model has no spread preference; with every bundle pinned to its node the strategy
+  only matters where Ray would otherwise choose). The job's entrypoint becomes the wrapper
+  :mod:`scheduler.actuators.ray_gang` around the user's: it creates the group as the job's
+  driver, waits until it is placed, runs the user's entrypoint with ``GPUQ_PLACEMENT_GROUP``,
+  ``GPUQ_PLACEMENT_GROUP_ID`` and ``GPUQ_PLACEMENT_GROUP_NAMESPACE`` set, and the group dies with
+  the job (stopped, failed or finished). The driver itself reserves nothing.
+  Metadata: the target's metadata plus ``gpuq.workload``, ``gpuq.queue``, ``gpuq.attempt`` (and
+  ``gpuq.placement_group`` for a gang).
 * **preempt** / **cancel**: ``POST {dashboard}/api/jobs/<id>/stop`` on the latest attempt; a
   workload never submitted, a job already finished, or one Ray does not know (404) is ok. Stopping
   is asynchronous: the job reaches STOPPED shortly after. Cancel and preempt send the same
@@ -32,7 +43,9 @@ timeouts and 5xx are retried; 4xx are not.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,6 +54,7 @@ from typing import Any
 import httpx
 
 from gpuq.errors import ConfigError
+from gpuq.ray_names import placement_group_name
 from gpuq.settings import Settings
 from scheduler.actuators.base import ActionResult, Target, with_retries
 from scheduler.errors import SchedulerError
@@ -101,7 +115,8 @@ class RayActuator:
                  attempts: int = 4, backoff_s: float = 0.2, sleep: Callable[[float], None] = time.sleep,
                  headers: Mapping[str, str] | None = None, pin_accelerator_type: bool = True,
                  accelerator_resources: Mapping[str, str] | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, python: str = "python",
+                 placement_namespace: str = "gpuq", placement_timeout_s: float = 60.0) -> None:
         self.url = (dashboard or dashboard_url(settings)).rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s),
                                   headers=dict(headers or {}), transport=transport)
@@ -109,6 +124,8 @@ class RayActuator:
         self.pin_accelerator_type = pin_accelerator_type
         self.accelerator_resources = dict(accelerator_resources or {})
         self._latest: dict[str, int] = {}          # workload id -> latest attempt known to exist
+        self.python = python                       # runs the gang wrapper on the Ray node
+        self.placement_namespace, self.placement_timeout_s = placement_namespace, placement_timeout_s
 
     def close(self) -> None:
         self._http.close()
@@ -149,7 +166,9 @@ class RayActuator:
             resp = self._call("POST", "/api/jobs/", json=body)
         except _Failed as failed:
             return failed.result
-        detail = {"submission_id": sid, "submitted": True, "url": f"{self.url}/api/jobs/"}
+        detail: dict[str, Any] = {"submission_id": sid, "submitted": True, "url": f"{self.url}/api/jobs/"}
+        if "gpuq.placement_group" in body["metadata"]:
+            detail["placement_group"] = body["metadata"]["gpuq.placement_group"]
         if resp.status_code == 200:
             self._latest[workload.id] = attempt
             return ActionResult(True, f"ray: submitted {workload.id} as {sid}", detail=detail)
@@ -172,13 +191,42 @@ class RayActuator:
         body: dict[str, Any] = {"entrypoint": target.entrypoint, "submission_id": sid, "metadata": meta}
         if target.runtime_env:
             body["runtime_env"] = dict(target.runtime_env)
+        if workload.pods > 1 and workload.gpus_per_pod > 0:
+            meta["gpuq.placement_group"] = placement_group_name(workload.id)
+            body["entrypoint"] = self.gang_entrypoint(workload, target, placement)
+            return body
         if workload.pods == 1 and workload.gpus_per_pod > 0:
             body["entrypoint_num_gpus"] = workload.gpus_per_pod
-        if self.pin_accelerator_type and placement.gpu_type:
-            gpu_type = placement.gpu_type
-            name = self.accelerator_resources.get(gpu_type, f"accelerator_type:{gpu_type}")
-            body["entrypoint_resources"] = {name: 0.001}
+        if (accel := self._accelerator(placement)) is not None:
+            body["entrypoint_resources"] = {accel: 0.001}
         return body
+
+    def _accelerator(self, placement: Placement) -> str | None:
+        if not (self.pin_accelerator_type and placement.gpu_type):
+            return None
+        return self.accelerator_resources.get(placement.gpu_type, f"accelerator_type:{placement.gpu_type}")
+
+    def gang_bundles(self, workload: Workload, placement: Placement) -> tuple[list[dict[str, float]], list[str]]:
+        """(bundles, node of each bundle): one bundle per pod, on the placement's nodes in order."""
+        bundle: dict[str, float] = {"GPU": float(workload.gpus_per_pod)}
+        if workload.cpu_millicores_per_pod > 0:
+            bundle["CPU"] = workload.cpu_millicores_per_pod / 1000
+        if (accel := self._accelerator(placement)) is not None:
+            bundle[accel] = 0.001
+        nodes = [node for node, gpus in placement.nodes for _ in range(gpus // workload.gpus_per_pod)]
+        if len(nodes) != workload.pods:      # a placement that does not split into pods: let Ray choose
+            nodes = []
+        return [dict(bundle) for _ in range(workload.pods)], nodes
+
+    def gang_entrypoint(self, workload: Workload, target: Target, placement: Placement) -> str:
+        bundles, nodes = self.gang_bundles(workload, placement)
+        args = [self.python, "-m", "scheduler.actuators.ray_gang",
+                "--name", placement_group_name(workload.id), "--namespace", self.placement_namespace,
+                "--bundles", json.dumps(bundles, separators=(",", ":")), "--strategy", "PACK",
+                "--timeout-s", f"{self.placement_timeout_s:g}"]
+        if nodes:
+            args += ["--nodes", ",".join(nodes)]
+        return " ".join(shlex.quote(a) for a in args) + " -- " + shlex.quote(target.entrypoint)
 
     def _stop_once(self, workload: Workload) -> ActionResult:
         try:
