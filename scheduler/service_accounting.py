@@ -111,7 +111,7 @@ class LiveAccounting:
                        (lambda a: f"{a.cluster}/{a.node}") if many else (lambda a: a.node))
 
     def _compute(self, snap: NowSnapshot) -> NowView:
-        admitted = tuple(self.admitted())
+        admitted = _on_capacity_nodes(self.admitted(), snap.nodes)
         at = max([snap.at_s, *(a.start_s for a in admitted)])    # an admission after the snapshot is now
         live = replace(snap, at_s=at, allocations=tuple(combine(snap.allocations, admitted)))
         return compute_now(live, Resolver(self._config), self.params, self.starvation_s)
@@ -126,12 +126,15 @@ class LiveAccounting:
     def rows(self) -> list[dict[str, Any]]:
         """The "now" view with gpuq's admissions as they are at this moment (so that it agrees with
         the scheduler's workloads whenever asked), over the last observed snapshot."""
+        view = self.live_view()
+        return [r.as_dict() for r in view.rows] if view is not None else []
+
+    def live_view(self) -> NowView | None:
+        """The last observed snapshot with gpuq's admissions as they are now (None before the
+        first refresh): what the API's "now" routes serve."""
         with self._lock:
             snap = self._snap
-        if snap is None:
-            return []
-        view = self._compute(snap)
-        return [r.as_dict() for r in view.rows]
+        return self._compute(snap) if snap is not None else None
 
     def usage(self, start_s: float, end_s: float, by: Sequence[str], now_s: float,
               rollup: bool = False) -> list[dict[str, Any]]:
@@ -167,6 +170,22 @@ def _nodes(view: NowView) -> tuple[Node, ...]:
             name = f"{name}:{n.gpu_type}"
         out[name] = Node(name, n.gpu_type, int(n.capacity))
     return tuple(out.values())
+
+
+def _on_capacity_nodes(admitted: Sequence[Allocation], capacity: Sequence[Any]) -> tuple[Allocation, ...]:
+    """Admission rows carry the scheduler's node names (``node``, ``cluster/node``, ``node:type``,
+    see :func:`_nodes`) and its cluster name: put them on the accounting's (cluster, node)."""
+    clusters: dict[str, set[str]] = {}
+    for n in capacity:
+        clusters.setdefault(n.node, set()).add(n.cluster)
+    out = []
+    for a in admitted:
+        name = a.node.split(":", 1)[0]
+        cluster, _, node = name.rpartition("/")
+        if not cluster:
+            cluster, node = next(iter(clusters[name])) if len(clusters.get(name, ())) == 1 else a.cluster, name
+        out.append(a if (cluster, node) == (a.cluster, a.node) else replace(a, cluster=cluster, node=node))
+    return tuple(out)
 
 
 def _idle(snap: NowSnapshot, now_s: float, params: IdleParams) -> frozenset[tuple[str, str]]:

@@ -19,7 +19,7 @@ EVENTS = ("submit", "admit", "preempt", "finish", "reject", "cancel")
 
 def capacity(live: Any) -> dict[str, Any]:
     """Per GPU type (and ``*``, all types) and per node, from the last "now" view."""
-    view = live.view
+    view = live.live_view()
     if view is None:
         return {"at": None, "types": [], "total": None, "nodes": [], "starving": [], "pending": {}}
     idle = {d.gpu_type: d.idle for d in view.distribution if d.queue == "*"}
