@@ -39,7 +39,7 @@ test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 demo: setup
-	bash deploy/demo/demo.sh
+	$(BIN)/gpuq demo
 
 bench: setup
 	$(BIN)/python -m benchmarks.run_all

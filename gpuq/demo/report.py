@@ -85,6 +85,18 @@ def query(config: Path, sql: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _usage(config: Path) -> list[dict[str, Any]]:
+    """The accounting's usage per queue and workload over the last hour (idle GPU-seconds)."""
+    r = subprocess.run([sys.executable, "-m", "gpuq.cli", "usage", "--config", str(config), "--from", "-1h",
+                        "--to", "now", "--by", "queue,workload", "--format", "json"],
+                       capture_output=True, text=True, timeout=120, check=False)
+    try:
+        rows: list[dict[str, Any]] = json.loads(r.stdout) if r.returncode == 0 else []
+    except ValueError:
+        rows = []
+    return rows
+
+
 def summary(config: Path, t0_s: float, gang: str, idle: tuple[str, ...], labels: dict[str, str]) -> list[str]:
     """The story read back from ``scheduler_events`` and ``gpu_samples``."""
     ev = query(config, "SELECT t, event, workload, queue, placement, by, reason FROM scheduler_events "
@@ -92,7 +104,9 @@ def summary(config: Path, t0_s: float, gang: str, idle: tuple[str, ...], labels:
     counts: dict[str, int] = {}
     for e in ev:
         counts[e["event"]] = counts.get(e["event"], 0) + 1
-    lines = ["events: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
+    lines = ["events: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+             "admitted: " + ", ".join(f"{e['workload']} t={e['t'] - t0_s:.1f}s"
+                                      for e in ev if e["event"] == "admit")]
     for e in ev:
         if e["event"] == "preempt":
             lines.append(f"preempt at t={e['t'] - t0_s:.1f}s: {e['by']} preempted {e['workload']} "
@@ -105,10 +119,15 @@ def summary(config: Path, t0_s: float, gang: str, idle: tuple[str, ...], labels:
                      f"(waited {adm['t'] - sub:.1f} s) across {where}")
     elif sub is not None:
         lines.append(f"gang {gang}: submitted t={sub - t0_s:.1f}s, not admitted by the end")
+    usage = _usage(config)
     for wid in idle:
+        for u in usage:
+            if u["workload"] in (wid, f"gpuq-{wid}") and u["gpu_seconds"]:
+                lines.append(f"idle: {wid} ({u['queue']}) held {u['gpu_seconds']:.0f} GPU-seconds, "
+                             f"{u['idle_gpu_seconds']:.0f} of them idle ({100 * u['idle_ratio']:.0f} %, the accounting)")
         rows = query(config, "SELECT count() AS n, avg(value) AS util FROM gpu_samples "
                              f"WHERE metric = 'DCGM_FI_DEV_GPU_UTIL' AND pod = 'gpuq-{wid}'")
         if rows and int(rows[0]["n"]):
-            lines.append(f"idle: {wid} holds its GPUs at {float(rows[0]['util']):.0f} % DCGM utilization "
+            lines.append(f"idle: {wid}'s GPUs read {float(rows[0]['util']):.0f} % DCGM utilization "
                          f"({rows[0]['n']} samples)")
     return lines

@@ -80,8 +80,11 @@ class Session:
         log = self.root / "serve.log"
         self.serve = _spawn(["serve", "--config", str(self.cfg)], log)
         _wait(lambda: httpx.get(f"{api}/readyz", timeout=2).status_code == 200, self.serve, "gpuq serve", log)
-        _wait(lambda: sum(1 for n in httpx.get(f"{api}/nodes", timeout=2).json() if n["gpus"] > 0) >= len(nodes),
-              self.serve, "the scheduler's view of the Ray nodes", log)
+        # the story starts once the scheduler sees exactly the Ray nodes, by their gpuq names (until the
+        # State API has answered, the accounting names nodes by the metrics pages' addresses)
+        expected = {self.cluster.node_name(n.name) for n in nodes}
+        _wait(lambda: {n["name"] for n in httpx.get(f"{api}/nodes", timeout=2).json() if n["gpus"] > 0} == expected,
+              self.serve, f"the scheduler's view of the Ray nodes ({', '.join(sorted(expected))})", log)
         print(f"Ray nodes: {', '.join(self.labels.values())}; temp dir {self.tmp}", flush=True)
         self.watcher = report.Watcher(api, self.labels)
         self.watcher.poll(0)
@@ -135,7 +138,7 @@ class Session:
         if self.cluster is not None:
             _stop_jobs(self.cluster.dashboard_url)
             self.cluster.stop()
-        _kill_marked(self.marker)
+        _kill_marked(self.tmp.name)
         if self.dcgm is not None:
             self.dcgm.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -168,22 +171,26 @@ def _stop_jobs(dashboard_url: str) -> None:
         pass
 
 
-def _kill_marked(marker: str) -> None:
-    """SIGKILL any process left whose argv carries this run's marker (an entrypoint Ray lost)."""
-    for pid in marked(marker):
+def _kill_marked(needle: str) -> None:
+    """SIGKILL any process left that is this run's: its argv or an open file names ``needle`` (the
+    run's temp dir: Ray's processes log there; the entrypoints carry it as their marker)."""
+    for pid in marked(needle):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
 
-def marked(marker: str) -> list[int]:
+def marked(needle: str) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if marker.encode() in (d / "cmdline").read_bytes():
-                    out.append(int(d.name))
-            except OSError:
-                continue
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            names = [(d / "cmdline").read_bytes().decode(errors="replace")]
+            names += [os.readlink(f) for f in (d / "fd").iterdir()]
+        except OSError:
+            continue
+        if any(needle in n for n in names):
+            out.append(int(d.name))
     return out
