@@ -22,11 +22,13 @@ GPUQ = BIN / "gpuq"
 
 # Commands of the ```sh blocks that this test does not run, by their start, and why.
 NOT_RUN = {
-    "make demo": "starts Ray and a server for about 2 minutes; deploy/demo/demo.sh is its script",
+    "make demo": "starts Ray, gpuq serve and the dashboards until Ctrl-C (tests/test_demo.py runs gpuq demo)",
     "make test": "the whole suite, which contains this test",
     "make setup": "creates .venv and installs packages (the suite already runs inside it)",
     ".venv/bin/ray start": "starts a Ray head (the Ray collector tests start their own)",
     ".venv/bin/gpuq collect": "needs the Ray head above (tests/test_cli_collect.py runs collect)",
+    ".venv/bin/gpuq serve": "runs until stopped (tests/test_serve.py and the browser test run it)",
+    ".venv/bin/gpuq dashboard": "runs until stopped (tests/test_dashboards_browser.py runs it)",
 }
 
 
