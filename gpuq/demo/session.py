@@ -122,6 +122,8 @@ class Session:
                 told = True
                 print("the story is told; everything keeps running until Ctrl-C", flush=True)
             self.stop.wait(0.5)
+        print(f"\nstopping at t={time.time() - self.t0:.1f}s" + (" (signal)" if self.stop.is_set() else ""),
+              flush=True)
 
     def close(self) -> None:
         if self.dashboard is not None:
