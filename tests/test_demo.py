@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from gpuq.demo.session import marked
 from tests.conftest import die_with_parent
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,16 +44,11 @@ def query(cfg: Path, sql: str) -> list[dict[str, Any]]:
 def holding(needle: str) -> list[str]:
     """Processes whose argv or open files name ``needle`` (Ray's processes log into their temp dir)."""
     out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
+    for pid in marked(needle):
         try:
-            names = [(d / "cmdline").read_bytes().decode(errors="replace")]
-            names += [os.readlink(f) for f in (d / "fd").iterdir()]
-        except OSError:
-            continue
-        if any(needle in n for n in names):
-            out.append(f"{d.name}: {names[0][:200]!r}")
+            out.append(f"{pid}: {Path(f'/proc/{pid}/cmdline').read_bytes()[:200]!r}")
+        except OSError:              # gone since: not holding anything
+            pass
     return out
 
 
