@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gpuq.errors import ConfigError
@@ -116,15 +116,42 @@ class SchedulerSettings(_Section):
 
 
 class ApiToken(_Section):
-    token: str
+    """A bearer token. An operator's actions are scoped: ``namespaces`` (Kubernetes namespaces of
+    its targets) and ``queues`` (queue subtree roots: ``research`` allows ``research.vision``);
+    ``"*"`` allows all. Both must be set on an operator token; viewers read everything and admins
+    are unscoped, so neither takes a scope (see docs/API.md)."""
+
+    token: str = Field(min_length=1)
     role: Literal["viewer", "operator", "admin"] = "viewer"
     name: str = ""
+    namespaces: list[str] | None = None
+    queues: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _scoped(self) -> ApiToken:
+        scoped = self.namespaces is not None or self.queues is not None
+        if self.role == "operator" and (not self.namespaces or not self.queues):
+            raise ValueError("an operator token needs both namespaces and queues (its scope; "
+                             "['*'] allows all)")
+        if self.role != "operator" and scoped:
+            raise ValueError(f"namespaces and queues scope an operator's actions; {self.role} tokens take none")
+        return self
 
 
 class ApiSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8377, ge=0, le=65535)
     tokens: list[ApiToken] = []
+    insecure: bool = False               # allow a non-loopback host without tokens (auth off)
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)   # larger request bodies: 413
+    max_spec_bytes: int = Field(default=65_536, ge=1024)      # a submitted workload's spec as stored
+
+    @model_validator(mode="after")
+    def _unique(self) -> ApiSettings:
+        seen = [t.token for t in self.tokens]
+        if len(set(seen)) != len(seen):
+            raise ValueError("two api.tokens have the same token")
+        return self
 
 
 class DashboardSettings(_Section):
