@@ -22,7 +22,9 @@ Serves what the ``kubernetes`` actuator and the workload source call:
 Scripting: :meth:`ApiServer.fail` answers the next ``times`` matching requests with a Status
 error; :meth:`ApiServer.after_next_get` changes an object right after the next GET of it is
 answered (a concurrent writer, so a strict patch meets a 409). :attr:`ApiServer.requests`
-records every request: method, path, query, content type and parsed body.
+records every request: method, path, query, content type and parsed body; :attr:`ApiServer.patches`
+every PATCH applied (object before, patch, object after), which tests/test_k8s_merge_patch.py checks
+against an independent RFC 7386 implementation (``json-merge-patch`` from PyPI).
 """
 from __future__ import annotations
 
@@ -72,6 +74,15 @@ class Recorded:
     body: Any                      # parsed JSON, or the raw text, or None
 
 
+@dataclass(frozen=True, slots=True)
+class Patched:
+    """One PATCH the server applied: the object before, the merge patch, the object after."""
+    key: tuple[str, str, str]      # (plural, namespace, name)
+    before: dict[str, Any]
+    patch: dict[str, Any]
+    after: dict[str, Any]
+
+
 @dataclass(slots=True)
 class _Fault:
     method: str
@@ -103,6 +114,7 @@ class ApiServer:
         for obj in objects:
             self.put(obj)
         self.requests: list[Recorded] = []
+        self.patches: list[Patched] = []      # every PATCH applied, for an independent RFC 7386 check
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
@@ -229,6 +241,7 @@ class ApiServer:
             patched["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
             self._bump(patched, obj)
             self._state.objects[key] = patched
+            self.patches.append(Patched(key, copy.deepcopy(obj), copy.deepcopy(body), copy.deepcopy(patched)))
             return 200, copy.deepcopy(patched)
 
     def _list(self, plural: str, ns: str | None, query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:

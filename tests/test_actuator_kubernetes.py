@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import json_merge_patch
 import pytest
 
 from gpuq.settings import CollectorSettings, KubernetesTarget, Settings
@@ -28,7 +29,7 @@ from scheduler.actuators.kubernetes import (
 )
 from scheduler.model import Placement, Workload
 from tests.conftest import closed_port
-from tests.k8s_api_server import MERGE_PATCH, ApiServer, apply_merge_patch, load
+from tests.k8s_api_server import MERGE_PATCH, ApiServer, load
 
 LABELS = {"H100": "NVIDIA-H100-80GB-HBM3", "A100": "NVIDIA-A100-SXM4-80GB"}
 KEY = "nvidia.com/gpu.product"
@@ -338,7 +339,8 @@ def test_unreachable_api_server_is_retryable(tmp_path: Path) -> None:
 def test_merge_patch_round_trips(before: dict[str, Any], after: dict[str, Any],
                                  patch: dict[str, Any]) -> None:
     assert merge_patch(before, after) == patch
-    assert apply_merge_patch(before, patch) == after
+    # applied by an independent RFC 7386 implementation, not the test server's own
+    assert json_merge_patch.merge(copy.deepcopy(before), patch) == after
 
 
 # -- the workload source --------------------------------------------------------------------------
