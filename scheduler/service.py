@@ -140,7 +140,8 @@ class SchedulerService:
             self._idle = frozenset(ids)
 
     # -- mutations -------------------------------------------------------------------------------
-    def submit(self, workload: Workload, target: Target, now: float) -> WorkloadView:
+    def submit(self, workload: Workload, target: Target, now: float, actor: str = "") -> WorkloadView:
+        """``actor`` (who submitted, ``name (role)`` from the API) goes in the event's ``by``."""
         with self._lock:
             old = self._entries.get(workload.id)
             if old is not None:
@@ -151,7 +152,7 @@ class SchedulerService:
             self._done.pop(workload.id, None)
             e = Entry(workload, target, PENDING, workload.duration_s, Reason(QUEUED, "waiting for the next cycle"))
             self._entries[workload.id] = e
-            self._emit(now, "submit", workload, spec=ev.spec_json(workload, target))
+            self._emit(now, "submit", workload, spec=ev.spec_json(workload, target), **({"by": actor} if actor else {}))
             bump(self.stats.submitted, workload.queue)
             cluster = self._cluster_now()
             why = never_fits(cluster, workload) if cluster.nodes else None
@@ -170,7 +171,7 @@ class SchedulerService:
                 raise ActuatorFailed(workload_id, "cancel", result.message)
             reason = f"cancelled by {by}" if by else "cancelled"
             self._close(e, CANCELLED, now, Reason(CANCELLED, reason))
-            self._emit(now, "cancel", e.workload, reason=reason)
+            self._emit(now, "cancel", e.workload, reason=reason, **({"by": by} if by else {}))
             return self._view(e)
 
     def finish(self, workload_id: str, now: float) -> WorkloadView:
