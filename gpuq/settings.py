@@ -102,6 +102,15 @@ class SchedulerRay(_Section):
     accelerator_resources: dict[str, str] = {}   # GPU type -> Ray resource name, where they differ
 
 
+class PreemptionLimit(_Section):
+    """The brake on preemption: at most this many workloads preempted in any sliding hour, per
+    victim queue and over the cluster (None: no limit). Counted from ``scheduler_events`` at start,
+    so a restart does not release the brake."""
+
+    per_queue_per_hour: int | None = Field(default=20, ge=0)
+    cluster_per_hour: int | None = Field(default=60, ge=0)
+
+
 class SchedulerSettings(_Section):
     actuator: Literal["dry-run", "kubernetes", "ray"] = "dry-run"
     cluster: str = "default"             # the name the scheduler's events carry
@@ -111,6 +120,11 @@ class SchedulerSettings(_Section):
     preemption_delay_s: float = Field(default=30.0, ge=0)
     retry_attempts: int = Field(default=4, ge=1)        # actuator calls, with backoff
     retry_backoff_s: float = Field(default=0.2, ge=0)
+    actuator_timeout_s: float = Field(default=10.0, gt=0)   # one actuator request (kubernetes)
+    actuator_budget_s: float = Field(default=60.0, gt=0)    # one action, retries included
+    actuator_workers: int = Field(default=4, ge=1)          # actions run outside the lock, one per workload at a time
+    preemption_limit: PreemptionLimit = PreemptionLimit()
+    refused_backoff_s: float = Field(default=30.0, gt=0)    # first wait after a PodDisruptionBudget refusal (doubles)
     kubernetes: SchedulerKubernetes = SchedulerKubernetes()
     ray: SchedulerRay = SchedulerRay()
 
