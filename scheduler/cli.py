@@ -97,11 +97,15 @@ def serve_main(argv: list[str], settings: Any) -> int:
     from collector.service import install_stop_handlers
     from scheduler.service_runtime import serve
 
+    from gpuq.errors import ConfigError
+    from scheduler.api.auth import check_exposure
+
     args = serve_parser().parse_args(argv)
     try:
+        check_exposure(settings.api)            # no tokens on a non-loopback host: refused
         nodes_file = args.nodes or settings.scheduler.nodes_file
         nodes = load_nodes(nodes_file) if nodes_file else None
-    except ScenarioError as exc:
+    except (ScenarioError, ConfigError) as exc:
         print(f"gpuq serve: error: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()

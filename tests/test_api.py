@@ -22,7 +22,7 @@ from scheduler.testing import nodes
 
 QUEUES = {"a": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}}, "b": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}}}
 TOKENS = [{"token": "view-t", "role": "viewer", "name": "vera"},
-          {"token": "op-t", "role": "operator", "name": "otto"},
+          {"token": "op-t", "role": "operator", "name": "otto", "namespaces": ["*"], "queues": ["*"]},
           {"token": "admin-t", "role": "admin", "name": "ada"}]
 
 
@@ -105,6 +105,7 @@ def test_roles(api: Api, method: str, url: str, payload: Any, role_needed: str) 
         if order.index(role) < order.index(role_needed):
             p = is_problem(r, 403, "forbidden")
             assert f"needs the {role_needed} role" in p["detail"] and role in p["detail"]
+            assert "vera" not in p["detail"] and "otto" not in p["detail"]   # never the token's owner
         else:
             assert r.status_code not in (401, 403), r.text
 
@@ -115,7 +116,7 @@ def test_viewer_cannot_submit(api: Api, svc: SchedulerService) -> None:
 
 
 def test_auth_off_without_tokens_warns(svc: SchedulerService, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="scheduler.api.app"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.api.auth"):
         api = Api(create_app(svc, None, load_settings(None), clock=Clock()))
     assert "authentication is OFF" in caplog.text
     assert api("POST", "/workloads", json=body()).status_code == 201
@@ -209,12 +210,12 @@ def test_dry_run_does_not_change_the_workloads(svc: SchedulerService, api: Api) 
 # -- probes, metrics, OpenAPI ----------------------------------------------------------------------------
 def test_probes_and_metrics(api: Api, svc: SchedulerService, clock: Clock) -> None:
     assert api("GET", "/healthz").json() == {"status": "ok"}
-    p = is_problem(api("GET", "/readyz"), 503, "unavailable")
+    p = is_problem(api("GET", "/readyz", token="view-t"), 503, "unavailable")
     assert p["checks"] == {"store": True, "config": True, "cycle": False}
     api("POST", "/workloads", token="op-t", json=body("a1"))
     api("POST", "/workloads", token="op-t", json=body("b1", "b", pods=2))
     svc.cycle(clock.t)
-    assert api("GET", "/readyz").json()["status"] == "ready"
+    assert api("GET", "/readyz", token="view-t").json()["status"] == "ready"
     clock.t += 60
     assert api("GET", "/readyz").status_code == 503
     text = api("GET", "/metrics").text

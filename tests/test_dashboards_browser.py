@@ -77,7 +77,7 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "collector": {"metrics_port": 0},
         "api": {"host": "127.0.0.1", "port": api_port, "tokens": [
             {"token": VIEWER, "role": "viewer", "name": "dashboards"},
-            {"token": OPERATOR, "role": "operator", "name": "ci"}]},
+            {"token": OPERATOR, "role": "operator", "name": "ci", "namespaces": ["*"], "queues": ["*"]}]},
         "dashboard": {"api_url": f"http://127.0.0.1:{api_port}", "token": VIEWER, "port": ui_port,
                       "refresh_s": 60, "cache_ttl_s": 2},
     }))

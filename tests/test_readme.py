@@ -94,7 +94,7 @@ def test_settings_block_loads(tmp_path: Path) -> None:
     assert s.collector.ray[0].cluster == "demo" and s.collector.dcgm[0].urls == ["http://node-1:9400/metrics"]
     assert s.queues_file == str(tmp_path / "queues.yaml")          # relative to the settings file
     assert s.accounting.idle_window_s == 1800 and s.scheduler.actuator == "dry-run"
-    assert s.api.tokens[0].role == "operator"
+    assert s.api.tokens[0].role == "operator" and s.api.tokens[0].queues == ["research"]
 
 
 def test_queue_file_block_loads(tmp_path: Path) -> None:

@@ -54,7 +54,8 @@ def setup(tmp_path: Path) -> tuple[Path, str]:
         "scheduler": {"actuator": "dry-run", "cycle_interval_s": 0.2, "preemption_delay_s": 1},
         "accounting": {"interval_s": 1},
         "collector": {"metrics_port": 0},
-        "api": {"host": "127.0.0.1", "port": port, "tokens": [{"token": TOKEN, "role": "operator", "name": "ci"}]},
+        "api": {"host": "127.0.0.1", "port": port, "tokens": [{"token": TOKEN, "role": "operator", "name": "ci",
+                                                                "namespaces": ["*"], "queues": ["*"]}]},
     }))
     return cfg, f"http://127.0.0.1:{port}"
 

@@ -23,8 +23,9 @@ from accounting.timeparse import parse_time
 from accounting.usage import check_by
 from accounting.watcher import Reload
 from gpuq.errors import GpuqError
-from scheduler.api.auth import Auth, Caller
-from scheduler.api.models import DryRunIn, ReloadOut, WorkloadIn
+from scheduler.api.auth import Auth, Caller, check_exposure
+from scheduler.api.limits import Guard
+from scheduler.api.models import DryRunIn, ReloadOut, WorkloadIn, check_spec_size
 from scheduler.api.problems import Problem, install, invalid, problem_response
 from scheduler.api.routes_dashboard import dashboard_router
 from scheduler.service import SchedulerService
@@ -59,10 +60,8 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
     """``accounting``: a :class:`~scheduler.service_accounting.LiveAccounting` (or None: the
     accounting endpoints answer 503). ``settings``: the gpuq settings (``api.tokens``,
     ``scheduler.cycle_interval_s``). ``clock`` gives the scheduler's ``now``."""
+    check_exposure(settings.api)              # ConfigError: no tokens on a non-loopback host
     auth = Auth(settings.api.tokens)
-    if not auth.enabled:
-        log.warning("api.tokens is empty: authentication is OFF, every caller may submit, cancel and "
-                    "reconfigure; configure tokens before exposing %s:%s", settings.api.host, settings.api.port)
     registry = registry or CollectorRegistry()
     registry.register(SchedulerCollector(service))
     if accounting is not None:
@@ -71,6 +70,8 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
 
     app = FastAPI(title="gpuq", version="0.1.0", description=DESCRIPTION)
     install(app)
+    # auth from the headers and the size cap, before anything reads the body
+    app.add_middleware(Guard, auth=auth, max_body_bytes=settings.api.max_body_bytes, routes=app.router.routes)
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
@@ -104,6 +105,9 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
     @app.get("/readyz", tags=["probes"], summary="Store reachable, configuration loaded, last cycle recent",
              responses={503: {"description": "not ready (problem JSON with the checks)"}})
     def readyz(request: Request) -> Any:
+        # the checks and the queue file's error only for a valid token (any role): anonymous
+        # probes get the status alone
+        detailed = auth.from_header(request.headers.get("authorization")) is not None
         now = clock()
         last = service.stats.last_cycle_s
         checks = {
@@ -114,7 +118,11 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         age = None if last is None else round(now - last, 3)
         error = getattr(accounting, "error", None)
         if all(checks.values()):
+            if not detailed:
+                return {"status": "ready"}
             return {"status": "ready", "checks": checks, "last_cycle_age_s": age, "config_error": error}
+        if not detailed:
+            return problem_response(request, Problem(503, "not ready"))
         failing = ", ".join(k for k, ok in checks.items() if not ok)
         return problem_response(request, Problem(503, f"not ready: {failing}", checks=checks,
                                                  last_cycle_age_s=age, config_error=error))
@@ -139,16 +147,23 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
     @app.post("/workloads", tags=["workloads"], response_model=WorkloadView, status_code=201,
               summary="Submit a workload", responses={409: {}, 422: {}})
     def submit(body: WorkloadIn, caller: operator, response: Response) -> Any:
+        caller.check_target(body.queue, body.target.namespace)
         now = clock()
-        view = service.submit(body.to_workload(now), body.target.to_target(), now)
+        workload, target = body.to_workload(now), body.target.to_target()
+        check_spec_size(workload, target, settings.api.max_spec_bytes)
+        view = service.submit(workload, target, now, actor=caller.actor)
         response.headers["Location"] = f"/workloads/{view.id}"
-        log.info("%s submitted %s to %s", caller.name, view.id, view.queue)
+        log.info("%s submitted %s to %s", caller.actor, view.id, view.queue)
         return view
 
     @app.delete("/workloads/{workload_id:path}", tags=["workloads"], response_model=WorkloadView,
                 summary="Cancel a pending or running workload", responses={404: {}, 409: {}, 502: {}})
     def cancel(workload_id: str, caller: operator) -> Any:
-        return service.cancel(workload_id, clock(), by=caller.name)
+        current = service.explain(workload_id)
+        caller.check_target(current.queue, current.target.get("namespace", ""))
+        view = service.cancel(workload_id, clock(), by=caller.actor)
+        log.info("%s cancelled %s", caller.actor, workload_id)
+        return view
 
     @app.post("/dry-run", tags=["workloads"], response_model=DryRun,
               summary="What the scheduler would do if this workload arrived now (nothing changes)")
@@ -191,7 +206,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         t0, t1 = _window(start, end, now)
         m = _STEP.match(step)
         step_s = float(m.group(1)) * _UNIT[m.group(2)] if m else 0.0
-        if step_s <= 0:
+        if not 0 < step_s < math.inf:
             raise invalid("query.step", f"expected a positive duration (300, 5m, 1h, 1d), got {step!r}")
         if (t1 - t0) / step_s > 10_000:
             raise invalid("query.step", f"{math.ceil((t1 - t0) / step_s)} steps: at most 10000 per request")
@@ -208,7 +223,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
             return ReloadOut(result="static", queues=leaves)
         if result is Reload.REJECTED:
             raise Problem(409, f"queue configuration not taken: {acc.error}")
-        log.info("%s reloaded the queue file: %s", caller.name, result.value)
+        log.info("%s reloaded the queue file: %s", caller.actor, result.value)
         return ReloadOut(result=result.value, error=acc.error, queues=leaves)
 
     app.include_router(dashboard_router(auth, service, accounting, settings, clock, _window, registry))

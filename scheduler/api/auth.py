@@ -1,17 +1,25 @@
-"""Bearer tokens with roles, from ``api.tokens`` in the settings.
+"""Bearer tokens with roles and scopes, from ``api.tokens`` in the settings.
 
 Roles are ordered: ``viewer`` reads; ``operator`` also submits, cancels and runs dry runs;
 ``admin`` also changes the configuration (``POST /admin/reload-queues``). A request without a
 token, or with one that is not configured, is answered 401 (with ``WWW-Authenticate: Bearer``);
-a known token whose role is too low, 403.
+a known token whose role is too low, 403. The 403 names the role needed, never the token's owner.
+
+An operator token is scoped (:class:`Scope`): the Kubernetes namespaces of its targets and the
+queue subtrees it may act in, both of which must allow a submit or a cancel (a Ray or target-less
+workload has no namespace: its queue decides). Admins are unscoped; viewers read everything.
+
+The check runs twice: :class:`scheduler.api.limits.Guard` answers 401/403 from the headers
+before the body is read, and the route's dependency gives the route its :class:`Caller`.
 
 With no token configured authentication is off: every caller acts as ``admin`` under the name
-``anonymous``, and ``gpuq serve`` logs a warning at start. That keeps a laptop demo one command
-long; a shared deployment must configure tokens (bind to 127.0.0.1 otherwise, the default).
-Tokens are compared in constant time.
+``anonymous``. :func:`check_exposure` refuses that on an address other than loopback unless
+``api.insecure`` is set. Tokens are compared in constant time.
 """
 # no "from __future__ import annotations": FastAPI reads the dependency's annotation at runtime
 import hmac
+import ipaddress
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -19,21 +27,66 @@ from typing import Annotated, Any
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from gpuq.errors import ConfigError
 from scheduler.api.problems import Problem
+
+log = logging.getLogger(__name__)
 
 ROLES = {"viewer": 0, "operator": 1, "admin": 2}
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
+MISSING = "a bearer token is required (Authorization: Bearer TOKEN)"
+NOT_VALID = "the bearer token is not valid"
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Where a token may act: ``None`` for a dimension means anywhere (admins)."""
+
+    namespaces: frozenset[str] | None = None
+    queues: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(cls, namespaces: Sequence[str] | None, queues: Sequence[str] | None) -> "Scope":
+        ns = None if namespaces is None or "*" in namespaces else frozenset(namespaces)
+        qs = None if queues is None or "*" in queues or "root" in queues else tuple(q.strip(".") for q in queues)
+        return cls(ns, qs)
+
+    def allows_namespace(self, namespace: str) -> bool:
+        return self.namespaces is None or namespace in self.namespaces
+
+    def allows_queue(self, queue: str) -> bool:
+        return self.queues is None or any(queue == q or queue.startswith(q + ".") for q in self.queues)
+
+
+EVERYWHERE = Scope()
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
     name: str
     role: str
+    scope: Scope = EVERYWHERE
+
+    @property
+    def actor(self) -> str:
+        """How events and logs name the caller: ``name (role)``."""
+        return f"{self.name} ({self.role})"
+
+    def check_target(self, queue: str, namespace: str) -> None:
+        """403 unless the scope allows ``queue`` and (when the target has one) ``namespace``. The
+        message names what the caller asked for, never the token or other tenants' data."""
+        if not self.scope.allows_queue(queue):
+            raise Problem(403, "this token may not act in this queue")
+        if namespace and not self.scope.allows_namespace(namespace):
+            raise Problem(403, "this token may not act in this namespace")
 
 
 class Auth:
     def __init__(self, tokens: Sequence[Any]) -> None:
-        self._tokens = [(t.token.encode(), Caller(t.name or f"token-{i}", t.role)) for i, t in enumerate(tokens)]
+        self._tokens = [(t.token.encode(), Caller(t.name or f"token-{i}", t.role,
+                                                  Scope.of(getattr(t, "namespaces", None), getattr(t, "queues", None))
+                                                  if t.role == "operator" else EVERYWHERE))
+                        for i, t in enumerate(tokens)]
         self.scheme = HTTPBearer(auto_error=False, description="A token from api.tokens in the settings.")
 
     @property
@@ -42,24 +95,68 @@ class Auth:
 
     def lookup(self, token: str) -> Caller | None:
         found = None
-        raw = token.encode()
+        raw = token.encode("utf-8", "surrogateescape")
         for known, caller in self._tokens:        # no early exit: constant time over the list
             if hmac.compare_digest(known, raw):
                 found = caller
         return found
 
+    def from_header(self, header: str | None) -> Caller | None:
+        """The caller of an ``Authorization`` header value, None when absent or not valid."""
+        if not self._tokens:
+            return Caller("anonymous", "admin")
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return self.lookup(token.strip())
+
+    def check(self, header: str | None, role: str) -> Caller:
+        """The caller for ``role``; Problem 401 or 403 otherwise (also used before the body is read)."""
+        if not self._tokens:
+            return Caller("anonymous", "admin")
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Problem(401, MISSING, headers=_CHALLENGE)
+        caller = self.lookup(token.strip())
+        if caller is None:
+            raise Problem(401, NOT_VALID, headers=_CHALLENGE)
+        if ROLES[caller.role] < ROLES[role]:
+            raise Problem(403, f"this needs the {role} role; the token has the {caller.role} role")
+        return caller
+
     def require(self, role: str) -> Callable[..., Caller]:
         credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(self.scheme)]
 
         def dependency(cred: credentials) -> Caller:
-            if not self._tokens:
-                return Caller("anonymous", "admin")
-            if cred is None or not cred.credentials:
-                raise Problem(401, "a bearer token is required (Authorization: Bearer TOKEN)", headers=_CHALLENGE)
-            caller = self.lookup(cred.credentials)
-            if caller is None:
-                raise Problem(401, "the bearer token is not valid", headers=_CHALLENGE)
-            if ROLES[caller.role] < ROLES[role]:
-                raise Problem(403, f"this needs the {role} role; token {caller.name!r} has {caller.role}")
-            return caller
+            header = f"{cred.scheme} {cred.credentials}" if cred is not None else None
+            return self.check(header, role)
+        dependency.gpuq_role = role  # type: ignore[attr-defined]  # read by limits.Guard
         return dependency
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost``, 127.0.0.0/8 and ::1 are loopback; ``0.0.0.0``, ``::``, names and others are not."""
+    h = host.strip().strip("[]")
+    if h.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(api: Any) -> None:
+    """Refuse (ConfigError) to serve without tokens on an address other than loopback, unless
+    ``api.insecure`` says so; warn when auth is off."""
+    if api.tokens:
+        return
+    if not is_loopback(api.host):
+        if not getattr(api, "insecure", False):
+            raise ConfigError("api.host", f"{api.host!r} is not a loopback address and api.tokens is empty: "
+                              "anyone who can reach it could submit, cancel and reconfigure. Configure "
+                              "api.tokens, bind to 127.0.0.1, or set api.insecure: true to accept this")
+        log.warning("api.insecure is set: authentication is OFF on %s:%s, every caller may submit, cancel "
+                    "and reconfigure", api.host, api.port)
+    else:
+        log.warning("api.tokens is empty: authentication is OFF, every caller may submit, cancel and "
+                    "reconfigure; configure tokens before exposing %s:%s", api.host, api.port)

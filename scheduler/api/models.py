@@ -3,14 +3,23 @@
 numbers are answered 422 naming the field."""
 from __future__ import annotations
 
+import json
+import math
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from scheduler.actuators.base import Target
+from scheduler.api.problems import FieldError
 from scheduler.model import Workload
 
 WorkloadId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}$")]
+# Kubernetes names: a namespace is a DNS-1123 label, an object name a DNS-1123 subdomain
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+KUBERNETES_KINDS = ("RayJob", "RayCluster", "Pod")
+MAX_DURATION_S = 10 * 366 * 86400.0     # ten years of running time
 
 
 class _Body(BaseModel):
@@ -21,12 +30,33 @@ class TargetIn(_Body):
     """What the workload is in the world (see ``scheduler.actuators.base.Target``)."""
 
     kind: Literal["", "RayJob", "RayCluster", "Pod", "RaySubmission"] = ""
-    namespace: str = ""
-    name: str = ""
-    api_version: str = ""
-    entrypoint: str = ""
+    namespace: Annotated[str, StringConstraints(max_length=63)] = ""
+    name: Annotated[str, StringConstraints(max_length=253)] = ""
+    api_version: Annotated[str, StringConstraints(max_length=253)] = ""
+    entrypoint: Annotated[str, StringConstraints(max_length=16_384)] = ""
     runtime_env: dict[str, Any] = Field(default_factory=dict)
-    metadata: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[Annotated[str, StringConstraints(max_length=253)], str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _names(self) -> "TargetIn":
+        """A Kubernetes target needs a valid namespace and name (never empty); a Ray submission is
+        not a Kubernetes object and has no namespace; a target-less workload's names, where given,
+        follow the Kubernetes rules too (the accounting matches pods by them)."""
+        _plain_json(self.runtime_env, "runtime_env", 0)
+        if self.kind in KUBERNETES_KINDS:
+            if not self.namespace:
+                raise FieldError("namespace", f"a {self.kind} target needs its namespace")
+            if not self.name:
+                raise FieldError("name", f"a {self.kind} target needs its name")
+        if self.kind == "RaySubmission" and self.namespace:
+            raise FieldError("namespace", "a RaySubmission is not a Kubernetes object: leave namespace empty")
+        if self.namespace and not DNS1123_LABEL.match(self.namespace):
+            raise FieldError("namespace", "not a Kubernetes namespace name (DNS-1123 label: lower case "
+                                            "letters, digits and '-', at most 63)")
+        if self.name and self.kind != "RaySubmission" and not DNS1123_SUBDOMAIN.match(self.name):
+            raise FieldError("name", "not a Kubernetes object name (DNS-1123 subdomain: lower case letters, "
+                                       "digits, '-' and '.', at most 253)")
+        return self
 
     def to_target(self) -> Target:
         return Target(self.kind, self.namespace, self.name, self.api_version, self.entrypoint,
@@ -39,13 +69,14 @@ class WorkloadIn(_Body):
     finish it by itself; without it the workload runs until the world says it ended."""
 
     id: WorkloadId
-    queue: Annotated[str, StringConstraints(min_length=1)]
+    queue: Annotated[str, StringConstraints(min_length=1, max_length=253)]
     pods: int = Field(1, ge=1, le=100_000)
     gpus_per_pod: int = Field(1, ge=1, le=1024)
-    gpu_types: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
+    gpu_types: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] = Field(default_factory=list,
+                                                                                           max_length=32)
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
     preemptible: bool = True
-    duration: float | None = Field(None, gt=0)
+    duration: float | None = Field(None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     checkpoint: bool = False
     originator: bool = False
     target: TargetIn = Field(default_factory=TargetIn)
@@ -65,3 +96,32 @@ class ReloadOut(BaseModel):
     result: Literal["loaded", "unchanged", "rejected", "static"]
     error: str | None = None
     queues: list[str]
+
+
+def check_spec_size(workload: Workload, target: Target, limit: int) -> None:
+    """422 when the workload's spec as stored (``scheduler_events.spec``, replayed at every start)
+    is over ``limit`` bytes, naming its largest field."""
+    from scheduler.api.problems import invalid
+    from scheduler.events import spec_json
+
+    size = len(spec_json(workload, target).encode())
+    if size <= limit:
+        return
+    parts = {"body.target.runtime_env": target.runtime_env, "body.target.metadata": target.metadata,
+             "body.target.entrypoint": target.entrypoint, "body.gpu_types": list(workload.gpu_types)}
+    field = max(parts, key=lambda k: len(json.dumps(parts[k], separators=(",", ":"))))
+    raise invalid(field, f"the workload's spec is {size} bytes; at most {limit} (api.max_spec_bytes)")
+
+
+def _plain_json(value: Any, field: str, depth: int) -> None:
+    """Finite numbers, nested at most 32 deep: what JSON without extensions can carry on."""
+    if depth > 32:
+        raise FieldError(field, "nested more than 32 deep")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise FieldError(field, "numbers must be finite (no Infinity or NaN)")
+    if isinstance(value, dict):
+        for v in value.values():
+            _plain_json(v, field, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _plain_json(v, field, depth + 1)

@@ -3,8 +3,9 @@
 ``errors``: one ``{"field", "message", "type"}`` per invalid field, ``field`` dotted from where
 it came (``body.gpus_per_pod``, ``query.state``); ``detail`` names the first one.
 
-``type`` is ``urn:gpuq:problem:<slug>``: ``unauthorized``, ``forbidden``, ``not-found``,
-``conflict``, ``invalid``, ``actuator-failed``, ``unavailable``, ``http-<status>``, ``internal``.
+``type`` is ``urn:gpuq:problem:<slug>``: ``bad-request``, ``unauthorized``, ``forbidden``,
+``not-found``, ``conflict``, ``too-large``, ``invalid``, ``actuator-failed``, ``unavailable``,
+``http-<status>``, ``internal``.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger(__name__)
 
 MEDIA_TYPE = "application/problem+json"
-SLUGS = {401: "unauthorized", 403: "forbidden", 404: "not-found", 409: "conflict", 422: "invalid",
-         502: "actuator-failed", 503: "unavailable", 500: "internal"}
+SLUGS = {400: "bad-request", 401: "unauthorized", 403: "forbidden", 404: "not-found", 409: "conflict",
+         413: "too-large", 422: "invalid", 502: "actuator-failed", 503: "unavailable", 500: "internal"}
 
 
 class Problem(Exception):
@@ -37,6 +38,15 @@ class Problem(Exception):
         self.headers = headers
         self.extra = extra
         super().__init__(detail)
+
+
+class FieldError(ValueError):
+    """Raise from a model validator to name a field below the model: the 422 names
+    ``<model's place>.<field>`` (``body.target.namespace``) with ``message``."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field, self.message = field, message
+        super().__init__(f"{field}: {message}")
 
 
 def invalid(field: str, message: str, type_: str = "value_error") -> Problem:
@@ -54,6 +64,14 @@ def _field(loc: Sequence[Any]) -> str:
     return ".".join(str(x) for x in loc)
 
 
+def _error(e: Any) -> dict[str, str]:
+    loc, message = list(e.get("loc", ())), str(e.get("msg", ""))
+    err = (e.get("ctx") or {}).get("error")
+    if isinstance(err, FieldError):
+        loc, message = [*loc, err.field], err.message
+    return {"field": _field(loc), "message": message, "type": str(e.get("type", ""))}
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
@@ -61,8 +79,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"field": _field(e.get("loc", ())), "message": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-                  for e in exc.errors()]
+        errors = [_error(e) for e in exc.errors()]
         first = errors[0] if errors else {"field": "body", "message": "invalid request"}
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         return problem_response(request, Problem(422, f"{first['field']}: {first['message']}{more}", errors=errors))
