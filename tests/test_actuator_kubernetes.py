@@ -113,9 +113,9 @@ def test_admit_raycluster_merges_into_existing_selectors(api: ApiServer,
     assert set(body["spec"]) == {"suspend", "headGroupSpec", "workerGroupSpecs"}
     after = api.get("RayCluster", "team-vision", "vision-dev")
     assert after is not None
-    head, a100, cpu = templates("RayCluster", after)
+    head, a100 = templates("RayCluster", after)
     assert a100["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "gpu-pool", KEY: LABELS["A100"]}
-    assert head["spec"]["nodeSelector"] == cpu["spec"]["nodeSelector"] == {KEY: LABELS["A100"]}
+    assert head["spec"]["nodeSelector"] == {KEY: LABELS["A100"]}
 
 
 def test_admit_twice_patches_once(api: ApiServer, actuator: KubernetesActuator) -> None:
@@ -380,7 +380,7 @@ SMALL_GROUP = {"groupName": "small", "replicas": 1, "template": {"spec": {"conta
     {"name": "w", "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}}
 FULL_JOB = {"id": "rayjob/team-a/train-llm", "queue": "research.nlp", "pods": 2, "gpus_per_pod": 8,
             "gpu_types": ("H100", "A100"), "priority": 0, "preemptible": True, "originator": True,
-            "submit_s": 1741079702.0, "cpu_millicores_per_pod": 32000, "memory_per_pod_bytes": 256 * 2**30}
+            "submit_s": 1741079702.0, "cpu_millicores_per_pod": 1000, "memory_per_pod_bytes": 2**30}
 FULL_CLUSTER = {"id": "raycluster/team-vision/vision-dev", "queue": "research.vision", "pods": 2,
                 "gpus_per_pod": 4, "gpu_types": (), "priority": 1000}
 

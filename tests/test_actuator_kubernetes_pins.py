@@ -95,6 +95,14 @@ def affinity(tmpl: dict[str, Any]) -> Any:
 
 # -- pinning --------------------------------------------------------------------------------------
 def test_only_gpu_pod_sets_are_pinned(api: ApiServer, actuator: KubernetesActuator) -> None:
+    cluster = load("raycluster-vision.json")           # plus a CPU-only worker group
+    cpu_group = copy.deepcopy(cluster["spec"]["workerGroupSpecs"][0])
+    cpu_group["groupName"] = "cpu"
+    del cpu_group["template"]["spec"]["nodeSelector"]
+    for amounts in cpu_group["template"]["spec"]["containers"][0]["resources"].values():
+        del amounts["nvidia.com/gpu"]
+    cluster["spec"]["workerGroupSpecs"].append(cpu_group)
+    api.put(cluster)
     res = actuator.admit(CL_W, CLUSTER_T, Placement("A100", (("a-0", 4), ("a-1", 4))))
     assert res.ok and "on a-0, a-1" in res.message, res.message
     obj = api.get("RayCluster", "team-vision", "vision-dev")
