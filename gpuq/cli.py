@@ -29,9 +29,12 @@ def _store(settings: Settings):  # noqa: ANN202 - gpuq.store.Store, imported laz
 
 
 def cmd_query(args: argparse.Namespace, settings: Settings) -> int:
+    from gpuq.store.readonly import check_read_only
+
+    check_read_only(args.sql)                 # before the store opens: a refused statement touches nothing
     store = _store(settings)
     try:
-        result = store.query(args.sql, settings={"readonly": 1})
+        result = store.read_only_query(args.sql)
     finally:
         store.close()
     sys.stdout.write(render(result.columns, result.rows, args.format))

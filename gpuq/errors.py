@@ -4,6 +4,7 @@ Hierarchy::
 
     GpuqError                       base; ``retryable`` says whether trying again can help
     ├── ConfigError                 a settings file or variable is invalid; ``where`` names it
+    ├── UnsafeQuery                 ``gpuq query`` refused a statement that is not one plain read
     └── StoreError                  the ClickHouse store failed
         ├── StoreUnavailable        cannot reach the database (retryable)
         ├── StoreQueryError         the database refused a statement (not retryable)
@@ -21,6 +22,16 @@ class ConfigError(GpuqError):
         self.where = where
         self.reason = reason
         super().__init__(f"{where}: {reason}")
+
+
+class UnsafeQuery(GpuqError):
+    """A user's statement is not one plain read (``gpuq.store.readonly``); ``where`` is the line and
+    column of the offending token. Nothing was sent to the store."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"refused at {where}: {reason}")
 
 
 class StoreError(GpuqError):

@@ -59,7 +59,7 @@ def test_collect_once_isolates_bad_targets(tmp_path: Path, http_server: Canned) 
 def test_query_is_read_only_and_names_the_error(tmp_path: Path) -> None:
     cfg = write_config(tmp_path, "")
     r = gpuq("query", "INSERT INTO ray_resources (cluster) VALUES ('x')", "--config", str(cfg))
-    assert r.returncode == 2 and "readonly" in r.stderr.lower()
+    assert r.returncode == 2 and "refused at line 1, column 1: 'INSERT' is not a read" in r.stderr
     r = gpuq("query", "SELECT * FROM no_such_table", "--config", str(cfg))
     assert r.returncode == 2 and "no_such_table" in r.stderr
 

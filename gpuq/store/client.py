@@ -94,6 +94,13 @@ class Store:
         except Exception as exc:  # noqa: BLE001 - re-raised as a StoreError
             raise self._wrap(exc, "query failed") from exc
 
+    def read_only_query(self, sql: str) -> Result:
+        """A user's statement (``gpuq query``): refused unless it is one plain read
+        (:func:`gpuq.store.readonly.check_read_only`), then run with ``readonly=1`` as a second layer."""
+        from gpuq.store.readonly import check_read_only
+
+        return self.query(check_read_only(sql), settings={"readonly": 1})
+
     def command(self, sql: str, parameters: Mapping[str, Any] | None = None,
                 settings: Mapping[str, Any] | None = None) -> Any:
         try:
