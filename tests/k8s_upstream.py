@@ -11,8 +11,10 @@ tests/test_k8s_data.py, so nothing in them is hand-written without a recorded re
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,8 @@ import yaml
 
 DATA = Path(__file__).parent / "data"
 UPSTREAM = DATA / "k8s" / "upstream"
-DERIVED_DIRS = ("k8s_actuator",)
+DERIVED_DIRS = ("k8s_actuator", "k8s")
+_TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
 def blob_sha(data: bytes) -> str:
@@ -42,13 +45,34 @@ def _pointer(path: str) -> list[str]:
     return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
 
 
+def _shift_times(node: Any, by: dt.timedelta) -> Any:
+    """Every RFC 3339 UTC timestamp (``2022-11-14T23:10:15Z``) in ``node`` moved by ``by``."""
+    if isinstance(node, dict):
+        return {k: _shift_times(v, by) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_shift_times(v, by) for v in node]
+    if isinstance(node, str) and _TIMESTAMP.fullmatch(node):
+        moved = dt.datetime.strptime(node, "%Y-%m-%dT%H:%M:%SZ") + by
+        return moved.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return node
+
+
 def apply_ops(doc: Any, ops: list[dict[str, Any]], where: str = "") -> Any:
-    """RFC 6902 ``add`` / ``replace`` / ``remove`` (all this data needs)."""
+    """RFC 6902 ``add`` / ``replace`` / ``remove`` (all this data needs), and ``x-shift-times``:
+    every timestamp moved so that the one at ``path`` becomes ``value`` (a recording moved to the
+    tests' day with its spacing kept)."""
     out = copy.deepcopy(doc)
     for i, op in enumerate(ops):
         at = f"{where}ops[{i}] {op.get('op')} {op.get('path')}"
         if not str(op.get("why") or "").strip():
             raise ValueError(f"{at}: no 'why'")
+        if op["op"] == "x-shift-times":
+            node = out
+            for p in _pointer(op["path"]):
+                node = node[int(p)] if isinstance(node, list) else node[p]
+            fmt = "%Y-%m-%dT%H:%M:%SZ"
+            out = _shift_times(out, dt.datetime.strptime(op["value"], fmt) - dt.datetime.strptime(node, fmt))
+            continue
         *parents, last = _pointer(op["path"])
         node = out
         for p in parents:
@@ -82,10 +106,33 @@ def derivations(directory: str) -> dict[str, dict[str, Any]]:
     return json.loads((DATA / directory / "DERIVED.json").read_text())  # type: ignore[no-any-return]
 
 
+def _derive_one(spec: dict[str, Any], where: str, done: dict[str, list[Any]]) -> Any:
+    """One object: ``upstream`` (+ ``document``, a ``pointer`` into it, put at ``into``), or ``like``
+    an object derived before in the same file (``"pods/1"``); then its ``ops``."""
+    if "like" in spec:
+        group, index = spec["like"].split("/")
+        base = done[group][int(index)]
+    else:
+        base = upstream_document(spec["upstream"], spec.get("document", 0))
+        for p in _pointer(spec["pointer"]) if spec.get("pointer") else ():
+            base = base[int(p)] if isinstance(base, list) else base[p]
+        if spec.get("into"):
+            base = {_pointer(spec["into"])[0]: base}
+    return apply_ops(base, spec["ops"], where)
+
+
 def derive(directory: str, name: str) -> Any:
+    """A single object, or (``compose``) a JSON object of named lists of objects."""
     spec = derivations(directory)[name]
-    base = upstream_document(spec["upstream"], spec.get("document", 0))
-    return apply_ops(base, spec["ops"], f"{directory}/DERIVED.json: {name}: ")
+    where = f"{directory}/DERIVED.json: {name}: "
+    if "compose" not in spec:
+        return _derive_one(spec, where, {})
+    done: dict[str, list[Any]] = {}
+    for group, specs in spec["compose"].items():
+        done[group] = []
+        for i, one in enumerate(specs):
+            done[group].append(_derive_one(one, f"{where}{group}[{i}]: ", done))
+    return done
 
 
 def render(obj: Any) -> str:

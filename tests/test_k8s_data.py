@@ -35,11 +35,12 @@ def test_every_upstream_file_is_the_published_one() -> None:
 @pytest.mark.parametrize("directory, name", DERIVED, ids=[f"{d}/{n}" for d, n in DERIVED])
 def test_each_data_file_is_its_upstream_object_with_the_recorded_changes(directory: str, name: str) -> None:
     spec = derivations(directory)[name]
-    assert spec["upstream"] in upstream_index()
+    specs = [one for group in spec["compose"].values() for one in group] if "compose" in spec else [spec]
+    assert all(one["upstream"] in upstream_index() for one in specs if "like" not in one)
     assert (DATA / directory / name).read_text() == render(derive(directory, name)), (
         f"tests/data/{directory}/{name} differs from its derivation: edit DERIVED.json (with a 'why') "
         f"and run python -m tests.k8s_upstream")
-    assert all(op["why"].strip() for op in spec["ops"])
+    assert all(op["why"].strip() for one in specs for op in one["ops"])
 
 
 @pytest.mark.parametrize("ops, message", [
@@ -76,3 +77,16 @@ def test_the_changes_are_few_and_the_rest_is_upstream() -> None:
     cluster = json.loads((DATA / "k8s_actuator" / "raycluster-vision.json").read_text())
     assert cluster["metadata"]["labels"]["ray.io/gang-scheduling-enabled"] == "true"
     assert cluster["spec"]["workerGroupSpecs"][0]["minReplicas"] == 2
+    kuberay = json.loads((DATA / "k8s" / "kuberay.json").read_text())
+    head, worker, _ = kuberay["pods"]
+    assert worker["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
+    assert [c["name"] for c in head["spec"]["containers"]] == ["ray-head", "autoscaler"]
+    assert worker["status"]["conditions"][3] == {           # the recorded spacing, moved to the tests' day
+        "lastProbeTime": None, "lastTransitionTime": "2026-11-21T09:10:07Z", "status": "True", "type": "PodScheduled"}
+    assert worker["status"]["conditions"][1]["lastTransitionTime"] == "2026-11-21T09:10:10Z"
+
+
+def test_shift_times_moves_every_timestamp_by_the_same_amount() -> None:
+    doc = {"a": "2022-11-14T23:13:47Z", "b": ["2022-11-14T23:13:50Z", "not a time"], "c": 1}
+    got = apply_ops(doc, [{"op": "x-shift-times", "path": "/a", "value": "2026-11-21T09:10:07Z", "why": "w"}])
+    assert got == {"a": "2026-11-21T09:10:07Z", "b": ["2026-11-21T09:10:10Z", "not a time"], "c": 1}
