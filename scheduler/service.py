@@ -6,17 +6,26 @@ configuration (:meth:`set_config`) and the accounting's idle flags (:meth:`set_i
 is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the time.
 
 * :meth:`submit` / :meth:`cancel` / :meth:`finish` change the set of workloads;
-* :meth:`cycle` builds a snapshot, runs ``schedule()``, carries the decisions out through the
-  actuator (with :func:`~scheduler.actuators.base.with_retries`) and records events. An actuator
-  failure becomes the workload's reason (``actuator_failed``): the decision is dropped and the
-  next cycle decides again;
+* :meth:`cycle` builds a snapshot and runs ``schedule()`` under the lock, then hands each decision
+  to the actuator **outside the lock** (:mod:`scheduler.service_acting`: a few worker threads, one
+  action at a time per workload, each call bounded by the actuator's request timeout and the
+  action by ``budget_s``); each answer is recorded under the lock with its event. While an action
+  is in flight its workloads say so (``admitting``, ``preempting``, ``cancelling``): the preemptor
+  holds its placement in the next snapshots and its victims are gone from them, so no later cycle
+  decides on them twice. An actuator failure becomes the workload's reason (``actuator_failed``):
+  the decision is dropped and the next cycle decides again;
+* the brakes (:mod:`scheduler.service_brakes`): :meth:`pause` stops all acting (the cycle still
+  decides and shows it), the preemption limit holds back admissions that would preempt too much,
+  and a victim whose eviction a PodDisruptionBudget refused is not preempted again before its
+  backoff;
 * :meth:`dry_run` answers "what would you do if this arrived now" on a copy;
 * :meth:`explain`, :meth:`workloads`, :meth:`nodes`, :meth:`preemptions` read.
 
 Every change is an event (:mod:`scheduler.events`) written to ``sink`` (a
 :class:`~gpuq.store.writer.BatchWriter`); the state lives in memory and :meth:`restore` rebuilds
 it from the stored events after a restart (see :mod:`scheduler.service_replay`). All public
-methods take one lock, so the API and the scheduling loop may call them from different threads.
+methods take one lock, so the API and the scheduling loop may call them from different threads;
+no actuator call is made with it held.
 """
 from __future__ import annotations
 
@@ -34,6 +43,8 @@ from accounting.model import Allocation, PendingDemand
 from accounting.queues import ROOT, QueueConfig
 from scheduler import events as ev
 from scheduler.actuators.base import ActionResult, Actuator, Target, with_retries
+from scheduler.service_acting import Lanes
+from scheduler.service_brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Pause, PreemptionBrake
 from scheduler.cycle import never_fits, schedule
 from scheduler.model import Decisions, Node, Placement, Running, Workload
 from scheduler.ordering import by_queue
@@ -43,14 +54,18 @@ from scheduler.service_errors import (
     DuplicateWorkload,
     InvalidWorkload,
     NotActive,
+    ServiceError,
     UnknownWorkload,
 )
 from scheduler.service_views import (
     ACTUATOR_FAILED,
+    ADMITTING,
     CANCELLED,
+    CANCELLING,
     FINISHED,
     PENDING,
     PREEMPTED,
+    PREEMPTING,
     QUEUED,
     REJECTED,
     RUNNING,
@@ -76,7 +91,9 @@ class SchedulerService:
     def __init__(self, config: QueueConfig, actuator: Actuator, *, nodes: Iterable[Node] = (),
                  settings: Settings | None = None, sink: EventSink | None = None, cluster: str = "default",
                  sleep: Callable[[float], None] = time.sleep, history: int = 1000,
-                 keep_finished: int = 10_000, retry_attempts: int = 4) -> None:
+                 keep_finished: int = 10_000, retry_attempts: int = 4, workers: int = 4,
+                 budget_s: float | None = 60.0, brake: PreemptionBrake | None = None,
+                 refused_backoff_s: float = 30.0) -> None:
         self.actuator = actuator
         self.settings = settings or Settings()
         self.cluster_name = cluster
@@ -97,6 +114,11 @@ class SchedulerService:
         self.mismatches: tuple[Mismatch, ...] = ()     # the last reconciliation's
         self._seq = 0
         self._last_t = float("-inf")
+        self._lanes = Lanes(workers)
+        self._budget_s = budget_s
+        self.brake = brake or PreemptionBrake()
+        self._paused: Pause | None = None
+        self._refused_backoff_s = refused_backoff_s
 
     # -- inputs from the world ---------------------------------------------------------------
     @property
@@ -163,12 +185,41 @@ class SchedulerService:
             return self._view(e)
 
     def cancel(self, workload_id: str, now: float, by: str = "") -> WorkloadView:
-        """Stop a pending or running workload (the actuator's ``cancel``); ActuatorFailed keeps it."""
+        """Stop a pending or running workload (the actuator's ``cancel``, outside the lock, after
+        any action already in flight for it); ActuatorFailed keeps it. Waits for the answer at most
+        the action budget (then ActuatorFailed says it goes on in the background). Cancels are
+        carried out while acting is paused: they are an operator's explicit request."""
         with self._lock:
             e = self._active(workload_id)
-            result = self._act("cancel", partial(self.actuator.cancel, e.workload, e.target))
+            e.cancelling = True                     # from now on neither admitted nor a victim
+        job = self._lanes.submit({workload_id}, partial(self._carry_cancel, e, now, by))
+        wait = None if self._budget_s is None else self._budget_s + 5.0
+        if not job.done.wait(wait):
+            raise ActuatorFailed(workload_id, "cancel", f"still in flight after {wait:g} s; it goes on in the "
+                                 f"background (GET /workloads/{workload_id} shows it)")
+        if isinstance(job.value, ServiceError):
+            raise job.value
+        if job.error is not None:
+            raise ActuatorFailed(workload_id, "cancel", f"{type(job.error).__name__}: {job.error}")
+        view: WorkloadView = job.value
+        return view
+
+    def _carry_cancel(self, e: Entry, now: float, by: str) -> WorkloadView | ServiceError:
+        wid = e.workload.id
+        with self._lock:
+            if self._entries.get(wid) is not e:
+                e.cancelling = False
+                return NotActive(wid, e.state)
+            e.acting, before = CANCELLING, e.reason
+            e.reason = Reason(CANCELLING, f"cancel in flight{f' (by {by})' if by else ''}")
+        result = self._call("cancel", partial(self.actuator.cancel, e.workload, e.target))
+        with self._lock:
+            e.acting, e.cancelling = "", False
+            if self._entries.get(wid) is not e:        # it ended meanwhile (finished, removed)
+                return self._view(e) if result.ok else NotActive(wid, e.state)
             if not result.ok:
-                raise ActuatorFailed(workload_id, "cancel", result.message)
+                e.reason = before
+                return ActuatorFailed(wid, "cancel", result.message)
             reason = f"cancelled by {by}" if by else "cancelled"
             self._close(e, CANCELLED, now, Reason(CANCELLED, reason))
             self._emit(now, "cancel", e.workload, reason=reason, **({"by": by} if by else {}))
@@ -210,59 +261,152 @@ class SchedulerService:
             return list(self._entries)
 
     # -- the cycle -------------------------------------------------------------------------------
-    def cycle(self, now: float) -> Decisions:
+    def cycle(self, now: float, wait: bool = True) -> Decisions:
+        """Decide under the lock, then start the actions outside it. ``wait``: return once they
+        have run (tests, one-shot callers); ``gpuq serve`` passes False and keeps cycling while
+        they run."""
         with self._lock:
             t0 = time.perf_counter()
             for e in [e for e in self._entries.values() if _due(e, now)]:
                 self._finish(e, now)
             decisions = schedule(self._snapshot(), now)
-            failed = self._apply(decisions, now)
+            jobs, held = self._plan(decisions, now)
             reasons = {p.workload: Reason(p.code.value, p.message) for p in decisions.pending}
             for wid, e in self._entries.items():
-                if e.state == PENDING:
-                    e.reason = failed.get(wid) or reasons.get(wid) or e.reason
+                if e.state == PENDING and not e.acting and not e.cancelling:
+                    e.reason = held.get(wid) or reasons.get(wid) or e.reason
             self.stats.observe_cycle(time.perf_counter() - t0, now)
-            return decisions
+        started = [self._lanes.submit(keys, fn) for keys, fn in jobs]
+        if wait:
+            for job in started:
+                job.done.wait()
+        return decisions
 
     def _snapshot(self, extra: Iterable[Workload] = ()) -> Any:
+        """The world as decided: running workloads (those with an action in flight cannot be
+        victims), admissions in flight on their placement, victims being preempted gone."""
         cluster = self._cluster_now()
-        running = [r if r.workload.id not in self._idle else Running(r.workload, r.placement, r.start_s, True)
-                   for e in self._entries.values() if (r := e.running) is not None]
+        running: list[Running] = []
+        pending: list[Workload] = []
+        for e in self._entries.values():
+            r = e.running
+            if e.acting == ADMITTING and e.plan is not None:
+                running.append(Running(_fixed(e.workload), e.plan, now_of(e)))
+            elif r is not None and e.acting != PREEMPTING:
+                w = _fixed(r.workload) if (e.acting or e.cancelling) else r.workload
+                running.append(Running(w, r.placement, r.start_s, w.id in self._idle))
+            elif e.state == PENDING and not e.acting and not e.cancelling:
+                pending.append(e.workload)
         running.extend(self._foreign.running)
-        pending = [e.workload for e in self._entries.values() if e.state == PENDING]
         return snapshot(cluster, running, [*pending, *extra], self.settings)
 
-    def _apply(self, d: Decisions, now: float) -> dict[str, Reason]:
-        """Carry the decisions out in order; return the reasons of those the actuator failed."""
+    def _plan(self, d: Decisions, now: float) -> tuple[list[tuple[set[str], Callable[[], None]]], dict[str, Reason]]:
+        """Mark the decisions' workloads in flight and make their jobs; the admissions held back by
+        a brake get their reason instead (and so do later ones placed where its victims run)."""
         why = {p.preemptor: p.reason for p in d.preemptions}
-        failed: dict[str, Reason] = {}
+        jobs: list[tuple[set[str], Callable[[], None]]] = []
+        held: dict[str, Reason] = {}
+        kept: dict[str, Reason] = {}          # node -> the hold that kept its victims running
         for a in d.admissions:
             e = self._entries[a.workload.id]
-            stopped: list[Entry] = []
-            for vid in a.victims:
-                v = self._entries[vid]
-                res = self._act("preempt", partial(self.actuator.preempt, v.workload, v.target, why[e.workload.id]))
-                if not res.ok:
-                    failed[e.workload.id] = Reason(ACTUATOR_FAILED, f"preempting {vid} failed: {res.message}; "
-                                                   "tried again next cycle")
-                    break
-                self._preempt(v, e.workload.id, why[e.workload.id], now)
-                stopped.append(v)
-            if stopped:
-                self._history.append(PreemptionRecord(
-                    ev.round_t(now), e.workload.id, e.workload.queue, tuple(v.workload.id for v in stopped),
-                    tuple(v.workload.queue for v in stopped), why[e.workload.id]))
-            if e.workload.id in failed:
+            victims = [self._entries[v] for v in a.victims]
+            reason = why.get(e.workload.id, "")
+            hold = self._hold(e, a.placement, victims, now)
+            if hold is None:
+                blocked = [kept[n] for n, _ in a.placement.nodes if n in kept]
+                if blocked:
+                    hold = Reason(blocked[0].code, f"placed where a preemption held back runs: {blocked[0].message}")
+            if hold is not None:
+                held[e.workload.id] = hold
+                for v in victims:
+                    for n, _ in v.running.placement.nodes if v.running else ():
+                        kept.setdefault(n, hold)
                 continue
-            res = self._act("admit", partial(self.actuator.admit, e.workload, e.target, a.placement))
-            if not res.ok:
-                failed[e.workload.id] = Reason(ACTUATOR_FAILED, f"admission failed: {res.message}; "
-                                               "tried again next cycle")
-                continue
-            self._start(e, a.placement, now, res.message)
-        return failed
+            e.acting, e.plan, e.planned_s = ADMITTING, a.placement, now
+            e.reason = Reason(ADMITTING, f"admission in flight: {_where(a.placement)}"
+                              + (f" after preempting {', '.join(a.victims)}" if victims else ""))
+            for v in victims:
+                v.acting = PREEMPTING
+                v.reason = Reason(PREEMPTING, f"being preempted by {e.workload.id}: {reason}")
+                self.brake.record(now, v.workload.queue)
+            jobs.append(({e.workload.id, *a.victims}, partial(self._carry_out, e, victims, a.placement, reason, now)))
+        return jobs, held
 
-    def _act(self, verb: str, call: Callable[[], ActionResult]) -> ActionResult:
+    def _hold(self, e: Entry, placement: Placement, victims: list[Entry], now: float) -> Reason | None:
+        """Why the brakes hold this admission back now (None: carry it out)."""
+        if self._paused is not None:
+            p = self._paused
+            stops = f" after preempting {', '.join(v.workload.id for v in victims)}" if victims else ""
+            return Reason(PAUSED, f"acting is paused (by {p.by or 'an admin'} at t={p.since_s}"
+                                  f"{': ' + p.reason if p.reason else ''}): would admit on {_where(placement)}{stops}")
+        refused = [v for v in victims if v.refused_until > now]
+        if refused:
+            v = refused[0]
+            return Reason(REFUSED, f"would preempt {v.workload.id}, whose eviction was refused "
+                                   f"({v.message}): will retry at t={ev.round_t(v.refused_until)}")
+        why = self.brake.check(now, [(v.workload.id, v.workload.queue) for v in victims])
+        if why is not None:
+            bump(self.brake.limited, e.workload.queue)
+            return Reason(LIMITED, why)
+        return None
+
+    def _carry_out(self, e: Entry, victims: list[Entry], placement: Placement, reason: str, now: float) -> None:
+        """An admission's actions, outside the lock: its victims' preemptions in order, then the
+        admission; each answer recorded under the lock as it comes."""
+        wid = e.workload.id
+        stopped: list[Entry] = []
+        for i, v in enumerate(victims):
+            res = self._call("preempt", partial(self.actuator.preempt, v.workload, v.target, reason))
+            with self._lock:
+                v.acting = ""
+                if res.ok:
+                    v.refusals = 0
+                    if self._entries.get(v.workload.id) is v and v.state == RUNNING:
+                        self._preempt(v, wid, reason, now)
+                    stopped.append(v)         # (one that ended meanwhile is stopped all the same)
+                    continue
+                for rest in victims[i:]:
+                    rest.acting = ""
+                    self.brake.forget(now, rest.workload.queue)
+                    if rest.reason is not None and rest.reason.code == PREEMPTING:
+                        rest.reason = None
+                if res.detail.get("refused"):     # a PodDisruptionBudget: the victim runs on, retried later
+                    v.refusals += 1
+                    v.refused_until = now + min(3600.0, self._refused_backoff_s * 2 ** (v.refusals - 1))
+                    v.message = res.message
+                    at = ev.round_t(v.refused_until)
+                    v.reason = Reason(REFUSED, f"{res.message}; not preempted again before t={at}")
+                    e.reason = Reason(REFUSED, f"preempting {v.workload.id}: {res.message}; will retry at t={at}")
+                else:
+                    e.reason = Reason(ACTUATOR_FAILED, f"preempting {v.workload.id} failed: {res.message}; "
+                                                       "tried again next cycle")
+                e.acting, e.plan = "", None
+                self._remember(e, stopped, reason, now)
+                return
+        with self._lock:
+            self._remember(e, stopped, reason, now)
+            if self._entries.get(wid) is not e:
+                e.acting, e.plan = "", None
+                return
+        res = self._call("admit", partial(self.actuator.admit, e.workload, e.target, placement))
+        with self._lock:
+            e.acting, e.plan = "", None
+            if self._entries.get(wid) is not e or e.state != PENDING:
+                log.warning("%s ended while its admission was in flight (%s)", wid, res.message)
+                return
+            if not res.ok:
+                e.reason = Reason(ACTUATOR_FAILED, f"admission failed: {res.message}; tried again next cycle")
+                return
+            self._start(e, placement, now, res.message)
+
+    def _remember(self, e: Entry, stopped: list[Entry], reason: str, now: float) -> None:
+        if stopped:
+            self._history.append(PreemptionRecord(
+                ev.round_t(now), e.workload.id, e.workload.queue, tuple(v.workload.id for v in stopped),
+                tuple(v.workload.queue for v in stopped), reason))
+
+    def _call(self, verb: str, call: Callable[[], ActionResult]) -> ActionResult:
+        """One action through the actuator, with retries, within the budget; never with the lock."""
         def guarded() -> ActionResult:
             try:
                 return call()
@@ -270,11 +414,73 @@ class SchedulerService:
                 log.exception("actuator %s raised during %s", self.actuator.name, verb)
                 return ActionResult(False, f"{self.actuator.name}: {type(exc).__name__}: {exc}", retryable=True)
 
-        result = with_retries(guarded, attempts=self._retry_attempts, sleep=self._sleep)
+        t0 = time.perf_counter()
+        result = with_retries(guarded, attempts=self._retry_attempts, sleep=self._sleep, budget_s=self._budget_s)
+        with self._lock:
+            self.stats.actuator_seconds[verb] = self.stats.actuator_seconds.get(verb, 0.0) + time.perf_counter() - t0
+            if not result.ok:
+                bump(self.stats.actuator_failures, verb)
         if not result.ok:
-            bump(self.stats.actuator_failures, verb)
             log.warning("%s failed: %s", verb, result.message)
         return result
+
+    def wait_acting(self, timeout: float | None = None) -> bool:
+        """Wait until no action is queued or in flight; False at ``timeout``."""
+        return self._lanes.wait_idle(timeout)
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Start no more actions and let those in flight record their answers (``gpuq serve``
+        calls this before its writer closes); False when some still ran at ``timeout``."""
+        return self._lanes.close(timeout)
+
+    # -- the brakes ----------------------------------------------------------------------------------
+    @property
+    def paused(self) -> Pause | None:
+        return self._paused
+
+    def pause(self, now: float, by: str = "", reason: str = "") -> Pause:
+        """Stop acting until :meth:`resume` (recorded: a restart stays paused); idempotent."""
+        with self._lock:
+            if self._paused is None:
+                self._paused = Pause(ev.round_t(now), by, reason)
+                self._emit_row(now, "pause", "", "", by=by, reason=reason)
+                log.warning("acting paused by %s: %s", by or "?", reason or "no reason given")
+            return self._paused
+
+    def resume(self, now: float, by: str = "") -> bool:
+        """Act again from the next cycle; False when it was not paused."""
+        with self._lock:
+            if self._paused is None:
+                return False
+            self._paused = None
+            self._emit_row(now, "resume", "", "", by=by)
+            log.warning("acting resumed by %s", by or "?")
+            return True
+
+    def load_brakes(self, store: Any, now: float) -> None:
+        """At start: the pause in force and the preemptions of the brake's window, from the store."""
+        from scheduler.service_brakes import last_pause, recent_preemptions
+
+        with self._lock:
+            self._paused = last_pause(store, self.cluster_name)
+            self.brake.load(recent_preemptions(store, self.cluster_name, now - self.brake.window_s))
+
+    def status(self, now: float) -> dict[str, Any]:
+        """The scheduler's acting status (``GET /scheduler/status``)."""
+        with self._lock:
+            p, b = self._paused, self.brake
+            counts = b.counts(now)
+            return {
+                "paused": p is not None, "paused_since": p.since_s if p else None,
+                "paused_by": p.by if p else None, "pause_reason": p.reason if p else None,
+                "actuator": self.actuator.name,
+                "in_flight": {wid: e.acting or CANCELLING for wid, e in self._entries.items()
+                              if e.acting or e.cancelling},
+                "preemption_limit": {"per_queue_per_hour": b.per_queue, "cluster_per_hour": b.cluster},
+                "preemptions_last_hour": dict(sorted(counts.items())),
+                "preemptions_limited": dict(sorted(b.limited.items())),
+                "last_cycle_s": self.stats.last_cycle_s, "cycles": self.stats.cycles,
+            }
 
     # -- state transitions (each records its event) ------------------------------------------------
     def _start(self, e: Entry, placement: Placement, now: float, message: str, record: bool = True) -> None:
@@ -318,7 +524,10 @@ class SchedulerService:
             self._done.popitem(last=False)
 
     def _emit(self, now: float, kind: str, w: Workload, spec: str = "", **extra: Any) -> None:
-        event = ev.event(now, kind, w.id, w.queue, **extra)
+        self._emit_row(now, kind, w.id, w.queue, spec, **extra)
+
+    def _emit_row(self, now: float, kind: str, wid: str, queue: str, spec: str = "", **extra: Any) -> None:
+        event = ev.event(now, kind, wid, queue, **extra)
         self._seq += 1
         self._last_t = max(self._last_t, event["t"])
         if self._sink is not None:
@@ -411,7 +620,7 @@ class SchedulerService:
             position=(positions or {}).get(w.id) if e.state == PENDING else None,
             preempted=e.preempted, idle=w.id in self._idle and r is not None,
             target={"kind": t.kind, "namespace": t.namespace, "name": t.name},
-            actuator_message=e.message)
+            actuator_message=e.message, acting=e.acting or (CANCELLING if e.cancelling else None))
 
     def explain(self, workload_id: str) -> WorkloadView:
         with self._lock:
@@ -509,11 +718,24 @@ class SchedulerService:
 
         with self._lock:
             self._cluster = None
-            return restore(self, stored)
+            return restore(self, (s for s in stored if s.event["event"] not in PAUSE_KINDS))
 
 
 def _leaves(config: QueueConfig) -> tuple[str, ...]:
     return config.leaves()
+
+
+def _fixed(w: Workload) -> Workload:
+    """``w`` as the core must see it while an action is in flight for it: not a victim."""
+    return w if not w.preemptible else dataclasses.replace(w, preemptible=False)
+
+
+def now_of(e: Entry) -> float:
+    return e.planned_s if e.planned_s is not None else e.workload.submit_s
+
+
+def _where(p: Placement) -> str:
+    return f"{p.gpu_type or 'any type'} ({', '.join(f'{n}:{g}' for n, g in p.nodes) or 'any node'})"
 
 
 def _due(e: Entry, now: float) -> bool:

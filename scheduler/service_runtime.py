@@ -27,6 +27,7 @@ from typing import Any
 
 from accounting.service import idle_params
 from scheduler.model import Node
+from scheduler.service_brakes import PreemptionBrake
 from scheduler.snapshot import Settings as CoreSettings
 
 log = logging.getLogger(__name__)
@@ -77,17 +78,26 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     collector_stop = threading.Event()
     registry = CollectorRegistry()                   # one /metrics: API, scheduler, accounting, collectors
     actuator: Any = None
+    service: Any = None
+    sc: Any = None
     try:
         accounting = LiveAccounting(store, queues_file=settings.queues_file, params=idle_params(settings),
                                     starvation_s=settings.accounting.starvation_s)
         sc = settings.scheduler
         actuator = make_actuator(settings)
         # the actuators retry with backoff themselves, and the next cycle is the retry after that
+        limit = sc.preemption_limit
         service = SchedulerService(accounting.config, actuator, nodes=nodes or (),
                                    settings=CoreSettings(sc.preemption, sc.preemption_delay_s), sink=writer,
-                                   cluster=cluster, retry_attempts=1)
+                                   cluster=cluster, retry_attempts=1, workers=sc.actuator_workers,
+                                   budget_s=sc.actuator_budget_s, refused_backoff_s=sc.refused_backoff_s,
+                                   brake=PreemptionBrake(limit.per_queue_per_hour, limit.cluster_per_hour))
         writer.start()                               # replays spilled events first, so the restore sees them
         service.restore(read_events(store, cluster))
+        service.load_brakes(store, clock())          # a restart neither lifts a pause nor resets the brake
+        if service.paused is not None:
+            log.warning("acting is PAUSED since t=%s by %s (%s): POST /admin/resume to act again",
+                        service.paused.since_s, service.paused.by or "?", service.paused.reason or "no reason")
         accounting.admitted = service.admitted_allocations
         # admitted but unseen for this long is actuator drift; the dry-run actuator acts on nothing
         grace = None if sc.actuator == "dry-run" else max(120.0, 4 * settings.accounting.interval_s)
@@ -113,7 +123,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             log.exception("accounting failed at start; retrying every %s s", settings.accounting.interval_s)
         threads.append(_loop("accounting", stop, settings.accounting.interval_s, account))
         def cycle() -> None:
-            service.cycle(clock())
+            service.cycle(clock(), wait=False)      # actions run on the service's workers, outside its lock
 
         threads.append(_loop("scheduler", stop, sc.cycle_interval_s, cycle))
         sync = world_sync(settings, service, actuator)
@@ -154,6 +164,9 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             server.should_exit = True
         for t in [*threads, *([api] if api is not None else [])]:
             t.join(timeout=10)
+        if service is not None and not service.close(timeout=sc.actuator_budget_s if sc else 10.0):
+            log.warning("actions still in flight at stop: their answers are not recorded; the next "
+                        "start decides again (the actuators are idempotent)")
         writer.close()
         if actuator is not None and hasattr(actuator, "close"):
             actuator.close()

@@ -4,7 +4,9 @@ and the counters its metrics read. The API serialises these with :func:`as_dict`
 Reason codes are :class:`scheduler.model.ReasonCode` values, plus three of the service's own:
 ``queued`` (arrived since the last cycle), ``preempted`` (requeued by a preemption this cycle)
 and ``actuator_failed`` (the decision was made but the actuator could not carry it out; it is
-tried again next cycle).
+tried again next cycle); while the actuator works (outside the service lock,
+:mod:`scheduler.service_acting`) ``admitting``, ``preempting`` or ``cancelling``; and the brakes'
+(:mod:`scheduler.service_brakes`): ``paused``, ``preemption_limited``, ``preemption_refused``.
 """
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.actuators.base import Target
-from scheduler.model import Running, Workload
+from scheduler.model import Placement, Running, Workload
 
 PENDING, RUNNING, FINISHED, CANCELLED, REJECTED = "pending", "running", "finished", "cancelled", "rejected"
 STATES = (PENDING, RUNNING, FINISHED, CANCELLED, REJECTED)
 ACTIVE = frozenset({PENDING, RUNNING})
 
 QUEUED, PREEMPTED, ACTUATOR_FAILED = "queued", "preempted", "actuator_failed"
+ADMITTING, PREEMPTING, CANCELLING = "admitting", "preempting", "cancelling"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,12 @@ class Entry:
     end_s: float | None = None
     preempted: int = 0
     message: str = ""                  # the actuator's last answer
+    acting: str = ""                   # an action in flight: admitting | preempting | cancelling
+    cancelling: bool = False           # a cancel is queued or in flight: not admitted, not a victim
+    refused_until: float = float("-inf")   # a PodDisruptionBudget refused its eviction: not a victim before
+    refusals: int = 0                  # refusals in a row (the backoff doubles)
+    plan: Placement | None = None      # an admission in flight: where
+    planned_s: float | None = None     # and when it was decided
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +77,7 @@ class WorkloadView:
     idle: bool
     target: dict[str, Any]
     actuator_message: str
+    acting: str | None = None          # admitting | preempting | cancelling while the actuator works
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +149,7 @@ class ServiceStats:
     submitted: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     actuator_failures: dict[str, int] = field(default_factory=dict)   # by verb
+    actuator_seconds: dict[str, float] = field(default_factory=dict)  # by verb: time in the actuator
     # by queue: bucket counts (WAIT_BUCKETS_S, cumulative), count and sum of first-admission waits
     wait_buckets: dict[str, list[int]] = field(default_factory=dict)
     wait_count: dict[str, int] = field(default_factory=dict)
@@ -166,6 +177,7 @@ class ServiceStats:
                                    admissions=dict(self.admissions), preemptions=dict(self.preemptions),
                                    submitted=dict(self.submitted), rejected=dict(self.rejected),
                                    actuator_failures=dict(self.actuator_failures),
+                                   actuator_seconds=dict(self.actuator_seconds),
                                    wait_buckets={q: list(b) for q, b in self.wait_buckets.items()},
                                    wait_count=dict(self.wait_count), wait_sum_s=dict(self.wait_sum_s))
 

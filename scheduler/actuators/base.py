@@ -99,15 +99,22 @@ class DryRunActuator:
 
 def with_retries(call: Callable[[], ActionResult], *, attempts: int = 4, backoff_s: float = 0.2,
                  cap_s: float = 5.0, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None) -> ActionResult:
+                 rng: random.Random | None = None, budget_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> ActionResult:
     """Retry ``call`` while it answers ``retryable`` failures, with capped, jittered backoff.
+    ``budget_s``: no attempt starts after this long since the first (the action's total budget).
     A failure that outlived several attempts says so in its message and ``detail["attempts"]``."""
     rng = rng or random.Random()
     delay = backoff_s
+    start = clock()
     result = call()
     tries = 1
     while tries < attempts and not result.ok and result.retryable:
-        sleep(min(cap_s, delay) * (0.5 + rng.random() / 2))
+        pause = min(cap_s, delay) * (0.5 + rng.random() / 2)
+        if budget_s is not None and clock() - start + pause >= budget_s:
+            return ActionResult(False, f"{result.message} (gave up after {tries} attempts: the "
+                                       f"{budget_s:g} s budget is spent)", True, {**result.detail, "attempts": tries})
+        sleep(pause)
         delay *= 2
         result = call()
         tries += 1

@@ -38,7 +38,7 @@ def _options(name: str, settings: Any) -> dict[str, Any]:
     common = {"attempts": sch.retry_attempts, "backoff_s": sch.retry_backoff_s}
     if name == "kubernetes":
         k = sch.kubernetes
-        opts: dict[str, Any] = {**common, "node_label_key": k.node_label_key}
+        opts: dict[str, Any] = {**common, "node_label_key": k.node_label_key, "timeout_s": sch.actuator_timeout_s}
         if k.node_labels:
             opts["node_labels"] = dict(k.node_labels)
         if k.cluster is not None:
