@@ -249,14 +249,17 @@ def test_evict_pod_posts_a_policy_v1_eviction(api: ApiServer, actuator: Kubernet
     assert gone.ok and "already gone" in gone.message
 
 
-def test_eviction_blocked_by_a_pdb_is_a_retryable_failure(api: ApiServer,
-                                                          actuator: KubernetesActuator) -> None:
+def test_eviction_blocked_by_a_pdb_is_a_refusal_retried_later(api: ApiServer,
+                                                               actuator: KubernetesActuator) -> None:
+    """A PodDisruptionBudget's 429 is not retried within the call (the budget will not change in
+    a second): ``refused``, for the service to retry after a backoff (tests/test_acting_brakes.py)."""
     api.block_eviction("team-nlp", "bert-finetune-0", "bert-pdb")
     res = actuator.preempt(W, POD_T, "r")
-    assert not res.ok and res.retryable
-    assert "HTTP 429" in res.message and "disruption budget" in res.message
+    assert not res.ok and not res.retryable and res.detail["refused"] is True
+    assert "refused by PodDisruptionBudget" in res.message and "HTTP 429" in res.message
+    assert "The disruption budget bert-pdb needs 1 healthy pods" in res.message
     assert "/api/v1/namespaces/team-nlp/pods/bert-finetune-0/eviction" in res.message
-    assert len(api.calls("POST")) == 4 and api.has_pod("team-nlp", "bert-finetune-0")
+    assert len(api.calls("POST")) == 1 and api.has_pod("team-nlp", "bert-finetune-0")
 
 
 # -- retries and failures -------------------------------------------------------------------------

@@ -35,8 +35,10 @@ with ``clientutil.Patch(..., strict=true)``, ``rayjob.RunWithPodSetsInfo``/``Sus
 * **preempt** / **cancel** a plain ``Pod``: ``POST /api/v1/namespaces/<ns>/pods/<name>/eviction``
   with a ``policy/v1`` ``Eviction`` (Kueue deletes plain pods after a status patch; the Eviction
   API respects PodDisruptionBudgets and sets the pod's DisruptionTarget condition itself).
-  429 (a PodDisruptionBudget forbids it now) is a retryable failure carrying the API's message;
-  404 means the pod is already gone: ok.
+  429 with a ``DisruptionBudget`` cause (a PodDisruptionBudget forbids it now) is a *refusal*, not
+  retried within the call (``detail["refused"]``): the service keeps the victim running, shows the
+  budget's message on both workloads and tries again after a backoff; any other 429 (API
+  throttling) is retried. 404 means the pod is already gone: ok.
 
 **Events**: each action that happened gets one Kubernetes Event on the object (``Admitted``,
 ``Preempted``, ``Suspended``, ``Cancelled``; :mod:`scheduler.actuators.k8s_events`), with a
@@ -279,6 +281,12 @@ class KubernetesActuator:
             if exc.status == 404:
                 return ActionResult(True, f"kubernetes: pod {_ref(target)} is already gone",
                                     detail={"path": path, "status": 404})
+            refusal = _budget_refusal(exc)
+            if refusal is not None:           # not a failure: the budget allows it later
+                return ActionResult(False, f"kubernetes: eviction of pod {_ref(target)} refused by "
+                                           f"PodDisruptionBudget (POST {path}: HTTP 429): {refusal}: "
+                                           "will retry", False,
+                                    {"path": path, "verb": "POST", "status": 429, "refused": True})
             return self._api_failure("POST", path, exc)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return self._unreachable("POST", path, exc)
@@ -366,6 +374,22 @@ def _path(target: Target) -> str:
 
 def _ref(target: Target) -> str:
     return f"{target.namespace}/{target.name}" if target.namespace else target.name
+
+
+def _budget_refusal(exc: ApiException) -> str | None:
+    """The cause's message when a 429 is the Eviction API's PodDisruptionBudget refusal
+    (``details.causes[].reason == "DisruptionBudget"``), else None."""
+    if exc.status != 429:
+        return None
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except (ValueError, TypeError):
+        return None
+    causes = [c for c in ((body.get("details") or {}).get("causes") or []) if isinstance(c, dict)]
+    budget = [c for c in causes if c.get("reason") == "DisruptionBudget"]
+    if not budget:
+        return None
+    return str(budget[0].get("message") or body.get("message") or "")
 
 
 def _drain(resp: Any) -> None:
