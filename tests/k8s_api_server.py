@@ -19,7 +19,8 @@ Serves what the ``kubernetes`` actuator and the workload source call:
   ``involvedObject.namespace`` (the API server's legacy Event validation); :meth:`ApiServer.events`
   lists them in creation order.
 
-Scripting: :meth:`ApiServer.fail` answers the next ``times`` matching requests with a Status
+Scripting: :meth:`ApiServer.hang` leaves matching requests unanswered until :meth:`ApiServer.release`;
+:meth:`ApiServer.fail` answers the next ``times`` matching requests with a Status
 error; :meth:`ApiServer.after_next_get` changes an object right after the next GET of it is
 answered (a concurrent writer, so a strict patch meets a 409). :attr:`ApiServer.requests`
 records every request: method, path, query, content type and parsed body; :attr:`ApiServer.patches`
@@ -114,6 +115,8 @@ class ApiServer:
         for obj in objects:
             self.put(obj)
         self.requests: list[Recorded] = []
+        self._hung: set[tuple[str, str]] = set()            # (method, path) that get no answer
+        self._released = threading.Event()
         self.patches: list[Patched] = []      # every PATCH applied, for an independent RFC 7386 check
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._httpd.daemon_threads = True
@@ -130,6 +133,7 @@ class ApiServer:
         return self
 
     def close(self) -> None:
+        self.release()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(5)
@@ -176,6 +180,23 @@ class ApiServer:
         with self._lock:
             reason = reason or _REASONS.get(status, "InternalError")
             self._state.faults.append(_Fault(method, path, status, reason, message, times, details))
+
+    def hang(self, method: str, path: str) -> None:
+        """Requests ``method path`` get no answer until :meth:`release` (a hung API server: the
+        client's request timeout is what ends them)."""
+        with self._lock:
+            self._hung.add((method, path))
+            self._released.clear()
+
+    def release(self) -> None:
+        """Answer the hung requests (and stop hanging)."""
+        with self._lock:
+            self._hung.clear()
+            self._released.set()
+
+    def _hangs(self, method: str, path: str) -> bool:
+        with self._lock:
+            return (method, path) in self._hung
 
     def block_eviction(self, namespace: str, name: str, pdb: str) -> None:
         with self._lock:
@@ -382,6 +403,8 @@ def _handler(server: ApiServer) -> type[BaseHTTPRequestHandler]:
                 except ValueError:
                     body = raw.decode(errors="replace")
             server.requests.append(Recorded(method, parts.path, query, content_type, body))
+            if server._hangs(method, parts.path):
+                server._released.wait(60)
             status, answer = server.route(method, parts.path, query, content_type, body)
             data = json.dumps(answer, separators=(",", ":")).encode()
             self.send_response(status)
