@@ -28,8 +28,39 @@ def test_parse_dsn(dsn: str, kind: str, database: str) -> None:
     assert d.database == database
 
 
-def test_dsn_hides_password() -> None:
-    assert "secret" not in parse_dsn("http://user:secret@ch:8123/db").display
+@pytest.mark.parametrize("dsn, shown", [
+    ("http://user:secret@ch:8123/db", "http://user:***@ch:8123/db"),
+    ("http://:secret@ch:8123/db", "http://:***@ch:8123/db"),                 # no user name
+    ("https://user:p@ss@w0rd@ch:8443/db", "https://user:***@ch:8443/db"),     # '@' in the password
+    ("http://user:se/cr:et@ch:8123", "http://user:***@ch:8123"),             # '/' and ':' in it
+    ("http://user@ch:8123/db", "http://user@ch:8123/db"),                    # no password at all
+], ids=["user-pass", "empty-user", "at-in-password", "slash-in-password", "user-only"])
+def test_dsn_hides_password(dsn: str, shown: str) -> None:
+    from gpuq.store.client import mask_dsn
+
+    assert mask_dsn(dsn) == shown
+    try:
+        assert parse_dsn(dsn).display == shown
+    except ConfigError as exc:                   # a password with '/' is not a valid URL: refused, unseen
+        assert "cr" not in str(exc) and "store.dsn" in str(exc)
+
+
+@pytest.mark.parametrize("dsn", [
+    "http://ch:8123/db?password=secret", "http://ch:8123/?database=db&Password=secret&x=1",
+    "http://u:secret@ch:8123/db?pwd=secret", "http://:s@cret@ch/db?token=secret",
+])
+def test_mask_dsn_hides_query_string_passwords(dsn: str) -> None:
+    from gpuq.store.client import mask_dsn
+
+    masked = mask_dsn(dsn)
+    assert "secret" not in masked and "cret" not in masked and "***" in masked
+    assert "ch" in masked                                                    # the host stays readable
+
+
+def test_dsn_errors_do_not_show_the_password() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_dsn("postgres://u:secret@db/x?password=secret")
+    assert "secret" not in str(err.value) and "store.dsn" in str(err.value)
 
 
 @pytest.mark.parametrize("dsn", ["postgres://x", "chdb://", "chdb:///x?database=bad-name"],

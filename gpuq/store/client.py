@@ -33,7 +33,33 @@ class Dsn:
     @property
     def display(self) -> str:
         """The DSN without a password, for messages."""
-        return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", self.target)
+        return mask_dsn(self.target)
+
+
+_SECRET_PARAMS = frozenset({"password", "pass", "pwd", "passwd", "secret", "token", "access_token",
+                            "access_key", "secret_key", "key"})
+
+
+def mask_dsn(dsn: str) -> str:
+    """``dsn`` with every password replaced by ``***``: the user-info password (up to the *last*
+    ``@`` of the part before the query, so a password holding ``@``, ``/`` or ``:`` is hidden
+    whole; an empty user too: ``http://:pw@host``) and secret query parameters
+    (``?password=...``). Never raises: anything unparseable after ``://`` is hidden entirely."""
+    scheme, sep, rest = dsn.partition("://")
+    if not sep:
+        return dsn if "@" not in dsn and "password" not in dsn.lower() else "***"
+    head, qsep, query = rest.partition("?")
+    if "@" in head:
+        userinfo, host = head.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        head = f"{user}:***@{host}" if ":" in userinfo else f"{userinfo}@{host}"
+    if qsep:
+        params = []
+        for item in query.split("&"):
+            key, eq, value = item.partition("=")
+            params.append(f"{key}=***" if eq and key.strip().lower() in _SECRET_PARAMS else item)
+        query = "&".join(params)
+    return f"{scheme}://{head}{qsep}{query}"
 
 
 def parse_dsn(dsn: str, default_database: str = "gpuq") -> Dsn:
@@ -43,7 +69,7 @@ def parse_dsn(dsn: str, default_database: str = "gpuq") -> Dsn:
     if parts.scheme == "chdb":
         raw = dsn[len("chdb://"):].split("?", 1)[0]
         if not raw:
-            raise ConfigError("store.dsn", f"chdb DSN needs a data path, got {dsn!r}")
+            raise ConfigError("store.dsn", f"chdb DSN needs a data path, got {mask_dsn(dsn)!r}")
         path = Path(raw).expanduser().resolve()
         kind, target = "chdb", str(path)
     elif parts.scheme in ("http", "https"):
@@ -51,9 +77,12 @@ def parse_dsn(dsn: str, default_database: str = "gpuq") -> Dsn:
         database = database or parts.path.strip("/")
         target = dsn.split("?", 1)[0]
     else:
-        raise ConfigError("store.dsn", f"unknown scheme {parts.scheme!r} in {dsn!r}: use chdb:// or http(s)://")
+        raise ConfigError("store.dsn", f"unknown scheme {parts.scheme!r} in {mask_dsn(dsn)!r}: use chdb:// or http(s)://")
     database = database or default_database
     if not _IDENT.match(database):
+        if "@" in database or ":" in database:      # a password with '/' in it: do not echo it
+            raise ConfigError("store.dsn", "invalid database name after the host: URL-encode a password "
+                                           "holding '/' (%2F), '?' (%3F) or '#' (%23)")
         raise ConfigError("store.dsn", f"invalid database name {database!r}")
     return Dsn(kind=kind, target=target, database=database)
 
