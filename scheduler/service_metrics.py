@@ -14,6 +14,11 @@ bookkeeping; register on the serving process's registry next to the accounting's
     gpuq_scheduler_wait_seconds{queue}               histogram of the wait from submission to first admission
     gpuq_scheduler_oldest_pending_seconds{queue}     the longest such wait still going, at the last cycle
                                                      (workloads never admitted yet; absent before a cycle)
+    gpuq_scheduler_paused                            1 while acting is paused (POST /admin/pause)
+    gpuq_scheduler_preemptions_window{queue}         preempted in the brake's sliding hour, by victim queue
+    gpuq_scheduler_preemption_limit{scope}           the brake's limits per hour (queue, cluster; absent: none)
+    gpuq_scheduler_preemptions_limited_total{queue}  admissions the brake held back, by the preemptor's queue
+    gpuq_scheduler_actions_in_flight                 actions queued or running on the actuator's workers
 
 The alert rules (alerts/gpuq.rules.yml) compare the last two: a queue whose oldest pending wait is
 far over its 7-day p90 wait.
@@ -51,6 +56,28 @@ class SchedulerCollector(Collector):
             mismatches: dict[str, int] = {}
             for m in svc.mismatches:
                 mismatches[m.kind] = mismatches.get(m.kind, 0) + 1
+            brake = svc.brake
+            window = brake.counts(st.last_cycle_s) if st.last_cycle_s is not None else {}
+            limited = dict(brake.limited)
+            paused = svc.paused is not None
+        yield GaugeMetricFamily("gpuq_scheduler_paused", "1 while acting is paused by an admin.", value=int(paused))
+        g = GaugeMetricFamily("gpuq_scheduler_preemptions_window",
+                              "Workloads preempted in the preemption brake's sliding hour, by the victim's queue.",
+                              labels=["queue"])
+        for q, n in sorted(window.items()):
+            g.add_metric([q], n)
+        yield g
+        lim = GaugeMetricFamily("gpuq_scheduler_preemption_limit", "Preemptions allowed per hour (the brake).",
+                                labels=["scope"])
+        for scope, value in (("queue", brake.per_queue), ("cluster", brake.cluster)):
+            if value is not None:
+                lim.add_metric([scope], value)
+        yield lim
+        yield _counter("gpuq_scheduler_preemptions_limited", "Admissions the preemption brake held back, by the "
+                       "preemptor's queue (each cycle that holds one back counts).", ["queue"],
+                       {(q,): n for q, n in limited.items()})
+        yield GaugeMetricFamily("gpuq_scheduler_actions_in_flight", "Actuator actions queued or running.",
+                                value=svc._lanes.in_flight())
         counts = svc.counts()
         yield _counter("gpuq_scheduler_cycles", "Scheduling cycles run.", [], {(): st.cycles})
         buckets = [(str(b), n) for b, n in zip(BUCKETS_S, st.cycle_buckets)] + [("+Inf", st.cycles)]

@@ -27,6 +27,7 @@ from scheduler.api.auth import Auth, Caller, check_exposure
 from scheduler.api.limits import Guard
 from scheduler.api.models import DryRunIn, ReloadOut, WorkloadIn, check_spec_size
 from scheduler.api.problems import Problem, install, invalid, problem_response
+from scheduler.api.routes_acting import acting_router
 from scheduler.api.routes_dashboard import dashboard_router
 from scheduler.service import SchedulerService
 from scheduler.service_errors import (
@@ -227,6 +228,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         return ReloadOut(result=result.value, error=acc.error, queues=leaves)
 
     app.include_router(dashboard_router(auth, service, accounting, settings, clock, _window, registry))
+    app.include_router(acting_router(auth, service, clock))
     return app
 
 
