@@ -208,7 +208,8 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         m = _STEP.match(step)
         step_s = float(m.group(1)) * _UNIT[m.group(2)] if m else 0.0
         if not 0 < step_s < math.inf:
-            raise invalid("query.step", f"expected a positive duration (300, 5m, 1h, 1d), got {step!r}")
+            shown = step if len(step) <= 40 else step[:37] + "..."
+            raise invalid("query.step", f"expected a positive finite duration (300, 5m, 1h, 1d), got {shown!r}")
         if (t1 - t0) / step_s > 10_000:
             raise invalid("query.step", f"{math.ceil((t1 - t0) / step_s)} steps: at most 10000 per request")
         return acc.series(t0, t1, step_s, now, queue)
