@@ -11,6 +11,12 @@ global one, so tests and several collectors in one process do not collide):
 * ``rows_buffered{table}`` and ``spill_files``           what the writer holds now
 * ``store_write_errors_total``, ``watch_errors_total{kind}``
 * ``rows_refused_total{table}``                       rows the database refused (kept in the spill directory)
+* ``rows_dropped_total{table,reason}``                rows lost on purpose: ``spill_failed`` = store down,
+                                                       spill failing and the memory bound reached
+* ``spill_errors_total``                              failed spill attempts (disk full, read-only ...)
+* ``spill_files_quarantined_total{table}``            unreadable spill files moved to ``quarantine/``
+* ``series_refused_total{source,cluster,target}``     series over ``collector.max_series_per_target``
+* ``series{source,cluster,target}``                   distinct series known for the target (capped)
 """
 from __future__ import annotations
 
@@ -47,6 +53,24 @@ class _WriterCollector(Collector):
             for table, n in sorted(data.items()):
                 fam.add_metric([table], n)
             yield fam
+        # every table from the start at 0, so increase() sees the first drop or quarantine
+        dropped = CounterMetricFamily("gpuq_collector_rows_dropped",
+                                      "Rows dropped: the store was down, the spill failed and the "
+                                      "memory bound (store.max_buffered_rows) was reached",
+                                      labels=["table", "reason"])
+        for (table, reason), n in sorted(({(t, "spill_failed"): 0 for t in COLUMNS}
+                                          | st.rows_dropped).items()):
+            dropped.add_metric([table, reason], n)
+        yield dropped
+        quarantined = CounterMetricFamily("gpuq_collector_spill_files_quarantined",
+                                          "Unreadable spill files moved to <spill_dir>/quarantine",
+                                          labels=["table"])
+        for table, n in sorted(({t: 0 for t in COLUMNS} | st.files_quarantined).items()):
+            quarantined.add_metric([table], n)
+        yield quarantined
+        spill_err = CounterMetricFamily("gpuq_collector_spill_errors", "Failed spill attempts")
+        spill_err.add_metric([], st.spill_errors)
+        yield spill_err
         buf = GaugeMetricFamily("gpuq_collector_rows_buffered", "Rows held in memory, not yet written",
                                 labels=["table"])
         for table, n in sorted(self._writer.buffered().items()):

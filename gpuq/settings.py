@@ -31,6 +31,7 @@ class StoreSettings(_Section):
     retry_attempts: int = Field(default=3, ge=1)
     retry_backoff_s: float = Field(default=0.5, ge=0)
     spill_dir: str = ".gpuq/spill"         # batches the database refused, replayed later
+    # rows in memory (buffered + held when a spill fails); past it the newest are dropped, counted
     max_buffered_rows: int = Field(default=1_000_000, ge=1)
 
 

@@ -11,6 +11,21 @@ When the database stays down for ``retry_attempts`` tries, the batch is spilled 
 kill leaves either a whole file or none). Spilled batches are replayed oldest first, with their
 token, at start and after each successful flush; a file is removed only after its insert
 succeeded. Nothing accepted is lost, nothing is written twice.
+
+Faults of the spill itself (disk full, read-only or missing directory: any ``OSError``): the
+partial temporary file is removed and the batch is *held* in memory with its token, retried (insert,
+then spill) at every flush. Held rows plus buffered rows are bounded by ``max_buffered_rows``; past
+the bound the newest rows are dropped, logged and counted in ``stats.rows_dropped[(table,
+"spill_failed")]`` (metric ``gpuq_collector_rows_dropped_total{table,reason}``). The directory is
+fsynced after each rename, so a spilled file survives a power cut.
+
+A spill file that cannot be read back (not UTF-8, a line that is not JSON, a row that is not a list
+of the table's columns: say a truncated last line) is *quarantined*: moved whole to
+``spill_dir/quarantine/<table>/<name>``, logged with its path and the first bad line number,
+counted in ``stats.files_quarantined[table]``; the other files are replayed. A file is written
+whole (temporary name, fsync, rename), so a bad one is corrupt and none of its lines is trusted:
+it is not replayed in part. Temporary files older than ``STALE_TMP_S`` (a writer killed while
+spilling) are removed at start.
 """
 from __future__ import annotations
 
@@ -34,6 +49,17 @@ log = logging.getLogger(__name__)
 
 Row = Sequence[Any]
 LAST_TABLES = ("collector_state",)
+QUARANTINE = "quarantine"
+STALE_TMP_S = 300.0           # a .tmp this old belongs to no live writer: removed at start
+
+
+class BadSpillFile(ValueError):
+    """A spill file that cannot be read back; ``lineno`` is the first bad line (0: not readable)."""
+
+    def __init__(self, path: Path, lineno: int, why: str) -> None:
+        super().__init__(f"{path}: line {lineno}: {why}" if lineno else f"{path}: {why}")
+        self.path = path
+        self.lineno = lineno
 
 
 @dataclass(slots=True)
@@ -47,6 +73,11 @@ class WriterStats:
     # rows the database refused (not retryable: bad rows or schema), by table: they stay in the
     # spill directory, retried at each replay; each batch counts once
     rows_refused: dict[str, int] = field(default_factory=dict)
+    # rows lost on purpose, by (table, reason): "spill_failed" = the store was down, the spill
+    # failed too and the in-memory bound was reached (the newest rows go)
+    rows_dropped: dict[tuple[str, str], int] = field(default_factory=dict)
+    files_quarantined: dict[str, int] = field(default_factory=dict)   # unreadable spill files
+    spill_errors: int = 0                                                # failed spill attempts
 
     @classmethod
     def empty(cls) -> WriterStats:
@@ -65,6 +96,52 @@ def _decode(obj: dict[str, Any]) -> Any:
     if len(obj) == 1 and "$dt" in obj:
         return dt.datetime.fromtimestamp(obj["$dt"], tz=dt.timezone.utc)
     return obj
+
+
+def _read_spill(path: Path, width: int) -> list[Row]:
+    """Rows of a spill file; :class:`BadSpillFile` names the first line that is not a JSON list of
+    ``width`` values (a file is all or nothing)."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadSpillFile(path, _line_of(path, exc.start), f"not UTF-8 ({exc.reason})") from None
+    if text and not text.endswith("\n"):
+        # every row ends with a newline: a missing one means the file was cut short
+        raise BadSpillFile(path, text.count("\n") + 1, "truncated: the last line has no newline")
+    rows: list[Row] = []
+    for lineno, line in enumerate(text.split("\n")[:-1], 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line, object_hook=_decode)
+        except (ValueError, OverflowError, TypeError, OSError) as exc:   # a bad "$dt" too
+            raise BadSpillFile(path, lineno, f"not JSON ({exc})") from None
+        if not isinstance(row, list) or len(row) != width:
+            got = f"{len(row)} values" if isinstance(row, list) else type(row).__name__
+            raise BadSpillFile(path, lineno, f"expected a list of {width} values, got {got}")
+        rows.append(row)
+    return rows
+
+
+def _line_of(path: Path, offset: int) -> int:
+    """1-based line number of byte ``offset`` in ``path``."""
+    with open(path, "rb") as fh:
+        return fh.read(offset).count(b"\n") + 1
+
+
+def _age(p: Path) -> tuple[int, str]:
+    try:
+        return p.stat().st_mtime_ns, p.name
+    except OSError:
+        return 0, p.name
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class BatchWriter:
@@ -99,6 +176,10 @@ class BatchWriter:
         self._seq = 0
         self._refused: set[Path] = set()       # spill files the database refused (counted once)
         self._buf: dict[str, list[Row]] = {}
+        # batches neither inserted nor spilled (the spill failed): (table, rows, token), oldest
+        # first; only touched under _flush_lock
+        self._held: list[tuple[str, list[Row], str]] = []
+        self._held_rows = 0
         self._lock = threading.Lock()          # guards _buf
         self._flush_lock = threading.Lock()    # one flush at a time
         self._wake = threading.Event()
@@ -118,13 +199,21 @@ class BatchWriter:
             total = sum(len(b) for b in self._buf.values())
         if size >= self.batch_rows:
             self._wake.set()
-        if total > self.max_buffered_rows:
+        if total + self._held_rows > self.max_buffered_rows:
             # the database is slow or down: keep memory bounded by spilling what we hold
             self._spill_all()
 
     def buffered(self) -> dict[str, int]:
+        """Rows in memory by table: buffered, plus held after a failed spill."""
         with self._lock:
-            return {t: len(r) for t, r in self._buf.items() if r}
+            out = {t: len(r) for t, r in self._buf.items() if r}
+            for table, rows, _ in list(self._held):
+                out[table] = out.get(table, 0) + len(rows)
+            return out
+
+    def held_rows(self) -> int:
+        """Rows kept in memory because both the insert and the spill failed."""
+        return self._held_rows
 
     def spilled_files(self) -> int:
         return sum(1 for _ in self.spill_dir.glob("*/*.jsonl")) if self.spill_dir.exists() else 0
@@ -168,40 +257,84 @@ class BatchWriter:
     def flush(self) -> None:
         """Write everything buffered now; spill what the database will not take."""
         with self._flush_lock:
+            held, self._held, self._held_rows = self._held, [], 0
+            batches = list(held)
             for table, rows in self._take().items():
                 for start in range(0, len(rows), self.batch_rows):
-                    chunk = rows[start:start + self.batch_rows]
-                    token = self._token()
-                    try:
-                        self._insert(table, chunk, token)
-                    except StoreQueryError as exc:
-                        # the database refused these rows: keep them on disk for a human
-                        log.error("insert into %s refused, spilling %d rows: %s", table, len(chunk), exc)
-                        self._spill(table, chunk, token)
-                    except StoreError as exc:
-                        log.warning("store unavailable, spilling %d rows of %s: %s", len(chunk), table, exc)
-                        self._spill(table, chunk, token)
-                    else:
-                        self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(chunk)
-            self._replay_locked()
+                    batches.append((table, rows[start:start + self.batch_rows], self._token()))
+            down = False
+            for table, chunk, token in batches:
+                if down:                     # the store just failed: do not wait on it per batch
+                    self._spill_or_hold(table, chunk, token)
+                    continue
+                try:
+                    self._insert(table, chunk, token)
+                except StoreQueryError as exc:
+                    # the database refused these rows: keep them on disk for a human
+                    log.error("insert into %s refused, spilling %d rows: %s", table, len(chunk), exc)
+                    self._spill_or_hold(table, chunk, token)
+                except StoreError as exc:
+                    log.warning("store unavailable, spilling %d rows of %s: %s", len(chunk), table, exc)
+                    down = True
+                    self._spill_or_hold(table, chunk, token)
+                else:
+                    self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(chunk)
+            if not down:
+                self._replay_locked()
 
     def _spill_all(self) -> None:
         with self._flush_lock:
-            for table, rows in self._take().items():
-                self._spill(table, rows, self._token())
+            held, self._held, self._held_rows = self._held, [], 0
+            batches = held + [(t, r, self._token()) for t, r in self._take().items()]
+            for table, rows, token in batches:
+                self._spill_or_hold(table, rows, token)
+
+    def _spill_or_hold(self, table: str, rows: list[Row], token: str) -> None:
+        """Spill; if the disk fails, hold the batch in memory within the bound (caller holds
+        _flush_lock). Past the bound the newest rows are dropped and counted."""
+        try:
+            self._spill(table, rows, token)
+            return
+        except OSError as exc:
+            self.stats.spill_errors += 1
+            log.error("spilling %d rows of %s to %s failed (%s): holding them in memory",
+                      len(rows), table, self.spill_dir, exc)
+        with self._lock:
+            room = self.max_buffered_rows - self._held_rows - sum(len(b) for b in self._buf.values())
+        keep = rows[:max(room, 0)]
+        dropped = len(rows) - len(keep)
+        if dropped:
+            key = (table, "spill_failed")
+            self.stats.rows_dropped[key] = self.stats.rows_dropped.get(key, 0) + dropped
+            log.error("memory bound reached (store.max_buffered_rows=%d) with the store down and the "
+                      "spill failing: dropped the newest %d rows of %s", self.max_buffered_rows,
+                      dropped, table)
+        if keep:
+            # the token stays with the batch: a retried insert is deduplicated as before
+            self._held.append((table, keep, token))
+            self._held_rows += len(keep)
 
     def _spill(self, table: str, rows: Sequence[Row], token: str) -> None:
         folder = self.spill_dir / table
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"{token}.jsonl"
         tmp = folder / f".{token}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(list(row), default=_encode, separators=(",", ":")))
-                fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                for row in rows:
+                    fh.write(json.dumps(list(row), default=_encode, separators=(",", ":")))
+                    fh.write("\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            # never leave a partial file behind (ENOSPC half way, an error in the rows ...)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("cannot remove partial spill file %s: %s", tmp, exc)
+            raise
+        _fsync_dir(folder)       # the rename itself must survive a power cut
         self.stats.rows_spilled[table] = self.stats.rows_spilled.get(table, 0) + len(rows)
 
     def replay(self) -> int:
@@ -212,15 +345,22 @@ class BatchWriter:
     def _replay_locked(self) -> int:
         if not self.spill_dir.exists():
             return 0
-        files = sorted(self.spill_dir.glob("*/*.jsonl"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+        files = sorted(self.spill_dir.glob("*/*.jsonl"), key=_age)
         done = 0
         for path in files:
             table = path.parent.name
             if table not in COLUMNS:
                 log.error("spill file %s names unknown table %r: left in place", path, table)
                 continue
-            with open(path, encoding="utf-8") as fh:
-                rows = [json.loads(line, object_hook=_decode) for line in fh if line.strip()]
+            try:
+                rows = _read_spill(path, len(COLUMNS[table]))
+            except BadSpillFile as bad:
+                self._quarantine(path, table, bad)
+                continue
+            except OSError as exc:          # vanished (another writer replayed it) or unreadable
+                if path.exists():
+                    log.error("cannot read spill file %s, left in place: %s", path, exc)
+                continue
             try:
                 self._insert(table, rows, path.stem)
             except StoreQueryError as exc:
@@ -238,8 +378,42 @@ class BatchWriter:
             self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(rows)
         return done
 
+    def _quarantine(self, path: Path, table: str, bad: BadSpillFile) -> None:
+        dest_dir = self.spill_dir / QUARANTINE / table
+        dest = dest_dir / path.name
+        try:
+            dest_dir.mkdir(parents=True, exist_ok=True)
+            os.replace(path, dest)
+            _fsync_dir(dest_dir)
+        except OSError as exc:
+            log.error("corrupt spill file %s (line %d: %s) could not be moved to %s: %s; it is "
+                      "skipped", path, bad.lineno, bad, dest_dir, exc)
+            if path in self._refused:
+                return
+            self._refused.add(path)          # counted once, skipped at each replay
+        else:
+            log.error("corrupt spill file %s quarantined to %s: %s", path, dest, bad)
+        self.stats.files_quarantined[table] = self.stats.files_quarantined.get(table, 0) + 1
+
+    def quarantined_files(self) -> list[Path]:
+        q = self.spill_dir / QUARANTINE
+        return sorted(q.glob("*/*.jsonl")) if q.exists() else []
+
+    def _remove_stale_tmp(self) -> None:
+        if not self.spill_dir.exists():
+            return
+        cutoff = time.time() - STALE_TMP_S
+        for tmp in self.spill_dir.glob("*/.*.tmp"):
+            try:
+                if tmp.stat().st_mtime < cutoff:
+                    tmp.unlink()
+                    log.warning("removed the partial spill file %s left by a writer that died", tmp)
+            except OSError:
+                continue
+
     # -- background thread -------------------------------------------------------------------
     def start(self) -> BatchWriter:
+        self._remove_stale_tmp()
         self.replay()
         self._thread = threading.Thread(target=self._run, name="gpuq-writer", daemon=True)
         self._thread.start()
