@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import json_merge_patch
 import yaml
 
 DATA = Path(__file__).parent / "data"
@@ -58,7 +59,8 @@ def _shift_times(node: Any, by: dt.timedelta) -> Any:
 
 
 def apply_ops(doc: Any, ops: list[dict[str, Any]], where: str = "") -> Any:
-    """RFC 6902 ``add`` / ``replace`` / ``remove`` (all this data needs), and ``x-shift-times``:
+    """RFC 6902 ``add`` / ``replace`` / ``remove`` (all this data needs), ``x-merge`` (an RFC 7386
+    merge patch at ``path``, by ``json-merge-patch``) and ``x-shift-times``:
     every timestamp moved so that the one at ``path`` becomes ``value`` (a recording moved to the
     tests' day with its spacing kept)."""
     out = copy.deepcopy(doc)
@@ -66,6 +68,13 @@ def apply_ops(doc: Any, ops: list[dict[str, Any]], where: str = "") -> Any:
         at = f"{where}ops[{i}] {op.get('op')} {op.get('path')}"
         if not str(op.get("why") or "").strip():
             raise ValueError(f"{at}: no 'why'")
+        if op["op"] == "x-merge":            # an RFC 7386 merge patch at ``path`` (labels, capacity)
+            *parents, last = _pointer(op["path"])
+            node = out
+            for p in parents:
+                node = node[int(p)] if isinstance(node, list) else node[p]
+            node[last] = json_merge_patch.merge(copy.deepcopy(node.get(last) or {}), copy.deepcopy(op["value"]))
+            continue
         if op["op"] == "x-shift-times":
             node = out
             for p in _pointer(op["path"]):
@@ -110,8 +119,9 @@ def _derive_one(spec: dict[str, Any], where: str, done: dict[str, list[Any]]) ->
     """One object: ``upstream`` (+ ``document``, a ``pointer`` into it, put at ``into``), or ``like``
     an object derived before in the same file (``"pods/1"``); then its ``ops``."""
     if "like" in spec:
-        group, index = spec["like"].split("/")
-        base = done[group][int(index)]
+        other, _, ref = spec["like"].rpartition("#")
+        group, index = ref.split("/")
+        base = (derive(*other.split("/")) if other else done)[group][int(index)]
     else:
         base = upstream_document(spec["upstream"], spec.get("document", 0))
         for p in _pointer(spec["pointer"]) if spec.get("pointer") else ():
@@ -122,12 +132,19 @@ def _derive_one(spec: dict[str, Any], where: str, done: dict[str, list[Any]]) ->
 
 
 def derive(directory: str, name: str) -> Any:
-    """A single object, or (``compose``) a JSON object of named lists of objects."""
+    """A single object; (``compose``) a JSON object of named lists of objects after the fields of
+    ``frame`` (a ``PodList``); or (``events``) a list of watch events ``{"type", "object"}``.
+    ``like`` may name an object of another file: ``"k8s/nodes.json#items/0"``."""
     spec = derivations(directory)[name]
     where = f"{directory}/DERIVED.json: {name}: "
+    if "events" in spec:                           # "like": "events/1" is an earlier event's object
+        objects: dict[str, list[Any]] = {"events": []}
+        for i, e in enumerate(spec["events"]):
+            objects["events"].append(_derive_one(e["object"], f"{where}events[{i}]: ", objects))
+        return [{"type": e["type"], "object": o} for e, o in zip(spec["events"], objects["events"])]
     if "compose" not in spec:
         return _derive_one(spec, where, {})
-    done: dict[str, list[Any]] = {}
+    done: dict[str, Any] = copy.deepcopy(spec.get("frame") or {})
     for group, specs in spec["compose"].items():
         done[group] = []
         for i, one in enumerate(specs):

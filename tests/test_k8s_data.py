@@ -35,7 +35,12 @@ def test_every_upstream_file_is_the_published_one() -> None:
 @pytest.mark.parametrize("directory, name", DERIVED, ids=[f"{d}/{n}" for d, n in DERIVED])
 def test_each_data_file_is_its_upstream_object_with_the_recorded_changes(directory: str, name: str) -> None:
     spec = derivations(directory)[name]
-    specs = [one for group in spec["compose"].values() for one in group] if "compose" in spec else [spec]
+    if "events" in spec:
+        specs = [e["object"] for e in spec["events"]]
+    elif "compose" in spec:
+        specs = [one for group in spec["compose"].values() for one in group]
+    else:
+        specs = [spec]
     assert all(one["upstream"] in upstream_index() for one in specs if "like" not in one)
     assert (DATA / directory / name).read_text() == render(derive(directory, name)), (
         f"tests/data/{directory}/{name} differs from its derivation: edit DERIVED.json (with a 'why') "
