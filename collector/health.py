@@ -95,6 +95,11 @@ class CollectorMetrics:
                              registry=registry)
         self.parse_errors = Counter("gpuq_collector_parse_errors", "Malformed lines skipped", labels,
                                     registry=registry)
+        self.series = Gauge("gpuq_collector_series", "Distinct series known for the target (at most "
+                            "collector.max_series_per_target)", labels, registry=registry)
+        self.series_refused = Counter("gpuq_collector_series_refused", "Rows of new series refused: the "
+                                      "target is over collector.max_series_per_target", labels,
+                                      registry=registry)
         self.watch_errors = Counter("gpuq_collector_watch_errors", "Errors reported by watchers "
                                     "(dropped streams, 410 Gone, unreadable objects)", ["kind"],
                                     registry=registry)

@@ -21,6 +21,7 @@ from typing import Any
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 from collector.base import Discoverer, ScrapeResult, ScrapeTarget, Watcher
+from collector.cardinality import SeriesCap
 from collector.errors import CollectorError
 from collector.health import CollectorMetrics
 from collector.http import HttpClient
@@ -55,6 +56,8 @@ class CollectorRunner:
         timeout_s: float = 5.0,
         jitter_s: float = 1.0,
         max_connections: int = 256,
+        max_series_per_target: int = 20_000,
+        series_forget_rounds: int = 20,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
         rng: random.Random | None = None,
     ) -> None:
@@ -70,6 +73,7 @@ class CollectorRunner:
         self.max_connections = max_connections
         self.clock = clock
         self.rng = rng or random.Random()
+        self.series_cap = SeriesCap(max_series_per_target, series_forget_rounds)
         self._threads: list[threading.Thread] = []
 
     # -- scrape targets ------------------------------------------------------------------
@@ -119,6 +123,11 @@ class CollectorRunner:
                 span.set_status(Status(StatusCode.ERROR, outcome))
                 log.warning("%s target %s (cluster %s): %s", target.source, target.name, target.cluster, outcome)
             else:
+                refused = self.series_cap.admit(labels, result.rows)
+                self.metrics.series.labels(*labels).set(self.series_cap.known(labels))
+                if refused:
+                    self.metrics.series_refused.labels(*labels).inc(refused)
+                    span.set_attribute("gpuq.series_refused", refused)
                 for table, rows in result.rows.items():
                     self.writer.write(table, rows)
                     report.rows += len(rows)
@@ -137,6 +146,7 @@ class CollectorRunner:
     async def run_round(self, client: HttpClient, stop: threading.Event | None = None) -> RoundReport:
         stop = stop or threading.Event()
         report = RoundReport()
+        self.series_cap.new_round()
         targets = await self._current_targets(client, report)
         await asyncio.gather(*(self._scrape_one(t, client, report, stop) for t in targets))
         return report

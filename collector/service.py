@@ -30,7 +30,7 @@ def make_writer(settings: Settings) -> tuple[BatchWriter, Store | None]:
     st = settings.store
 
     def factory() -> Store:
-        return open_store(st.dsn, default_database=st.database, ttl_days=st.ttl_days)
+        return open_store(st.dsn, default_database=st.database, retention=st.retention)
 
     store: Store | None
     try:
@@ -80,7 +80,9 @@ def run_collect(settings: Settings, once: bool = False, stop: threading.Event | 
                     "or collector.nvml to the config")
     runner = CollectorRunner(writer, metrics, tracer, targets=targets, discoverers=discoverers,
                              watchers=watchers, interval_s=cs.interval_s, timeout_s=cs.timeout_s,
-                             jitter_s=0.0 if once else cs.jitter_s)
+                             jitter_s=0.0 if once else cs.jitter_s,
+                             max_series_per_target=cs.max_series_per_target,
+                             series_forget_rounds=cs.series_forget_rounds)
     server = None
     previous = {}
     if threading.current_thread() is threading.main_thread():

@@ -22,10 +22,25 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The longest retention accepted, in days (100 years). The TTL expressions compute on DateTime64
+# (range to 2299), so now + this stays far inside it; DateTime (to 2106) wrapped to 1990 and
+# expired every row at insert (issue 9).
+MAX_RETENTION_DAYS = 36_500
+
+
+class RetentionSettings(_Section):
+    """How long each kind of row is kept (``store.retention``); the TTL follows at every start."""
+
+    raw_days: int = Field(default=90, ge=1, le=MAX_RETENTION_DAYS)       # raw series, per-minute rollups
+    rollup_days: int = Field(default=800, ge=1, le=MAX_RETENTION_DAYS)   # hourly billing rollups (> 2 years)
+    events_days: int = Field(default=400, ge=1, le=MAX_RETENTION_DAYS)   # scheduler_events (the audit trail)
+
+
 class StoreSettings(_Section):
     dsn: str = DEFAULT_DSN
     database: str = "gpuq"                # used when the DSN names none
-    ttl_days: int = Field(default=90, ge=1)
+    ttl_days: int = Field(default=90, ge=1, le=MAX_RETENTION_DAYS)   # alias of retention.raw_days
+    retention: RetentionSettings = RetentionSettings()
     batch_rows: int = Field(default=50_000, ge=1)
     batch_interval_s: float = Field(default=2.0, gt=0)
     retry_attempts: int = Field(default=3, ge=1)
@@ -33,6 +48,33 @@ class StoreSettings(_Section):
     spill_dir: str = ".gpuq/spill"         # batches the database refused, replayed later
     # rows in memory (buffered + held when a spill fails); past it the newest are dropped, counted
     max_buffered_rows: int = Field(default=1_000_000, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ttl_days_alias(cls, data: Any) -> Any:
+        """``store.ttl_days`` (the old single setting) is ``store.retention.raw_days``: either may be
+        given, both only with the same value; afterwards both read the same."""
+        if not isinstance(data, dict):
+            return data
+        ret = data.get("retention")
+        ret = ret.model_dump(exclude_unset=True) if isinstance(ret, BaseModel) else ret
+        if ret is None:
+            ret = {}
+        if not isinstance(ret, dict):
+            return data                       # pydantic names the bad type
+        if "ttl_days" in data:
+            old, new = data["ttl_days"], ret.get("raw_days", data["ttl_days"])
+            if str(old).strip() != str(new).strip():
+                raise ValueError(f"store.ttl_days ({old}) is the old name of store.retention.raw_days "
+                                 f"({new}): give one of them")
+            return {**data, "retention": {**ret, "raw_days": old}}
+        return data
+
+    @model_validator(mode="after")
+    def _ttl_days_follows(self) -> StoreSettings:
+        if self.ttl_days != self.retention.raw_days:          # only retention.raw_days was given
+            object.__setattr__(self, "ttl_days", self.retention.raw_days)
+        return self
 
 
 class RayTarget(_Section):
@@ -72,6 +114,9 @@ class CollectorSettings(_Section):
     jitter_s: float = Field(default=1.0, ge=0)
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    # distinct series (label sets) kept per scrape target; new series past it are refused, counted
+    max_series_per_target: int = Field(default=20_000, ge=1)
+    series_forget_rounds: int = Field(default=20, ge=1)   # a series unseen this many scrapes frees its slot
     ray: list[RayTarget] = []
     dcgm: list[DcgmTarget] = []
     kubernetes: list[KubernetesTarget] = []
