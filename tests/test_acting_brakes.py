@@ -1,0 +1,170 @@
+"""The brakes on acting (issue 9, item 16): the admin pause (decisions shown, nothing acted,
+recorded so a restart stays paused), the preemption limit (the admission waits with its reason;
+the window refilled from scheduler_events at start) and PodDisruptionBudget refusals (the victim
+keeps running, both workloads say why, retried after a backoff; the real ``kubernetes`` client
+against tests/k8s_api_server.py's 429 Status with the DisruptionBudget cause)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from accounting.queues import parse_queue_config
+from gpuq.settings import CollectorSettings, KubernetesTarget, Settings as GpuqSettings
+from scheduler import events as ev
+from scheduler.actuators.base import ActionResult, DryRunActuator, Target
+from scheduler.actuators.kubernetes import KubernetesActuator
+from scheduler.model import Placement, Workload
+from scheduler.service import SchedulerService
+from scheduler.service_brakes import PreemptionBrake
+from scheduler.service_metrics import SchedulerCollector
+from scheduler.snapshot import Settings
+from scheduler.testing import nodes, wl
+from tests.k8s_api_server import ApiServer
+from tests.test_scheduler_service import QUEUES, T0
+
+POD = Target("Pod", "team-nlp", "bert-finetune-0")
+EVICTION = "/api/v1/namespaces/team-nlp/pods/bert-finetune-0/eviction"
+
+
+def make(actuator: Any = None, sink: Any = None, **kw: Any) -> SchedulerService:
+    return SchedulerService(parse_queue_config({"queues": QUEUES}), actuator or DryRunActuator(),
+                            nodes=nodes(("h", "H100", 8, 2)), settings=Settings(True, 30.0), sink=sink,
+                            cluster="c1", sleep=lambda s: None, **kw)
+
+
+def fill_a_then_b(svc: SchedulerService, victim_target: Target = Target()) -> None:
+    """a1, a2 fill the cluster for queue a; b1 (b below its guarantee) arrives at T0+10 and may
+    preempt a2 (the younger) from T0+40 (the preemption delay is 30 s)."""
+    svc.submit(wl("a1", "a", 8, 1, submit_s=T0), Target(), T0)
+    svc.cycle(T0 + 1)
+    svc.submit(wl("a2", "a", 8, 1, submit_s=T0 + 1.5), victim_target, T0 + 1.5)
+    svc.cycle(T0 + 2)
+    svc.submit(wl("b1", "b", 8, 1, submit_s=T0 + 10), Target(), T0 + 10)
+
+
+def metrics(svc: SchedulerService) -> str:
+    reg = CollectorRegistry()
+    reg.register(SchedulerCollector(svc))
+    return generate_latest(reg).decode()
+
+
+def test_pause_decides_but_does_not_act_and_a_restart_stays_paused(store: Any, tmp_path: Path) -> None:
+    from gpuq.store.writer import BatchWriter
+
+    writer = BatchWriter(store, tmp_path / "spill")
+    act = DryRunActuator()
+    svc = make(act, sink=writer)
+    fill_a_then_b(svc)
+    done = len(act.actions)
+    svc.pause(T0 + 20, by="oncall (admin)", reason="incident 42")
+    svc.cycle(T0 + 41)
+    assert len(act.actions) == done                           # nothing acted
+    b1, a2 = svc.explain("b1"), svc.explain("a2")
+    assert (b1.state, b1.reason_code, a2.state) == ("pending", "paused", "running")
+    assert "would admit on H100 (h-1:8) after preempting a2" in b1.message
+    assert "by oncall (admin)" in b1.message and "incident 42" in b1.message
+    assert svc.status(T0 + 41)["paused"] is True
+    assert "gpuq_scheduler_paused 1.0" in metrics(svc)
+    writer.flush()
+
+    again = make(act, sink=writer)                            # a restart on the same store
+    again.restore(ev.read_events(store, "c1"))
+    again.load_brakes(store, T0 + 50)
+    assert again.paused is not None and again.paused.by == "oncall (admin)"
+    again.cycle(T0 + 51)
+    assert len(act.actions) == done and again.explain("b1").reason_code == "paused"
+
+    assert again.resume(T0 + 60, by="oncall (admin)") is True
+    again.cycle(T0 + 61)
+    assert [(a.verb, a.workload) for a in act.actions[done:]] == [("preempt", "a2"), ("admit", "b1")]
+    assert again.explain("b1").state == "running" and again.explain("a2").state == "pending"
+    writer.flush()
+    kinds = [e.event["event"] for e in ev.read_events(store, "c1") if e.event["event"] in ("pause", "resume")]
+    assert kinds == ["pause", "resume"]
+    third = make(act)
+    third.load_brakes(store, T0 + 70)
+    assert third.paused is None                               # resumed stays resumed
+    writer.close()
+
+
+def test_preemption_limit_holds_the_admission_with_its_reason() -> None:
+    act = DryRunActuator()
+    svc = make(act, brake=PreemptionBrake(per_queue=1, cluster=None))
+    svc.brake.load([(T0 - 100, "a")])                        # one preemption of queue a in the hour
+    fill_a_then_b(svc)
+    svc.cycle(T0 + 41)
+    b1 = svc.explain("b1")
+    assert (b1.state, b1.reason_code) == ("pending", "preemption_limited")
+    assert "would preempt a2" in b1.message and "1 workloads of queue a" in b1.message
+    assert "per_queue_per_hour 1" in b1.message and f"t={T0 - 100 + 3600}" in b1.message
+    assert svc.explain("a2").state == "running" and "preempt" not in [a.verb for a in act.actions]
+    text = metrics(svc)
+    assert 'gpuq_scheduler_preemptions_limited_total{queue="b"} 1.0' in text
+    assert 'gpuq_scheduler_preemptions_window{queue="a"} 1.0' in text
+    assert 'gpuq_scheduler_preemption_limit{scope="queue"} 1.0' in text
+    svc.cycle(T0 - 100 + 3600.5)                              # the hour has passed
+    assert svc.explain("b1").state == "running" and svc.explain("a2").state == "pending"
+    assert svc.status(T0 + 3600)["preemptions_last_hour"] == {"a": 1}
+
+
+def test_the_preemption_window_is_refilled_from_the_store(store: Any, tmp_path: Path) -> None:
+    from gpuq.store.writer import BatchWriter
+
+    writer = BatchWriter(store, tmp_path / "spill")
+    svc = make(sink=writer)
+    fill_a_then_b(svc)
+    svc.cycle(T0 + 41)
+    assert svc.explain("a2").state == "pending"               # preempted: one in queue a's window
+    writer.flush()
+    again = make(brake=PreemptionBrake(per_queue=1))
+    again.restore(ev.read_events(store, "c1"))
+    again.load_brakes(store, T0 + 60)
+    assert again.brake.counts(T0 + 60) == {"a": 1}
+    assert again.brake.check(T0 + 60, [("a1", "a")]) is not None      # a restart does not release the brake
+    assert again.brake.check(T0 + 41 + 3600.5, [("a1", "a")]) is None
+    writer.close()
+
+
+class EvictingActuator(KubernetesActuator):
+    """The real kubernetes actuator for preempt (a Pod: the Eviction API); admissions of the
+    target-less workloads are the dry-run's."""
+
+    def admit(self, workload: Workload, target: Target, placement: Placement) -> ActionResult:
+        return DryRunActuator().admit(workload, target, placement)
+
+
+def test_a_pdb_refusal_keeps_the_victim_and_retries_after_a_backoff(tmp_path: Path) -> None:
+    with ApiServer(pods=[("team-nlp", "bert-finetune-0")]) as api:
+        settings = GpuqSettings(collector=CollectorSettings(kubernetes=[
+            KubernetesTarget(cluster="test", kubeconfig=str(api.kubeconfig(tmp_path / "kubeconfig")))]))
+        act = EvictingActuator(settings, sleep=lambda _s: None, events=False)
+        try:
+            svc = make(act, refused_backoff_s=30.0)
+            fill_a_then_b(svc, victim_target=POD)
+            api.block_eviction("team-nlp", "bert-finetune-0", "bert-pdb")
+            svc.cycle(T0 + 41)
+            assert len(api.calls("POST", "/eviction")) == 1        # a refusal is not hammered
+            a2, b1 = svc.explain("a2"), svc.explain("b1")
+            assert (a2.state, a2.reason_code) == ("running", "preemption_refused")
+            assert "refused by PodDisruptionBudget" in a2.message and "bert-pdb" in a2.message
+            assert (b1.state, b1.reason_code) == ("pending", "preemption_refused")
+            assert "preempting a2" in b1.message and f"will retry at t={T0 + 71}" in b1.message
+            assert api.has_pod("team-nlp", "bert-finetune-0")
+            assert svc.stats.actuator_failures.get("preempt") == 1
+
+            svc.cycle(T0 + 50)                                      # within the backoff: no call
+            assert len(api.calls("POST", "/eviction")) == 1
+            b1 = svc.explain("b1")
+            assert b1.reason_code == "preemption_refused" and "will retry at t=" in b1.message
+            assert svc.brake.counts(T0 + 50) == {}                  # a refusal is no preemption
+
+            with api._lock:
+                api._state.blocked.clear()                          # the budget allows it now
+            svc.cycle(T0 + 72)
+            assert len(api.calls("POST", "/eviction")) == 2
+            assert svc.explain("a2").state == "pending" and svc.explain("b1").state == "running"
+            assert not api.has_pod("team-nlp", "bert-finetune-0")
+        finally:
+            act.close()
