@@ -53,7 +53,7 @@ def _common(prog: str) -> _Parser:
 def _open(settings: Any) -> Any:
     from gpuq.store import open_store
 
-    return open_store(settings.store.dsn, default_database=settings.store.database, ttl_days=settings.store.ttl_days)
+    return open_store(settings.store.dsn, default_database=settings.store.database, retention=settings.store.retention)
 
 
 def _run(body: Any, out: TextIO, err: TextIO) -> int:

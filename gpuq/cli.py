@@ -25,7 +25,7 @@ def _store(settings: Settings):  # noqa: ANN202 - gpuq.store.Store, imported laz
     from gpuq.store import open_store
 
     return open_store(settings.store.dsn, default_database=settings.store.database,
-                      ttl_days=settings.store.ttl_days)
+                      retention=settings.store.retention)
 
 
 def cmd_query(args: argparse.Namespace, settings: Settings) -> int:
@@ -46,7 +46,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
     store = connect(settings.store.dsn, settings.store.database)
     try:
-        applied = migrate(store, settings.store.ttl_days)
+        applied = migrate(store, retention=settings.store.retention)
     finally:
         store.close()
     print(f"schema up to date in {store.database}; applied now: {applied or 'none'}")

@@ -69,7 +69,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     from scheduler.service_sources import world_sync
 
     st = settings.store
-    store = open_store(st.dsn, default_database=st.database, ttl_days=st.ttl_days)
+    store = open_store(st.dsn, default_database=st.database, retention=st.retention)
     spill = str(Path(st.spill_dir) / "scheduler")      # apart from the collector's spill files
     writer, wstore = make_writer(settings.model_copy(update={"store": st.model_copy(update={"spill_dir": spill})}))
     threads: list[threading.Thread] = []

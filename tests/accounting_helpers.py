@@ -1,13 +1,16 @@
 """Builders shared by the accounting tests."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from accounting.model import Allocation, NodeCapacity, PendingDemand
 from accounting.queues import QueueConfig, parse_queue_config
 from accounting.resolve import Resolver
 
-T0 = 1_699_999_200.0   # a fixed, hour-aligned "epoch" for the tests (2023-11-14T21:00:00Z)
+# The tests' "epoch": 21:00 UTC ten days ago, hour-aligned. Relative to now, so rows the store
+# tests insert at T0 + offset are never older than the store's retention, whatever today's date.
+T0 = float(int(time.time()) // 86_400 * 86_400 - 10 * 86_400 + 21 * 3_600)
 
 BASE_QUEUES: dict[str, Any] = {
     "gpu_types": {"H100": {"price_per_hour": 4.0, "node_labels": ["NVIDIA-H100-80GB-HBM3"]},

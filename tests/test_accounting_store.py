@@ -53,7 +53,7 @@ def samples(node: str, gpu: str, pod: str, metric: str, value: float, start: flo
 def filled(chdb_path: Path) -> Iterator[str]:
     """A small fleet two hours after T0; yields the DSN."""
     dsn = f"chdb://{chdb_path}?database=acc{next(_ids)}"
-    store = open_store(dsn, ttl_days=7300)      # the fixed test times are older than the default TTL
+    store = open_store(dsn)                     # T0 is ten days ago: inside every default retention
     try:
         store.insert("node_events", [node_row("h0", "NVIDIA-H100-80GB-HBM3", 8), node_row("h1", "NVIDIA-H100-80GB-HBM3", 8),
                                      node_row("h2", "NVIDIA-H100-80GB-HBM3", 8), node_row("a0", "NVIDIA-A100-SXM4-80GB", 8),
@@ -86,7 +86,7 @@ def filled(chdb_path: Path) -> Iterator[str]:
         store.close()
         yield dsn
     finally:
-        s = open_store(dsn, ttl_days=7300)
+        s = open_store(dsn)
         s.command(f"DROP DATABASE IF EXISTS {s.database}")
         s.close()
 
@@ -94,7 +94,7 @@ def filled(chdb_path: Path) -> Iterator[str]:
 def settings_for(dsn: str, tmp_path: Path, queues: dict[str, Any] | None = None) -> Settings:
     qf = tmp_path / "queues.yaml"
     qf.write_text(yaml.safe_dump(BASE_QUEUES if queues is None else queues))
-    return Settings(store={"dsn": dsn, "ttl_days": 7300}, queues_file=str(qf))
+    return Settings(store={"dsn": dsn}, queues_file=str(qf))
 
 
 def run_json(fn: Any, argv: list[str], settings: Settings) -> list[dict[str, Any]]:
@@ -129,7 +129,7 @@ def test_usage_cli_by_type_rollup_and_hourly_lower_bound(filled: str, tmp_path: 
 
 
 def test_sql_agrees_with_the_pure_engine(filled: str) -> None:
-    store = open_store(filled, ttl_days=7300)
+    store = open_store(filled)
     try:
         window = Window(T0 + 600, T0 + 6000)
         allocs = sa.read_allocations(store, window, NOW)
@@ -176,7 +176,7 @@ def test_queues_cli_capacity_and_starving(filled: str, tmp_path: Path) -> None:
 
 
 def test_metrics_collector_exposes_the_view(filled: str, tmp_path: Path) -> None:
-    store = open_store(filled, ttl_days=7300)
+    store = open_store(filled)
     try:
         view = now_view(store, load_config(settings_for(filled, tmp_path).queues_file), NOW, P)
     finally:
@@ -201,7 +201,7 @@ def test_metrics_collector_exposes_the_view(filled: str, tmp_path: Path) -> None
 
 def test_ray_resources_give_capacity_without_node_events(chdb_path: Path) -> None:
     dsn = f"chdb://{chdb_path}?database=acc{next(_ids)}"
-    store = open_store(dsn, ttl_days=7300)
+    store = open_store(dsn)
     try:
         store.insert("ray_resources", [(ts(0), "ray", "n1", "GPU", "USED", 1.0), (ts(0), "ray", "n1", "GPU", "AVAILABLE", 3.0),
                                        (ts(0), "ray", "n1", "accelerator_type:A100", "AVAILABLE", 1.0)],
@@ -250,7 +250,7 @@ def test_materialized_hours_give_the_same_usage(filled: str, tmp_path: Path) -> 
 
     s = settings_for(filled, tmp_path)
     live = run_json(usage_main, [*FROM_TO, "--by", "queue,gpu_type", "--format", "json", "--idle-source", "1m"], s)
-    store = open_store(filled, ttl_days=7300)
+    store = open_store(filled)
     try:
         assert materialize_hours(store, NOW, P, since_s=T0 - 3600) == [T0 - 3600, T0]   # T0+3600 is not closed yet
         assert materialize_hours(store, NOW, P, since_s=T0 - 3600) == []                # idempotent

@@ -2,17 +2,18 @@
 from __future__ import annotations
 
 from gpuq.store.client import Dsn, Result, Store, connect, parse_dsn
-from gpuq.store.migrate import migrate
+from gpuq.store.migrate import Retention, RetentionDays, migrate
 from gpuq.store.schema import COLUMNS
 
 
 def open_store(dsn: str, *, default_database: str = "gpuq", ttl_days: int = 90,
-               migrate_schema: bool = True) -> Store:
-    """Connect and bring the schema up to date."""
+               migrate_schema: bool = True, retention: RetentionDays | None = None) -> Store:
+    """Connect and bring the schema up to date. ``retention`` (``settings.store.retention``) sets
+    each kind's TTL; without it ``ttl_days`` is the raw series' and the rest keep their defaults."""
     store = connect(dsn, default_database)
     if migrate_schema:
         try:
-            migrate(store, ttl_days)
+            migrate(store, ttl_days, retention)
         except Exception:
             store.close()
             raise
@@ -20,4 +21,4 @@ def open_store(dsn: str, *, default_database: str = "gpuq", ttl_days: int = 90,
     return store
 
 
-__all__ = ["COLUMNS", "Dsn", "Result", "Store", "connect", "migrate", "open_store", "parse_dsn"]
+__all__ = ["COLUMNS", "Dsn", "Result", "Retention", "Store", "connect", "migrate", "open_store", "parse_dsn"]

@@ -42,4 +42,5 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "ts", "cluster", "t", "seq", "event", "workload", "queue", "gpu_type", "placement", "by",
         "reason", "spec",
     ),
+    "scheduler_state": ("cluster", "workload", "version", "deleted", "ts", "events"),
 }

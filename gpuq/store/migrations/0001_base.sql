@@ -1,4 +1,5 @@
--- gpuq public schema, version 1. Placeholders: {db} database, {ttl_days} retention.
+-- gpuq public schema, version 1. Placeholders: {db} database, {ttl[TABLE]} the
+-- table's TTL expression (gpuq.store.migrate: retention by kind, on DateTime64 so it cannot wrap).
 -- Time is UTC, DateTime64(3). Raw series are MergeTree, partitioned by day, TTL'd.
 -- Sources that repeat themselves (State API snapshots, relists) go to ReplacingMergeTree:
 -- read them with FINAL or argMax.
@@ -21,7 +22,7 @@ CREATE TABLE IF NOT EXISTS {db}.gpu_samples (
 ) ENGINE = MergeTree
 PARTITION BY toDate(ts)
 ORDER BY (cluster, metric, node, gpu_uuid, mig_instance, ts)
-TTL toDateTime(ts) + INTERVAL {ttl_days} DAY
+TTL {ttl[gpu_samples]}
 SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS {db}.ray_resources (
@@ -34,7 +35,7 @@ CREATE TABLE IF NOT EXISTS {db}.ray_resources (
 ) ENGINE = MergeTree
 PARTITION BY toDate(ts)
 ORDER BY (cluster, resource, state, node, ts)
-TTL toDateTime(ts) + INTERVAL {ttl_days} DAY
+TTL {ttl[ray_resources]}
 SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS {db}.ray_nodes (
@@ -50,7 +51,7 @@ CREATE TABLE IF NOT EXISTS {db}.ray_nodes (
 ) ENGINE = ReplacingMergeTree(ts)
 PARTITION BY toYYYYMM(ts)
 ORDER BY (cluster, node_id)
-TTL toDateTime(ts) + INTERVAL {ttl_days} DAY;
+TTL {ttl[ray_nodes]};
 
 CREATE TABLE IF NOT EXISTS {db}.ray_jobs (
     ts             DateTime64(3, 'UTC'),
@@ -65,7 +66,7 @@ CREATE TABLE IF NOT EXISTS {db}.ray_jobs (
 ) ENGINE = ReplacingMergeTree(ts)
 PARTITION BY toYYYYMM(ts)
 ORDER BY (cluster, if(submission_id = '', job_id, submission_id))
-TTL toDateTime(ts) + INTERVAL {ttl_days} DAY;
+TTL {ttl[ray_jobs]};
 
 CREATE TABLE IF NOT EXISTS {db}.ray_placement_groups (
     ts                  DateTime64(3, 'UTC'),
@@ -81,7 +82,7 @@ CREATE TABLE IF NOT EXISTS {db}.ray_placement_groups (
 ) ENGINE = ReplacingMergeTree(ts)
 PARTITION BY toYYYYMM(ts)
 ORDER BY (cluster, placement_group_id)
-TTL toDateTime(ts) + INTERVAL {ttl_days} DAY;
+TTL {ttl[ray_placement_groups]};
 
 CREATE TABLE IF NOT EXISTS {db}.pod_events (
     ts                DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
@@ -103,7 +104,7 @@ CREATE TABLE IF NOT EXISTS {db}.pod_events (
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
 ORDER BY (cluster, namespace, pod, uid, resource_version, event)
-TTL toDateTime(ts) + INTERVAL {ttl_days} DAY;
+TTL {ttl[pod_events]};
 
 CREATE TABLE IF NOT EXISTS {db}.node_events (
     ts                DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1)),
@@ -122,7 +123,7 @@ CREATE TABLE IF NOT EXISTS {db}.node_events (
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(ts)
 ORDER BY (cluster, node, uid, resource_version, event)
-TTL toDateTime(ts) + INTERVAL {ttl_days} DAY;
+TTL {ttl[node_events]};
 
 -- One row per pod that held GPUs; the row with the highest version wins (read with FINAL).
 -- `end` is NULL while the pod runs.
@@ -172,7 +173,7 @@ CREATE TABLE IF NOT EXISTS {db}.gpu_samples_1m (
 ) ENGINE = AggregatingMergeTree
 PARTITION BY toDate(minute)
 ORDER BY (cluster, metric, node, gpu_uuid, mig_instance, namespace, pod, minute)
-TTL minute + INTERVAL {ttl_days} DAY;
+TTL {ttl[gpu_samples_1m]};
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.gpu_samples_1m_mv TO {db}.gpu_samples_1m AS
 SELECT toStartOfMinute(ts) AS minute, cluster, node, gpu_uuid, mig_instance,
@@ -194,7 +195,7 @@ CREATE TABLE IF NOT EXISTS {db}.ray_resources_1m (
 ) ENGINE = AggregatingMergeTree
 PARTITION BY toDate(minute)
 ORDER BY (cluster, resource, state, node, minute)
-TTL minute + INTERVAL {ttl_days} DAY;
+TTL {ttl[ray_resources_1m]};
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.ray_resources_1m_mv TO {db}.ray_resources_1m AS
 SELECT toStartOfMinute(ts) AS minute, cluster, node, resource, state,

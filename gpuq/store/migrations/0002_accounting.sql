@@ -1,4 +1,4 @@
--- Accounting rollups (owned by the accounting package). Placeholders: {db}, {ttl_days}.
+-- Accounting rollups (owned by the accounting package). Placeholders: {db}, {ttl[TABLE]}.
 -- gpu_activity_1h: per hour, GPU and pod, the DCGM activity the idle detection needs, so a month
 -- of idle GPU-hours reads ~720 rows per GPU instead of every sample.
 --   prof_max / util_max: highest DCGM_FI_PROF_GR_ENGINE_ACTIVE (times 100) / DCGM_FI_DEV_GPU_UTIL;
@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS {db}.gpu_activity_1h (
 ) ENGINE = AggregatingMergeTree
 PARTITION BY toYYYYMM(hour)
 ORDER BY (cluster, hour, namespace, pod, node, gpu_uuid, mig_instance)
-TTL hour + INTERVAL {ttl_days} DAY;
+TTL {ttl[gpu_activity_1h]};
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.gpu_activity_1h_mv TO {db}.gpu_activity_1h AS
 SELECT toStartOfHour(ts) AS hour, cluster, node, gpu_uuid, mig_instance, namespace, pod,
@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS {db}.accounting_usage_1h (
 ) ENGINE = ReplacingMergeTree(computed_at)
 PARTITION BY toYYYYMM(hour)
 ORDER BY (hour, cluster, queue, namespace, gpu_model, gpu_resource)
-TTL hour + INTERVAL {ttl_days} DAY;
+TTL {ttl[accounting_usage_1h]};
 
 -- The hours accounting_usage_1h holds (an hour without any usage has no row there, but one here).
 CREATE TABLE IF NOT EXISTS {db}.accounting_hours (

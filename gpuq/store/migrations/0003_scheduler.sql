@@ -23,5 +23,5 @@ CREATE TABLE IF NOT EXISTS {db}.scheduler_events (
 ) ENGINE = MergeTree
 PARTITION BY toDate(ts)
 ORDER BY (cluster, t, seq)
-TTL toDateTime(ts) + INTERVAL {ttl_days} DAY
+TTL {ttl[scheduler_events]}
 SETTINGS non_replicated_deduplication_window = 10000;
