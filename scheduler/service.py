@@ -78,6 +78,7 @@ from scheduler.service_views import (
     bump,
 )
 from scheduler.service_ledger import DRIFT, MISPLACED, Foreign, Mismatch, admission_store_row, foreign, reconcile
+from scheduler.service_replay import Journal
 from scheduler.snapshot import Cluster, Settings, build_cluster, snapshot
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ class SchedulerService:
         self._foreign = Foreign((), {}, ())           # observed allocations gpuq did not admit
         self.mismatches: tuple[Mismatch, ...] = ()     # the last reconciliation's
         self._seq = 0
+        self._journal = Journal(cluster)          # scheduler_state: open workloads, for restarts
         self._last_t = float("-inf")
         self._lanes = Lanes(workers)
         self._budget_s = budget_s
@@ -532,6 +534,7 @@ class SchedulerService:
         self._last_t = max(self._last_t, event["t"])
         if self._sink is not None:
             self._sink.write(ev.TABLE, [ev.to_row(event, self._seq, self.cluster_name, spec)])
+            self._journal.write(self._sink, event, self._seq, spec)
 
     def _ledger(self, e: Entry, start_s: float, end_s: float | None) -> None:
         """The admission's rows in the ledger (``gpu_allocations``, source ``admission``)."""

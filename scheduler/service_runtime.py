@@ -63,7 +63,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     from gpuq.store import open_store
     from scheduler.actuators.factory import make_actuator
     from scheduler.api import create_app
-    from scheduler.events import read_events
+    from scheduler.service_replay import read_restart
     from scheduler.service import SchedulerService
     from scheduler.service_accounting import LiveAccounting
     from scheduler.service_sources import world_sync
@@ -93,7 +93,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
                                    budget_s=sc.actuator_budget_s, refused_backoff_s=sc.refused_backoff_s,
                                    brake=PreemptionBrake(limit.per_queue_per_hour, limit.cluster_per_hour))
         writer.start()                               # replays spilled events first, so the restore sees them
-        service.restore(read_events(store, cluster))
+        service.restore(read_restart(store, cluster))   # scheduler_events + scheduler_state (no TTL)
         service.load_brakes(store, clock())          # a restart neither lifts a pause nor resets the brake
         if service.paused is not None:
             log.warning("acting is PAUSED since t=%s by %s (%s): POST /admin/resume to act again",

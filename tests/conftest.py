@@ -27,6 +27,11 @@ def data_path(*parts: str) -> Path:
     return p
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "allow_expired_rows(*tables): the test inserts rows older than "
+                                       "those tables' retention on purpose (the expired-rows check skips them)")
+
+
 @pytest.fixture(scope="session")
 def chdb_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("chdb")

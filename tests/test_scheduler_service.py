@@ -35,10 +35,11 @@ class Sink:
     def __init__(self) -> None:
         self.rows: list[tuple[Any, ...]] = []
         self.ledger: list[tuple[Any, ...]] = []       # the admissions' gpu_allocations rows
+        self.state: list[tuple[Any, ...]] = []        # scheduler_state (the open workloads, for restarts)
 
     def write(self, table: str, rows: Any) -> None:
-        assert table in (ev.TABLE, "gpu_allocations")
-        (self.rows if table == ev.TABLE else self.ledger).extend(rows)
+        assert table in (ev.TABLE, "gpu_allocations", "scheduler_state")
+        {ev.TABLE: self.rows, "gpu_allocations": self.ledger, "scheduler_state": self.state}[table].extend(rows)
 
     def events(self) -> list[tuple[str, str]]:
         return [(r[4], r[5]) for r in self.rows]
