@@ -6,6 +6,7 @@
     gpuq queues / usage            the accounting views (see accounting.cli)
     gpuq simulate SCENARIO --out   replay a scenario through the scheduler core (see scheduler.cli)
     gpuq dashboard [--port 8501]   the Streamlit dashboards, reading the API (see dashboards.launch)
+    gpuq status / pause / resume   is the scheduler acting; stop or restart all acting (admin token)
 """
 from __future__ import annotations
 
@@ -113,13 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", "scheduler.cli", "serve_main", "the API, collectors, accounting and scheduler"),
         ("workloads", "scheduler.cli", "workloads_main", "the scheduler's workloads"),
         ("explain", "scheduler.cli", "explain_main", "why a workload is pending"),
+        ("status", "scheduler.cli", "status_main", "is the scheduler acting; in flight; the preemption brake"),
+        ("pause", "scheduler.cli", "pause_main", "stop all acting until gpuq resume (admin)"),
+        ("resume", "scheduler.cli", "resume_main", "act again (admin)"),
         ("demo", "gpuq.demo.run", "demo_main", "local Ray, gpuq serve, dashboards and a story (make demo)"),
         ("dashboard", "dashboards.launch", "dashboard_main", "the Streamlit dashboards (read the API)"),
     ):
         sp = sub.add_parser(name, parents=[common], help=text, add_help=False)
         sp.add_argument("rest", nargs=argparse.REMAINDER)
         sp.set_defaults(func=_delegate(module, func))
-    s = sub.add_parser("simulate", parents=[common], help="replay a scenario (FORMAT.md)", add_help=False)
+    s = sub.add_parser("simulate", parents=[common], help="replay a scenario (docs/SCENARIOS.md)", add_help=False)
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(func=_simulate)
     return p

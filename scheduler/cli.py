@@ -129,8 +129,9 @@ def _client_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def _call(args: argparse.Namespace, settings: Any, prog: str, path: str,
-          params: dict[str, str] | None = None) -> Any:
-    """GET ``path`` from the API; raise SystemExit(1) with the problem's detail on failure."""
+          params: dict[str, str] | None = None, method: str = "GET", body: Any = None) -> Any:
+    """``method path`` on the API (GET unless told); raise SystemExit(1) with the problem's detail
+    on failure."""
     import logging
 
     import httpx
@@ -141,7 +142,7 @@ def _call(args: argparse.Namespace, settings: Any, prog: str, path: str,
     token = args.token or (settings.api.tokens[0].token if settings.api.tokens else None)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        r = httpx.get(base + path, params=params, headers=headers, timeout=10.0)
+        r = httpx.request(method, base + path, params=params, headers=headers, json=body, timeout=10.0)
     except httpx.HTTPError as exc:
         print(f"{prog}: error: cannot reach {base}: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc
@@ -153,6 +154,66 @@ def _call(args: argparse.Namespace, settings: Any, prog: str, path: str,
         print(f"{prog}: error: {detail} (HTTP {r.status_code})", file=sys.stderr)
         raise SystemExit(1)
     return r.json()
+
+
+def acting_main(argv: list[str], settings: Any, command: str) -> int:
+    """``gpuq pause [--reason TEXT]`` / ``gpuq resume`` (admin token) stop and restart all acting of
+    a running ``gpuq serve``; ``gpuq status`` (viewer) says whether it acts, what is in flight and
+    the preemption brake. 0, or 1 (API refused or unreachable)."""
+    texts = {"pause": "Stop all acting (decisions go on, shown as 'paused' reasons) until gpuq resume.",
+             "resume": "Act again from the next cycle.",
+             "status": "Whether the scheduler acts, actions in flight, the preemption brake."}
+    p = _client_parser(f"gpuq {command}", texts[command])
+    if command == "pause":
+        p.add_argument("--reason", default="", help="why (recorded in scheduler_events, shown in status)")
+    p.add_argument("--format", "-f", choices=["text", "json"], default="text")
+    args = p.parse_args(argv)
+    try:
+        if command == "status":
+            st = _call(args, settings, "gpuq status", "/scheduler/status")
+        else:
+            body = {"reason": args.reason} if command == "pause" else None
+            st = _call(args, settings, f"gpuq {command}", f"/admin/{command}", method="POST", body=body)
+    except SystemExit as exc:
+        return int(exc.code or 1)
+    if args.format == "json":
+        print(json.dumps(st, indent=1))
+        return 0
+    print(status_text(st), end="")
+    return 0
+
+
+def pause_main(argv: list[str], settings: Any) -> int:
+    return acting_main(argv, settings, "pause")
+
+
+def resume_main(argv: list[str], settings: Any) -> int:
+    return acting_main(argv, settings, "resume")
+
+
+def status_main(argv: list[str], settings: Any) -> int:
+    return acting_main(argv, settings, "status")
+
+
+def status_text(st: dict[str, Any]) -> str:
+    if st.get("paused"):
+        lines = [f"acting: PAUSED since {_iso(st.get('paused_since'))} by {st.get('paused_by')}"
+                 + (f": {st['pause_reason']}" if st.get("pause_reason") else "")]
+    else:
+        lines = ["acting: on"]
+    lines.append(f"actuator: {st.get('actuator')}; cycles: {st.get('cycles')}")
+    flight = st.get("in_flight") or {}
+    lines.append("in flight: " + (", ".join(f"{w} ({a})" for w, a in sorted(flight.items())) or "nothing"))
+    lim = st.get("preemption_limit") or {}
+    lines.append(f"preemption limit: {lim.get('per_queue_per_hour')} per queue, "
+                 f"{lim.get('cluster_per_hour')} in all, per hour")
+    last = st.get("preemptions_last_hour") or {}
+    if last:
+        lines.append("preemptions in the last hour: " + ", ".join(f"{q} {n}" for q, n in last.items()))
+    held = st.get("preemptions_limited") or {}
+    if held:
+        lines.append("held back by the limit: " + ", ".join(f"{q} {n}" for q, n in held.items()))
+    return "\n".join(lines) + "\n"
 
 
 WORKLOAD_COLUMNS = ("id", "queue", "state", "gpus", "priority", "gpu_type", "reason_code", "position", "message")
