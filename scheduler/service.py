@@ -459,6 +459,12 @@ class SchedulerService:
             log.warning("acting resumed by %s", by or "?")
             return True
 
+    def note_reload(self, now: float, by: str, result: str) -> None:
+        """Who reloaded the queue file over the API, as a cluster-wide ``reload`` row (``by``, and
+        the result word in ``reason``: never the file's error, which viewers could read)."""
+        with self._lock:
+            self._emit_row(now, "reload", "", "", by=by, reason=result)
+
     def load_brakes(self, store: Any, now: float) -> None:
         """At start: the pause in force and the preemptions of the brake's window, from the store."""
         from scheduler.service_brakes import last_pause, recent_preemptions

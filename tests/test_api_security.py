@@ -133,6 +133,27 @@ def test_events_record_who_submitted_and_cancelled(store: Any, tmp_path: Path) -
                    ("cancel", "j2", "ada (admin)", "cancelled by ada (admin)")]
 
 
+def test_reload_records_the_admin_not_the_file(store: Any, tmp_path: Path) -> None:
+    from gpuq.store.writer import BatchWriter
+    from scheduler.service_accounting import LiveAccounting
+
+    qf = tmp_path / "queues.yaml"
+    qf.write_text(yaml.safe_dump({"queues": QUEUES}))
+    acc = LiveAccounting(store, queues_file=str(qf))
+    writer = BatchWriter(store, tmp_path / "spill")
+    svc = SchedulerService(acc.config, DryRunActuator(), nodes=nodes(("h", "H100", 8, 2)), sink=writer)
+    api = make_api(svc, acc)
+    assert api("POST", "/admin/reload-queues", "admin-t").json()["result"] == "unchanged"
+    qf.write_text("queues: {a: {max: {gpu: secret-words}}}\n")
+    assert problem(api("POST", "/admin/reload-queues", "admin-t"), 409)
+    writer.flush()
+    rows = store.query(f"SELECT event, workload, by, reason FROM {store.database}.scheduler_events "
+                       f"WHERE event = 'reload' ORDER BY seq").rows
+    assert [tuple(r) for r in rows] == [("reload", "", "ada (admin)", "unchanged"), ("reload", "", "ada (admin)", "rejected")]
+    events = api("GET", "/scheduler/events?from=-1h", "view-t")
+    assert "secret-words" not in events.text
+
+
 def test_scope_settings_are_checked_at_load() -> None:
     with pytest.raises(ConfigError, match=r"api.tokens.0: .*operator token needs both namespaces and queues"):
         load_settings(None, api={"tokens": [{"token": "t", "role": "operator"}]})

@@ -221,6 +221,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         acc = need_accounting()
         result = acc.reload(accept=service.set_config)
         leaves = sorted(service.config.leaves())
+        service.note_reload(clock(), caller.actor, "static" if result is None else result.value)
         if result is None:
             return ReloadOut(result="static", queues=leaves)
         if result is Reload.REJECTED:
