@@ -19,6 +19,16 @@ import aiohttp
 from collector.errors import ConfigurationError, ScrapeError
 
 PROMETHEUS_ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+MAX_BODY_BYTES = 64 * 2**20       # collector.max_page_bytes: a larger answer is refused, not read
+
+
+class BodyTooLarge(Exception):
+    """Internal: the answer is larger than the client's limit (reported as a ScrapeError)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"answer larger than {limit} bytes" + (f" ({size} announced)" if size else ""))
+        self.size = size
+        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +45,11 @@ class Response:
 class HttpClient:
     """One connection pool for a collector's round; use as ``async with HttpClient(...) as c``."""
 
-    def __init__(self, timeout_s: float = 5.0, max_connections: int = 256) -> None:
+    def __init__(self, timeout_s: float = 5.0, max_connections: int = 256,
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.timeout_s = timeout_s
         self.max_connections = max_connections
+        self.max_body_bytes = max_body_bytes
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> HttpClient:
@@ -56,7 +68,17 @@ class HttpClient:
         if self._session is None:
             raise RuntimeError("HttpClient used outside 'async with'")
         async with self._session.get(url, headers=headers) as resp:
-            raw = await resp.read()
+            # a hostile or broken target must not make us hold an unbounded answer in memory
+            limit = self.max_body_bytes
+            if resp.content_length is not None and resp.content_length > limit:
+                raise BodyTooLarge(resp.content_length, limit)
+            chunks, size = [], 0
+            async for chunk in resp.content.iter_chunked(1 << 18):   # decompressed bytes
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge(0, limit)
+                chunks.append(chunk)
+            raw = b"".join(chunks)
             text = raw.decode(resp.charset or "utf-8", errors="replace")
             return Response(url, resp.status, resp.reason or "", text)
 
@@ -86,6 +108,9 @@ async def fetch(client: HttpClient, url: str, *, accept: str = PROMETHEUS_ACCEPT
         raise ConfigurationError(f"{url}: unsupported URL ({exc})", source=url) from exc
     except asyncio.TimeoutError as exc:
         raise ScrapeError(f"{url}: timed out after {client.timeout_s:g}s", url=url) from exc
+    except BodyTooLarge as exc:
+        raise ScrapeError(f"{url}: {exc} (collector.max_page_bytes): not read", url=url,
+                          retryable=False) from exc
     except aiohttp.ClientError as exc:
         raise ScrapeError(f"{url}: cannot connect: {exc or type(exc).__name__}", url=url) from exc
     if check_status and resp.status_code >= 400:

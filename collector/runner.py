@@ -57,6 +57,7 @@ class CollectorRunner:
         jitter_s: float = 1.0,
         max_connections: int = 256,
         max_series_per_target: int = 20_000,
+        max_page_bytes: int = 64 * 2**20,
         series_forget_rounds: int = 20,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
         rng: random.Random | None = None,
@@ -74,6 +75,7 @@ class CollectorRunner:
         self.clock = clock
         self.rng = rng or random.Random()
         self.series_cap = SeriesCap(max_series_per_target, series_forget_rounds)
+        self.max_page_bytes = max_page_bytes
         self._threads: list[threading.Thread] = []
 
     # -- scrape targets ------------------------------------------------------------------
@@ -153,7 +155,8 @@ class CollectorRunner:
 
     async def _loop(self, stop: threading.Event, once: bool) -> list[RoundReport]:
         reports = []
-        async with HttpClient(timeout_s=self.timeout_s, max_connections=self.max_connections) as client:
+        async with HttpClient(timeout_s=self.timeout_s, max_connections=self.max_connections,
+                              max_body_bytes=self.max_page_bytes) as client:
             while not stop.is_set():
                 started = time.monotonic()
                 reports.append(await self.run_round(client, stop))

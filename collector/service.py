@@ -82,7 +82,8 @@ def run_collect(settings: Settings, once: bool = False, stop: threading.Event | 
                              watchers=watchers, interval_s=cs.interval_s, timeout_s=cs.timeout_s,
                              jitter_s=0.0 if once else cs.jitter_s,
                              max_series_per_target=cs.max_series_per_target,
-                             series_forget_rounds=cs.series_forget_rounds)
+                             series_forget_rounds=cs.series_forget_rounds,
+                             max_page_bytes=cs.max_page_bytes)
     server = None
     previous = {}
     if threading.current_thread() is threading.main_thread():

@@ -117,6 +117,7 @@ class CollectorSettings(_Section):
     # distinct series (label sets) kept per scrape target; new series past it are refused, counted
     max_series_per_target: int = Field(default=20_000, ge=1)
     series_forget_rounds: int = Field(default=20, ge=1)   # a series unseen this many scrapes frees its slot
+    max_page_bytes: int = Field(default=64 * 2**20, ge=1024)   # a larger answer fails the scrape unread
     ray: list[RayTarget] = []
     dcgm: list[DcgmTarget] = []
     kubernetes: list[KubernetesTarget] = []

@@ -1,11 +1,15 @@
-"""Label-cardinality explosions are capped per target (collector.max_series_per_target): a real
-runner scrapes a real HTTP page with 50,000 distinct label values; the series already known are
-kept, new ones past the cap are refused, counted per target and logged once."""
+"""Hostile scrape targets. Label-cardinality explosions are capped per target
+(collector.max_series_per_target): a real runner scrapes a real HTTP page with 50,000 distinct
+label values; the series already known are kept, new ones past the cap are refused, counted per
+target and logged once. A page larger than collector.max_page_bytes is refused unread."""
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
 import logging
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -109,3 +113,52 @@ def test_setting_reaches_the_runner() -> None:
     assert s.max_series_per_target == 5 and CollectorSettings().max_series_per_target == 20_000
     with pytest.raises(ValueError, match="max_series_per_target"):
         CollectorSettings(max_series_per_target=0)
+
+
+@pytest.fixture
+def endless_url() -> Iterator[str]:
+    """A target that streams a page without Content-Length and never ends it on its own."""
+    class Endless(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            line = b'DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-0"} 1\n' * 1000
+            try:
+                for _ in range(10_000):          # ~450 MB if read to the end
+                    self.wfile.write(line)
+            except OSError:
+                pass                             # the collector hung up: what we want
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    srv.daemon_threads = True
+    th = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
+    th.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_page_over_max_page_bytes_is_refused_unread(http_server: Canned, endless_url: str,
+                                                      tmp_path: Path) -> None:
+    big = http_server.set("/big", NORMAL * 3_000)                   # 1.5 MB, Content-Length given
+    small = http_server.set("/small", NORMAL)
+    writer = BatchWriter(None, tmp_path / "spill")
+    registry = CollectorRegistry()
+    tracer, _ = spans_tracer("none")
+    runner = CollectorRunner(writer, CollectorMetrics(registry, writer), tracer, jitter_s=0,
+                             timeout_s=20, max_page_bytes=2**20,
+                             targets=[DcgmTarget("lab", u) for u in (big, small, endless_url)])
+    stop = threading.Event()
+    (report,) = runner.run(stop, once=True)
+    assert report.outcomes[small] == "ok"
+    for url in (big, endless_url):
+        assert "answer larger than 1048576 bytes" in report.outcomes[url]
+        assert "(collector.max_page_bytes): not read" in report.outcomes[url]
+        assert registry.get_sample_value("gpuq_collector_scrapes_total", {
+            "source": "dcgm", "cluster": "lab", "target": url, "result": "error"}) == 1
+    assert writer.buffered() == {"gpu_samples": 8}                 # only the small page's rows
+    assert "(1488000 announced)" in report.outcomes[big]          # refused on its Content-Length
