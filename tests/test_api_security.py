@@ -250,6 +250,20 @@ def test_readyz_shows_details_only_to_token_holders(live: tuple[Api, Any, Path])
     assert detailed["checks"]["cycle"] is False and "lots-of-secret-gpus" in detailed["config_error"]
 
 
+def test_store_errors_do_not_show_the_store(live: tuple[Api, Any, Path], store: Any, store_dsn: str,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    api, _, _ = live
+    store.command(f"DROP DATABASE {store.database}")          # every query fails from here on
+    path = store_dsn.removeprefix("chdb://").split("?")[0]
+    with caplog.at_level("WARNING", logger="scheduler.api.app"):
+        for url in ("/accounting/usage", "/accounting/idle", "/scheduler/events", "/collector/health"):
+            p = problem(api("GET", url, "view-t"), 503)
+            assert "details in the server's log" in p["detail"], p
+            text = json.dumps(p)
+            assert path not in text and store.database not in text and "DB::Exception" not in text
+    assert store.database in caplog.text                      # the operator finds it in the log
+
+
 def test_403_for_a_low_role_names_the_role_not_the_owner(api: Api) -> None:
     p = problem(api("POST", "/admin/reload-queues", "op-a"), 403)
     assert p["detail"] == "this needs the admin role; the token has the operator role"

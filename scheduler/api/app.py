@@ -18,7 +18,7 @@ from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from accounting.errors import AccountingError
+from accounting.errors import AccountingError, TimeSpecError
 from accounting.timeparse import parse_time
 from accounting.usage import check_by
 from accounting.watcher import Reload
@@ -81,13 +81,21 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
             return problem_response(request, invalid(f"body.{exc.field}", exc.message))
         return problem_response(request, Problem(status, exc.message))
 
+    # the store's and the queue file's errors name hosts, databases and file contents: they go to
+    # the log, the caller learns what failed, not the details
     @app.exception_handler(AccountingError)
     async def _accounting_error(request: Request, exc: AccountingError) -> JSONResponse:
-        return problem_response(request, Problem(503 if getattr(exc, "retryable", False) else 422, str(exc)))
+        if isinstance(exc, TimeSpecError):
+            return problem_response(request, Problem(422, str(exc)))
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        what = "the store did not answer" if getattr(exc, "retryable", False) else "the queue configuration is not usable"
+        return problem_response(request, Problem(503, f"accounting: {what} (details in the server's log)"))
 
     @app.exception_handler(GpuqError)
     async def _store_error(request: Request, exc: GpuqError) -> JSONResponse:
-        return problem_response(request, Problem(503, f"store: {exc}"))
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return problem_response(request, Problem(503, "store: unavailable or refused the query (details in the "
+                                                      "server's log)"))
 
     viewer = Annotated[Caller, Depends(auth.require("viewer"))]
     operator = Annotated[Caller, Depends(auth.require("operator"))]
