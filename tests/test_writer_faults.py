@@ -270,3 +270,14 @@ def test_stale_partial_files_are_removed_at_start(tmp_path: Path) -> None:
     os.utime(old, (t, t))
     BatchWriter(None, tmp_path / "spill").start().close()
     assert not old.exists() and fresh.exists()    # a live writer's file is left alone
+
+
+def test_rows_still_held_at_close_are_counted_as_lost(store, disk: Disk,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    w = BatchWriter(Switch(store), disk.spill, retry_attempts=1, retry_backoff_s=0.0)
+    disk.fill()
+    w.write("ray_resources", rr(0, 300))       # more than the page left free
+    with caplog.at_level(logging.ERROR, logger="gpuq.store.writer"):
+        w.close()
+    assert w.stats.rows_dropped == {("ray_resources", "exit"): 300} and w.held_rows() == 0
+    assert "exiting with 300 rows of ray_resources neither written nor spilled" in caplog.text

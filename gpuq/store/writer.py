@@ -74,7 +74,8 @@ class WriterStats:
     # spill directory, retried at each replay; each batch counts once
     rows_refused: dict[str, int] = field(default_factory=dict)
     # rows lost on purpose, by (table, reason): "spill_failed" = the store was down, the spill
-    # failed too and the in-memory bound was reached (the newest rows go)
+    # failed too and the in-memory bound was reached (the newest rows go); "exit" = still held
+    # in memory when the writer closed
     rows_dropped: dict[tuple[str, str], int] = field(default_factory=dict)
     files_quarantined: dict[str, int] = field(default_factory=dict)   # unreadable spill files
     spill_errors: int = 0                                                # failed spill attempts
@@ -435,6 +436,13 @@ class BatchWriter:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.flush()
+        with self._flush_lock:
+            for table, rows, _ in self._held:     # neither the store nor the disk took them
+                key = (table, "exit")
+                self.stats.rows_dropped[key] = self.stats.rows_dropped.get(key, 0) + len(rows)
+                log.error("exiting with %d rows of %s neither written nor spilled (store down, spill "
+                          "failing): they are lost", len(rows), table)
+            self._held, self._held_rows = [], 0
 
     def __enter__(self) -> BatchWriter:
         return self
