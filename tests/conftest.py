@@ -2,13 +2,27 @@
 
 chDB opens one data path per process at a time, so the whole test session shares one path and
 each test that needs a store gets a database of its own on it (``store`` fixture).
+
+Tests must not depend on today's date: chDB drops rows older than a table's TTL (at insert or the
+next merge), so a test that inserts fixed-date rows passes today and fails once the date moves
+on. The autouse ``expired_rows`` fixture watches every ``Store.insert`` and fails the test, naming
+the table, when it inserted rows older than that table's retention in its store; a test that
+does so on purpose says which tables with ``@pytest.mark.allow_expired_rows("table", ...)``.
+``GPUQ_TEST_RETENTION_AUDIT_DAYS=N`` treats every retention as at most N days, to find tests whose
+rows are fixed in time before they expire for real.
 """
 from __future__ import annotations
 
+import datetime as dt
 import itertools
+import os
+import re
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +46,86 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "those tables' retention on purpose (the expired-rows check skips them)")
 
 
+@dataclass(frozen=True, slots=True)
+class Expired:
+    database: str
+    table: str
+    oldest: float                 # Unix seconds of the oldest row inserted
+    days: int                     # the table's retention in that store
+
+
+def _epoch(value: Any) -> float | None:
+    if isinstance(value, dt.datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return _epoch(dt.datetime.fromisoformat(value.replace("Z", "+00:00")))
+        except ValueError:
+            return None
+    return None
+
+
+class ExpiredRows:
+    """Rows a test inserted that are older than their table's retention (see the module doc)."""
+
+    def __init__(self, audit_days: int | None = None) -> None:
+        self.found: list[Expired] = []
+        self.audit_days = audit_days
+
+    def retention_days(self, store: Any, table: str) -> int | None:
+        try:
+            rows = store.query("SELECT engine_full FROM system.tables WHERE database = {d:String} AND name = {t:String}",
+                               {"d": store.database, "t": table}).rows
+        except Exception:  # noqa: BLE001 - a store the test broke on purpose: nothing to check
+            return None
+        m = re.search(r" TTL .*?toIntervalDay\((\d+)\)", rows[0][0]) if rows else None
+        if m is None:
+            return None
+        days = int(m.group(1))
+        return min(days, self.audit_days) if self.audit_days else days
+
+    def check(self, store: Any, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> None:
+        from gpuq.store.migrate import RETENTION
+
+        if table not in RETENTION or not rows or RETENTION[table][1] not in columns:
+            return
+        i = list(columns).index(RETENTION[table][1])
+        times = [t for t in (_epoch(r[i]) for r in rows) if t is not None]
+        days = self.retention_days(store, table) if times else None
+        if days is not None and min(times) < time.time() - days * 86_400:
+            self.found.append(Expired(store.database, table, min(times), days))
+
+    def message(self, found: Sequence[Expired]) -> str:
+        return "; ".join(
+            f"{e.database}.{e.table}: rows dated {dt.datetime.fromtimestamp(e.oldest, dt.UTC):%Y-%m-%d %H:%M:%S}Z are "
+            f"older than its retention of {e.days} days (chDB drops them): use times relative to now, or "
+            f"open the store with a retention long enough for the data" for e in found)
+
+
+@pytest.fixture(autouse=True)
+def expired_rows(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[ExpiredRows]:
+    from gpuq.store.client import Store
+
+    audit = os.environ.get("GPUQ_TEST_RETENTION_AUDIT_DAYS")
+    rec = ExpiredRows(int(audit) if audit else None)
+    insert = Store.insert
+
+    def checked(self: Store, table: str, rows: Sequence[Sequence[Any]], columns: Sequence[str],
+                dedup_token: str | None = None) -> int:
+        rec.check(self, table, rows, columns)
+        return insert(self, table, rows, columns, dedup_token)
+
+    monkeypatch.setattr(Store, "insert", checked)
+    yield rec
+    marker = request.node.get_closest_marker("allow_expired_rows")
+    allowed = set(marker.args) if marker else set()
+    bad = [e for e in rec.found if e.table not in allowed]
+    if bad:
+        pytest.fail(f"{request.node.nodeid} inserted expired rows: {rec.message(bad)}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def chdb_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("chdb")
@@ -47,6 +141,25 @@ def store(store_dsn: str) -> Iterator["object"]:
     from gpuq.store import open_store
 
     s = open_store(store_dsn)
+    try:
+        yield s
+    finally:
+        s.command(f"DROP DATABASE IF EXISTS {s.database}")
+        s.close()
+
+
+# For recorded data with fixed times (tests/data): everything kept 100 years, the longest retention
+# accepted, so the data's dates stay inside it until 2126 whatever today's date.
+LONG_RETENTION = {"raw_days": 36_500, "rollup_days": 36_500, "events_days": 36_500}
+
+
+@pytest.fixture
+def long_store(store_dsn: str) -> Iterator["object"]:
+    """A ``store`` with :data:`LONG_RETENTION` (give ``store={"dsn": store_dsn, "retention":
+    LONG_RETENTION}`` to settings that open it again, or the next start sets the defaults back)."""
+    from gpuq.store import Retention, open_store
+
+    s = open_store(store_dsn, retention=Retention(**LONG_RETENTION))
     try:
         yield s
     finally:

@@ -72,7 +72,7 @@ def test_rejected_queue_file_is_exported_while_the_last_good_one_stays(tmp_path:
 
 
 def test_writer_counts_inserts_the_store_refuses(store, tmp_path: Path) -> None:
-    now = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)
+    now = dt.datetime.now(dt.timezone.utc).replace(hour=12, minute=0, second=0, microsecond=0) - dt.timedelta(days=1)
     w = BatchWriter(store, tmp_path / "spill")
     reg = CollectorRegistry()
     CollectorMetrics(reg, w)

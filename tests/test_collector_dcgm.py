@@ -22,7 +22,7 @@ from gpuq.store import COLUMNS
 from tests.conftest import closed_port, data_path
 from tests.ray_fixtures import Canned, http_server_fixture  # noqa: F401 - fixtures
 
-NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.UTC)
+NOW = dt.datetime.now(dt.UTC).replace(hour=12, minute=0, second=0, microsecond=0) - dt.timedelta(days=1)
 COL = {c: i for i, c in enumerate(COLUMNS["gpu_samples"])}
 A10G_POD = 'container="ray-worker",namespace="ray-llm",pod="ray-1111111"'
 

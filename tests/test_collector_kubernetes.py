@@ -616,7 +616,8 @@ def store_rows(store: Any, sink: Sink) -> None:
             store.insert(table, rows, COLUMNS[table])
 
 
-def test_restart_resumes_without_loss_or_doubles(server: ReplayServer, tmp_path: Path, store: Any) -> None:
+def test_restart_resumes_without_loss_or_doubles(server: ReplayServer, tmp_path: Path, long_store: Any) -> None:
+    store = long_store                    # the recorded objects' fixed times, kept whatever the date
     kc = server.kubeconfig(tmp_path / "kc")
     db = store.database
     loaders: dict[str, Any] = {"load_state": state_loader(store), "open_allocations": open_allocations_loader(store)}

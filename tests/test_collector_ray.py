@@ -35,7 +35,7 @@ from gpuq.store import COLUMNS
 from tests.conftest import closed_port, data_path
 from tests.ray_fixtures import Canned, RayHead, http_server_fixture, ray_head_fixture  # noqa: F401 - fixtures
 
-NOW = dt.datetime(2026, 11, 21, 23, 5, tzinfo=dt.UTC)
+NOW = dt.datetime.now(dt.UTC).replace(hour=23, minute=5, second=0, microsecond=0) - dt.timedelta(days=1)
 NODE_ID = "0b36bf516a5df43549fee10ef36da6f3d15011f62719cb2ab5f4ebe5"
 
 # Answers of a real Ray 2.60.0 dashboard (one head, an actor holding 2 GPUs, a placement group of

@@ -20,7 +20,7 @@ from collector.http import HttpClient
 from collector.kubernetes import KubernetesWatcher
 from gpuq.settings import KubernetesTarget, load_settings
 from gpuq.store.writer import BatchWriter
-from tests.conftest import REPO
+from tests.conftest import LONG_RETENTION, REPO
 from tests.k8s_replay import ReplayServer
 from tests.ray_fixtures import Canned, http_server_fixture  # noqa: F401
 
@@ -83,9 +83,10 @@ def run_json(main: Any, argv: list[str], settings: Any) -> list[dict[str, Any]]:
     return json.loads(out.getvalue())
 
 
-def test_usage_and_idle_from_collector_rows(store: Any, store_dsn: str, tmp_path: Path,
+def test_usage_and_idle_from_collector_rows(long_store: Any, store_dsn: str, tmp_path: Path,
                                             http_server: Canned) -> None:
-    writer = BatchWriter(store, tmp_path / "spill")
+    # the recorded pods (tests/data/k8s) have fixed times: a store that keeps them whatever the date
+    writer = BatchWriter(long_store, tmp_path / "spill")
     with ReplayServer.recorded() as api:
         target = KubernetesTarget(cluster="prod", kubeconfig=str(api.kubeconfig(tmp_path / "kubeconfig")))
         KubernetesWatcher(target).run(writer.write, threading.Event(), once=True)
@@ -106,7 +107,8 @@ def test_usage_and_idle_from_collector_rows(store: Any, store_dsn: str, tmp_path
     writer.flush()
 
     (tmp_path / "queues.yaml").write_text(QUEUES)
-    settings = load_settings(None, store={"dsn": store_dsn}, queues_file=str(tmp_path / "queues.yaml"))
+    settings = load_settings(None, store={"dsn": store_dsn, "retention": LONG_RETENTION},
+                             queues_file=str(tmp_path / "queues.yaml"))
     window = ["--from", FROM.isoformat(), "--to", TO.isoformat()]
     rows = {r["queue"]: r for r in run_json(usage_main, window + ["--by", "queue"], settings)}
 

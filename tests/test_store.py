@@ -9,7 +9,7 @@ from gpuq.store import COLUMNS, connect, migrate, parse_dsn
 from gpuq.store.migrate import load_migrations
 from tests.conftest import closed_port
 
-NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime.now(dt.timezone.utc).replace(hour=12, minute=0, second=0, microsecond=0) - dt.timedelta(days=1)
 
 
 @pytest.mark.parametrize(

@@ -149,3 +149,49 @@ def test_an_old_single_ttl_store_is_brought_to_retention_by_kind(chdb_path: Path
     after = store.query("SELECT count() FROM system.mutations WHERE database = {d:String}",
                         {"d": store.database}).rows[0][0]
     assert after == before
+
+
+@pytest.mark.allow_expired_rows("gpu_samples")
+def test_the_expired_rows_check_fires_and_names_the_table(store, expired_rows) -> None:
+    """The fixture check of tests/conftest.py: a test inserting rows older than its store's
+    retention is caught (here allowed by the marker, so this test can look at what was found)."""
+    import datetime as dt
+
+    from gpuq.store import COLUMNS
+
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(days=91)            # the default raw retention is 90
+    fresh_ts = dt.datetime.now(dt.UTC)
+    row = ("c", "n", "GPU-1", 0, "H100", "", "", "p", "ns", "ctr", "DCGM_FI_DEV_GPU_UTIL", 1.0, "dcgm")
+    store.insert("gpu_samples", [(fresh_ts, *row)], COLUMNS["gpu_samples"])
+    assert expired_rows.found == []
+    store.insert("gpu_samples", [(fresh_ts, *row), (old, *row)], COLUMNS["gpu_samples"])
+    [found] = expired_rows.found
+    assert (found.database, found.table, found.days) == (store.database, "gpu_samples", 90)
+    text = expired_rows.message([found])
+    assert f"{store.database}.gpu_samples: rows dated {old:%Y-%m-%d}" in text and "retention of 90 days" in text
+    store.insert("gpu_allocations", [("c", "ns", "p", "u", "q", "n", "H100", "nvidia.com/gpu", 1.0, 0, "",
+                                      old, None, 1, "pod", "", "", "")], COLUMNS["gpu_allocations"])
+    assert len(expired_rows.found) == 1                              # the ledger has no TTL
+
+
+def test_a_test_that_inserts_expired_rows_fails(tmp_path: Path) -> None:
+    """End to end: pytest runs a test that inserts a 91-day-old sample (no marker) and reports it
+    failed, naming the table."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    (tmp_path / "test_old_rows.py").write_text(
+        "import datetime as dt\n"
+        "from gpuq.store import COLUMNS\n"
+        "def test_old(store):\n"
+        "    old = dt.datetime.now(dt.UTC) - dt.timedelta(days=91)\n"
+        "    store.insert('gpu_samples', [(old, 'c', 'n', 'GPU-1', 0, 'H100', '', '', 'p', 'ns', 'ctr',\n"
+        "                                  'DCGM_FI_DEV_GPU_UTIL', 1.0, 'dcgm')], COLUMNS['gpu_samples'])\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+                        "--rootdir", str(tmp_path), str(tmp_path / "test_old_rows.py")],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "test_old_rows.py::test_old inserted expired rows" in r.stdout
+    assert ".gpu_samples: rows dated" in r.stdout and "retention of 90 days" in r.stdout

@@ -12,7 +12,7 @@ from gpuq.store import COLUMNS
 from gpuq.store.writer import BatchWriter
 from tests.conftest import REPO, closed_port
 
-NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime.now(dt.timezone.utc).replace(hour=12, minute=0, second=0, microsecond=0) - dt.timedelta(days=1)
 
 
 def rr(n: int, node: str = "n") -> list[tuple]:
@@ -94,7 +94,7 @@ KILLED_WRITER = textwrap.dedent("""
     dsn, spill = sys.argv[1], sys.argv[2]
     w = BatchWriter(lambda: open_store(dsn), spill, retry_attempts=2, retry_backoff_s=0.01,
                     batch_interval_s=0.1).start()
-    now = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.timezone.utc)
+    now = dt.datetime.now(dt.timezone.utc).replace(hour=12, minute=0, second=0, microsecond=0) - dt.timedelta(days=1)
     w.write("ray_resources", [(now, "c", f"n{i}", "GPU", "USED", float(i)) for i in range(100)])
     while w.spilled_files() == 0:
         time.sleep(0.02)
