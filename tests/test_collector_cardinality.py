@@ -162,3 +162,12 @@ def test_a_page_over_max_page_bytes_is_refused_unread(http_server: Canned, endle
             "source": "dcgm", "cluster": "lab", "target": url, "result": "error"}) == 1
     assert writer.buffered() == {"gpu_samples": 8}                 # only the small page's rows
     assert "(1488000 announced)" in report.outcomes[big]          # refused on its Content-Length
+
+
+def test_benchmark_reduced(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/bench_cardinality.py at its --quick size: the capped state is >= 5x smaller than
+    the uncapped peer's and the cap costs less than parsing the page."""
+    from benchmarks.bench_cardinality import main
+
+    assert main(["--quick"]) == 0, capsys.readouterr().out
+    assert "RESULT cardinality memory_ratio=" in capsys.readouterr().out
