@@ -59,6 +59,9 @@ def _writes(target: Path) -> dict[str, str]:
         "remote": "SELECT * FROM remote('127.0.0.1:1', system.one)",
         "executable": "SELECT * FROM executable('id', 'TSV', 'x String')",
         "python": "SELECT * FROM python(x)",
+        "quoted-function-name": "SELECT * FROM `file`('/etc/hostname', 'LineAsString')",
+        "double-quoted-function": 'SELECT "url"(\'http://127.0.0.1:1/x\', \'CSV\', \'a String\')',
+        "escaped-quoted-function": "SELECT * FROM `fi\\le`('/etc/hostname', 'LineAsString')",
         "filesystem": "SELECT * FROM filesystem('/')",
         "unknown-table-function": "SELECT * FROM someNewReader('x')",
         "describe-file": "DESCRIBE TABLE file('/etc/passwd', 'LineAsString')",
@@ -83,6 +86,8 @@ READS = [
     "SELECT `into` FROM (SELECT 1 AS `into`)",
     'SELECT "outfile" FROM (SELECT 1 AS "outfile")',
     "SELECT 'it''s', 'a\\'b' -- INTO OUTFILE 'x'\n",
+    "SELECT 1 AS `a\\` INTO OUTFILE 'x' --`",           # ClickHouse escapes in quoted names too: one alias
+    "SELECT 1 AS \"a\"\" INTO OUTFILE 'x' --\"",
     "SELECT 1 /* INTO OUTFILE '/tmp/x' */",
     "SELECT 1 # INTO OUTFILE\n",
     "WITH t AS (SELECT number AS n FROM numbers(5)) SELECT sum(n) FROM t",
@@ -98,9 +103,12 @@ READS = [
 
 
 @pytest.mark.parametrize("sql", READS)
-def test_plain_reads_pass_and_run_on_chdb(ro_store, sql: str) -> None:
+def test_plain_reads_pass_and_run_on_chdb(ro_store, sql: str, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)                      # where an INTO OUTFILE 'x' would land
     assert check_read_only(sql) == sql
     ro_store.read_only_query(sql)                    # and chDB runs it (no syntax the lexer invented)
+    assert list(tmp_path.iterdir()) == []            # ... as the read it is: the quoted 'x' is data
 
 
 @pytest.mark.parametrize("name", list(_writes(Path("/nonexistent/x"))))

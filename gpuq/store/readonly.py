@@ -151,6 +151,22 @@ def tokenize(sql: str) -> list[Token]:
     return out
 
 
+def _unquote(text: str) -> str:
+    """The name a quoted identifier stands for (backslash escapes and doubled quotes undone)."""
+    q, body, out, i = text[0], text[1:-1], [], 0
+    while i < len(body):
+        if body[i] == "\\" and i + 1 < len(body):
+            out.append(body[i + 1])
+            i += 2
+        elif body[i] == q and body[i + 1:i + 2] == q:
+            out.append(q)
+            i += 2
+        else:
+            out.append(body[i])
+            i += 1
+    return "".join(out)
+
+
 def check_read_only(sql: str) -> str:
     """Return ``sql`` when it is one plain read; else raise :class:`UnsafeQuery` naming the place."""
     tokens = tokenize(sql)
@@ -164,23 +180,25 @@ def check_read_only(sql: str) -> str:
         raise _refuse(sql, first.pos, f"{first.text!r} is not a read: a statement must start with "
                                       f"{', '.join(sorted(STARTS))}")
     for k, t in enumerate(tokens):
-        if t.kind != "word":
+        if t.kind not in ("word", "ident"):
             continue
-        upper = t.text.upper()
         nxt = tokens[k + 1].text if k + 1 < len(tokens) and tokens[k + 1].kind == "punct" else ""
-        if upper == "SYSTEM" and nxt == ".":
-            continue                                  # the system database: system.tables
-        if upper in FORBIDDEN_WORDS:
-            raise _refuse(sql, t.pos, f"{upper} is not accepted: gpuq query only reads "
-                                      f"(no INTO OUTFILE, writes, DDL, SYSTEM or SETTINGS)")
+        if t.kind == "word":
+            upper = t.text.upper()
+            if upper == "SYSTEM" and nxt == ".":
+                continue                              # the system database: system.tables
+            if upper in FORBIDDEN_WORDS:
+                raise _refuse(sql, t.pos, f"{upper} is not accepted: gpuq query only reads "
+                                          f"(no INTO OUTFILE, writes, DDL, SYSTEM or SETTINGS)")
         if nxt != "(":
             continue
-        lower = t.text.lower()
+        # a call; ClickHouse also calls a quoted name: `file`('/etc/passwd') is file()
+        lower = (t.text if t.kind == "word" else _unquote(t.text)).lower()
         after_from = k > 0 and tokens[k - 1].kind == "word" and tokens[k - 1].text.upper() in _TABLE_POSITION
         if lower in TABLE_FUNCTIONS and lower not in ALLOWED_TABLE_FUNCTIONS:
-            raise _refuse(sql, t.pos, f"table function {t.text}() reaches outside the store; allowed: "
+            raise _refuse(sql, t.pos, f"table function {lower}() reaches outside the store; allowed: "
                                       f"{', '.join(sorted(ALLOWED_TABLE_FUNCTIONS))}")
         if after_from and lower not in ALLOWED_TABLE_FUNCTIONS:
-            raise _refuse(sql, t.pos, f"table function {t.text}() is not accepted; allowed: "
+            raise _refuse(sql, t.pos, f"table function {lower}() is not accepted; allowed: "
                                       f"{', '.join(sorted(ALLOWED_TABLE_FUNCTIONS))}")
     return sql
