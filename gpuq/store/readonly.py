@@ -24,8 +24,7 @@ A statement is refused, with the line and column of the offending token, when:
 * it calls a table function other than the harmless generators of :data:`ALLOWED_TABLE_FUNCTIONS`:
   any call of a name in :data:`TABLE_FUNCTIONS` (``file``, ``url``, ``s3``, ``remote``, ``mysql``,
   ``executable``, ``python`` ...) anywhere, and any call at all right after ``FROM``, ``JOIN``,
-  ``TABLE`` or ``DESCRIBE`` whose name is not allowed (a table function unknown to this list after
-  a comma of a cross join is not caught: the completeness test is what keeps the list whole). ``tests/test_store_readonly.py`` checks that every table function
+  ``TABLE``, ``DESCRIBE`` or a comma of a ``FROM`` list whose name is not allowed. ``tests/test_store_readonly.py`` checks that every table function
   the installed chDB knows is in :data:`TABLE_FUNCTIONS`.
 """
 from __future__ import annotations
@@ -69,6 +68,9 @@ ALLOWED_TABLE_FUNCTIONS = frozenset({
     "generate_series", "values", "null", "primes", "format", "view",
 })
 _TABLE_POSITION = frozenset({"FROM", "JOIN", "TABLE", "DESCRIBE", "DESC"})
+_CLAUSE_ENDS = frozenset({"WHERE", "PREWHERE", "GROUP", "ORDER", "HAVING", "LIMIT", "OFFSET", "UNION",
+                          "EXCEPT", "INTERSECT", "FORMAT", "QUALIFY", "WINDOW", "SELECT", "ON", "USING",
+                          "SAMPLE", "FINAL"})
 _PUNCT = set("()[]{},.;:+-*/%<>=!|?^&~@")
 _WORD_START = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _WORD = _WORD_START | set("0123456789")
@@ -179,7 +181,19 @@ def check_read_only(sql: str) -> str:
     if first.kind != "word" or first.text.upper() not in STARTS:
         raise _refuse(sql, first.pos, f"{first.text!r} is not a read: a statement must start with "
                                       f"{', '.join(sorted(STARTS))}")
+    depth, from_at = 0, set()            # paren depths inside a FROM clause (for ", table(...)")
     for k, t in enumerate(tokens):
+        if t.kind == "punct":
+            if t.text == "(":
+                depth += 1
+            elif t.text == ")":
+                from_at.discard(depth)
+                depth -= 1
+            continue
+        if t.kind == "word" and t.text.upper() in ("FROM", "JOIN"):
+            from_at.add(depth)
+        elif t.kind == "word" and t.text.upper() in _CLAUSE_ENDS:
+            from_at.discard(depth)
         if t.kind not in ("word", "ident"):
             continue
         nxt = tokens[k + 1].text if k + 1 < len(tokens) and tokens[k + 1].kind == "punct" else ""
@@ -194,7 +208,10 @@ def check_read_only(sql: str) -> str:
             continue
         # a call; ClickHouse also calls a quoted name: `file`('/etc/passwd') is file()
         lower = (t.text if t.kind == "word" else _unquote(t.text)).lower()
-        after_from = k > 0 and tokens[k - 1].kind == "word" and tokens[k - 1].text.upper() in _TABLE_POSITION
+        prev = tokens[k - 1] if k > 0 else None
+        after_from = prev is not None and (
+            (prev.kind == "word" and prev.text.upper() in _TABLE_POSITION)
+            or (prev.kind == "punct" and prev.text == "," and depth in from_at))   # FROM a, b(...)
         if lower in TABLE_FUNCTIONS and lower not in ALLOWED_TABLE_FUNCTIONS:
             raise _refuse(sql, t.pos, f"table function {lower}() reaches outside the store; allowed: "
                                       f"{', '.join(sorted(ALLOWED_TABLE_FUNCTIONS))}")
