@@ -24,7 +24,7 @@ from accounting.usage import check_by
 from accounting.watcher import Reload
 from gpuq.errors import GpuqError
 from scheduler.api.auth import Auth, Caller, check_exposure
-from scheduler.api.limits import Guard
+from scheduler.api.limits import Guard, RefusalLog
 from scheduler.api.models import DryRunIn, ReloadOut, WorkloadIn, check_spec_size
 from scheduler.api.problems import Problem, install, invalid, problem_response
 from scheduler.api.routes_acting import acting_router
@@ -72,7 +72,8 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
     app = FastAPI(title="gpuq", version="0.1.0", description=DESCRIPTION)
     install(app)
     # auth from the headers and the size cap, before anything reads the body
-    app.add_middleware(Guard, auth=auth, max_body_bytes=settings.api.max_body_bytes, routes=app.router.routes)
+    app.add_middleware(Guard, auth=auth, max_body_bytes=settings.api.max_body_bytes, routes=app.router.routes,
+                       refusals=RefusalLog(registry))
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:

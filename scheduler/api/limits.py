@@ -9,11 +9,22 @@
   413 as soon as it passes the cap (the rest is never read).
 
 Answers are problem JSON like the rest of the API (:mod:`scheduler.api.problems`).
+
+Every refusal (401, 403, 413), whether answered here or by a route (a scoped token acting outside
+its namespaces or queues), is counted in ``gpuq_api_refused_total{status,method}`` and logged as a
+warning with the client address, method, path and the token's name when the token is valid
+(:class:`RefusalLog`: one line per client, status and caller every ``interval_s``, with the count of the
+lines held back, so a flood of bad requests cannot flood the log).
 """
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
 
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -21,6 +32,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from scheduler.api.auth import Auth
 from scheduler.api.problems import MEDIA_TYPE, Problem
 
+log = logging.getLogger("gpuq.api.audit")
+REFUSED = frozenset({401, 403, 413})
 OPEN = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
@@ -28,10 +41,61 @@ class _TooLarge(Exception):
     pass
 
 
+class RefusalLog:
+    """Counts refused requests and logs them, one line per (client, status, who) per ``interval_s``
+    (``who`` is "no token", "token not valid" or the valid token's name and role, never the token)."""
+
+    def __init__(self, registry: CollectorRegistry | None, interval_s: float = 10.0,
+                 clock: Any = time.monotonic) -> None:
+        self.counter = Counter("gpuq_api_refused", "API requests refused: 401 no or bad token, 403 role "
+                               "or scope, 413 body too large", ["status", "method"], registry=registry)
+        self.interval_s, self.clock = interval_s, clock
+        self._last: dict[tuple[str, int, str], tuple[float, int]] = {}   # -> (logged at, held back)
+        self._lock = threading.Lock()
+
+    def refused(self, status: int, method: str, path: str, client: str, who: str) -> bool:
+        """Count one refusal; True when it was logged (not held back)."""
+        self.counter.labels(str(status), method).inc()
+        now, key = self.clock(), (client, status, who)
+        with self._lock:
+            if len(self._last) > 10_000:                 # many clients: forget the old ones
+                self._last = {k: v for k, v in self._last.items() if now - v[0] < self.interval_s}
+            at, held = self._last.get(key, (-1e18, 0))
+            if now - at < self.interval_s:
+                self._last[key] = (at, held + 1)
+                return False
+            self._last[key] = (now, 0)
+        more = f" ({held} more from this client held back)" if held else ""
+        log.warning("refused %d %s %s from %s (%s)%s", status, method, path, client, who, more)
+        return True
+
+
 class Guard:
-    def __init__(self, app: ASGIApp, *, auth: Auth, max_body_bytes: int, routes: Any) -> None:
+    def __init__(self, app: ASGIApp, *, auth: Auth, max_body_bytes: int, routes: Any,
+                 refusals: RefusalLog | None = None) -> None:
         self.app, self.auth, self.max_body = app, auth, max_body_bytes
         self.routes = routes                 # the FastAPI app's routes, matched as the router will
+        self.refusals = refusals
+
+    def _who(self, headers: dict[bytes, bytes]) -> str:
+        header = headers.get(b"authorization")
+        if header is None:
+            return "no token"
+        caller = self.auth.from_header(header.decode("latin-1"))
+        return f"token {caller.name!r}, {caller.role}" if caller is not None else "token not valid"
+
+    def _audited(self, scope: Scope, send: Send, headers: dict[bytes, bytes]) -> Send:
+        refusals = self.refusals
+        if refusals is None:
+            return send
+
+        async def audited(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] in REFUSED:
+                client = scope.get("client")
+                refusals.refused(message["status"], scope.get("method", ""), scope.get("path", ""),
+                                 f"{client[0]}:{client[1]}" if client else "unknown", self._who(headers))
+            await send(message)
+        return audited
 
     def role_of(self, scope: Scope) -> str | None:
         """The role the matching route needs (``viewer`` when no route matches); None when open."""
@@ -51,6 +115,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        send = self._audited(scope, send, headers)
         if self.auth.enabled:
             role = self.role_of(scope)
             if role is not None:
