@@ -101,10 +101,11 @@ def recent_preemptions(store: Any, cluster: str, since_s: float) -> list[tuple[f
 
 
 def last_pause(store: Any, cluster: str) -> Pause | None:
-    """The pause in force after the cluster's last ``pause``/``resume`` event (None: not paused)."""
-    sql = (f"SELECT event, t, by, reason FROM {store.database}.{TABLE} WHERE cluster = {{c:String}} "
-           f"AND event IN ('pause', 'resume') ORDER BY t DESC, seq DESC LIMIT 1")
-    rows = store.query(sql, {"c": cluster}).rows
-    if not rows or rows[0][0] != "pause":
+    """The pause in force (None: not paused), from ``scheduler_state``, which no TTL drops: a pause
+    older than the events' retention still holds after a restart."""
+    from scheduler.service_replay import read_pause
+
+    event = read_pause(store, cluster)
+    if event is None:
         return None
-    return Pause(float(rows[0][1]), str(rows[0][2]), str(rows[0][3]))
+    return Pause(float(event["t"]), str(event.get("by") or ""), str(event.get("reason") or ""))

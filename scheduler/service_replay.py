@@ -12,7 +12,8 @@ A restart must not depend on rows a TTL can drop (``scheduler_events`` keeps
 ``store.retention.events_days``): :class:`Journal` keeps every open workload's events since its
 submit in ``scheduler_state`` (no TTL; one row per workload, replaced at each of its events, a
 tombstone when it ends), and :func:`read_restart` replays the union of both tables, so a workload
-running longer than the events' retention is still known. The restore writes the open
+running longer than the events' retention is still known. The cluster's pause is kept there too
+(workload ``""``, a tombstone at resume; :func:`read_pause`), so no retention lifts a pause. The restore writes the open
 workloads' rows again (a store from before ``scheduler_state`` gets them at its first restart).
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 STATE_TABLE = "scheduler_state"
 CLOSING = ("finish", "cancel", "reject")
+PAUSE_KEY = ""          # the cluster's pause in scheduler_state: workload ids are never empty
 
 
 class Journal:
@@ -47,8 +49,12 @@ class Journal:
     def record(self, event: Mapping[str, Any], seq: int, spec: str = "") -> list[tuple[Any, ...]]:
         """Note one event; return the row(s) to write (none for events of no open workload)."""
         wid, kind = str(event["workload"]), str(event["event"])
-        if not wid:
-            return []                                       # cluster-wide rows (pause, resume)
+        if not wid:                                         # cluster-wide rows: the pause is kept, not reloads
+            if kind not in ("pause", "resume"):
+                return []
+            ts = dt.datetime.fromtimestamp(max(0.0, float(event["t"])), dt.UTC)
+            body = json.dumps([[int(seq), dict(event), ""]], separators=(",", ":"), sort_keys=True)
+            return [(self.cluster, PAUSE_KEY, int(seq), int(kind == "resume"), ts, body)]
         if kind == "submit":
             self._open[wid] = [[int(seq), dict(event), spec]]
         elif kind in CLOSING:
@@ -86,6 +92,17 @@ def read_state(store: Any, cluster: str) -> list[StoredEvent]:
     return out
 
 
+def read_pause(store: Any, cluster: str) -> dict[str, Any] | None:
+    """The ``pause`` event in force (from ``scheduler_state``, never TTL'd), None when not paused."""
+    sql = (f"SELECT events FROM {store.database}.{STATE_TABLE} FINAL "
+           f"WHERE cluster = {{c:String}} AND workload = {{k:String}} AND deleted = 0")
+    rows = store.query(sql, {"c": cluster, "k": PAUSE_KEY}).rows
+    if not rows:
+        return None
+    (_, event, _), = json.loads(rows[0][0])
+    return dict(event) if event.get("event") == "pause" else None
+
+
 def read_restart(store: Any, cluster: str) -> list[StoredEvent]:
     """What a restarted service replays: ``scheduler_events`` (TTL'd: history, closed workloads,
     preemption records) and ``scheduler_state`` (never TTL'd: every open workload from its submit),
@@ -93,6 +110,8 @@ def read_restart(store: Any, cluster: str) -> list[StoredEvent]:
     events = read_events(store, cluster)
     seen = {e.seq for e in events}
     for e in read_state(store, cluster):
+        if not e.event.get("workload"):
+            continue                                        # the pause row: read_pause
         if e.seq not in seen:
             seen.add(e.seq)
             events.append(e)

@@ -89,6 +89,30 @@ def test_pause_decides_but_does_not_act_and_a_restart_stays_paused(store: Any, t
     writer.close()
 
 
+def test_a_pause_outlives_the_events_retention(store: Any, tmp_path: Path) -> None:
+    """The pause is restart state: kept in scheduler_state (no TTL), so a restart after the pause's
+    scheduler_events rows expired is still paused, and after a resume it is not."""
+    from gpuq.store.writer import BatchWriter
+
+    writer = BatchWriter(store, tmp_path / "spill")
+    svc = make(DryRunActuator(), sink=writer)
+    svc.pause(T0, by="oncall (admin)", reason="incident 43")
+    writer.flush()
+    store.command(f"ALTER TABLE {store.database}.{ev.TABLE} DELETE WHERE 1 SETTINGS mutations_sync = 1")
+    assert not ev.read_events(store, "c1")                      # what a TTL leaves
+
+    again = make(DryRunActuator(), sink=writer)
+    again.load_brakes(store, T0 + 50)
+    assert again.paused is not None and (again.paused.by, again.paused.reason) == ("oncall (admin)", "incident 43")
+    again.resume(T0 + 60, by="oncall (admin)")
+    writer.flush()
+    store.command(f"ALTER TABLE {store.database}.{ev.TABLE} DELETE WHERE 1 SETTINGS mutations_sync = 1")
+    third = make(DryRunActuator())
+    third.load_brakes(store, T0 + 70)
+    assert third.paused is None
+    writer.close()
+
+
 def test_preemption_limit_holds_the_admission_with_its_reason() -> None:
     act = DryRunActuator()
     svc = make(act, brake=PreemptionBrake(per_queue=1, cluster=None))
