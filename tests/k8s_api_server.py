@@ -13,6 +13,11 @@ Serves what the ``kubernetes`` actuator and the workload source call:
   (201 Success Status), 404 when there is no such pod, 429 TooManyRequests with the
   ``DisruptionBudget`` cause while :meth:`ApiServer.block_eviction` holds;
 * ``GET /apis/scheduling.k8s.io/v1/priorityclasses/<name>``;
+* ``GET`` / ``POST`` / ``PUT /apis/coordination.k8s.io/v1/namespaces/<ns>/leases[/<name>]``: the
+  Lease of leader election: create (409 AlreadyExists when taken), get (404), replace with the
+  optimistic lock the API server applies (``metadata.resourceVersion`` must be the stored one:
+  409 Conflict otherwise; an update without one is refused 422 as for any update of an object
+  the client read); :meth:`ApiServer.lease` reads one;
 * ``POST /api/v1/namespaces/<ns>/events``: a ``v1`` Event is stored (201, the Event with a uid,
   resourceVersion and creationTimestamp); 409 AlreadyExists for a name taken, 422 Invalid for a
   name that is not a DNS subdomain or a namespace that differs from the URL's or from
@@ -104,6 +109,7 @@ class _State:
     faults: list[_Fault] = field(default_factory=list)
     after_get: dict[str, Callable[[dict[str, Any]], None]] = field(default_factory=dict)
     events: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)      # (ns, name)
+    leases: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)      # (ns, name)
 
 
 class ApiServer:
@@ -163,6 +169,11 @@ class ApiServer:
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
             obj = self._state.objects.get((PLURALS[kind], namespace, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            obj = self._state.leases.get((namespace, name))
             return copy.deepcopy(obj) if obj is not None else None
 
     def has_pod(self, namespace: str, name: str) -> bool:
@@ -333,6 +344,41 @@ class ApiServer:
             self._state.events[(ns, name)] = stored
         return 201, copy.deepcopy(stored)
 
+    def _lease(self, method: str, ns: str, name: str | None, body: Any) -> tuple[int, dict[str, Any]]:
+        gone = f'leases.coordination.k8s.io "{name}" not found'
+        with self._lock:
+            if method == "GET":
+                obj = self._state.leases.get((ns, name or ""))
+                return (200, copy.deepcopy(obj)) if obj is not None else (404, _status(404, "NotFound", gone))
+            if not isinstance(body, dict) or body.get("kind", "Lease") != "Lease":   # no kind: the URL's
+                return 400, _status(400, "BadRequest", "the body is not a coordination.k8s.io/v1 Lease")
+            meta = body.setdefault("metadata", {})
+            if method == "POST":
+                name = str(meta.get("name") or "")
+                if (ns, name) in self._state.leases:
+                    return 409, _status(409, "AlreadyExists", f'leases.coordination.k8s.io "{name}" already exists')
+                if not _DNS_SUBDOMAIN.fullmatch(name):
+                    return 422, _status(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid')
+                meta.update(namespace=ns, uid=f"lease-{self._rv + 1}", creationTimestamp="2026-01-01T00:00:00Z")
+            else:                                                          # PUT: replace
+                stored = self._state.leases.get((ns, name or ""))
+                if stored is None:
+                    return 404, _status(404, "NotFound", gone)
+                if not meta.get("resourceVersion"):
+                    return 422, _status(422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: '
+                                        "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update")
+                if meta["resourceVersion"] != stored["metadata"]["resourceVersion"]:
+                    return 409, _status(409, "Conflict", f'Operation cannot be fulfilled on leases.coordination.k8s.io '
+                                        f'"{name}": the object has been modified; please apply your changes to the '
+                                        "latest version and try again")
+                meta.update(namespace=ns, name=name, uid=stored["metadata"]["uid"],
+                            creationTimestamp=stored["metadata"]["creationTimestamp"])
+            self._rv += 1
+            meta["resourceVersion"] = str(self._rv)
+            obj = {**copy.deepcopy(body), "apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
+            self._state.leases[(ns, str(meta["name"]))] = obj
+            return (201 if method == "POST" else 200), copy.deepcopy(obj)
+
     def _priority_class(self, name: str) -> tuple[int, dict[str, Any]]:
         with self._lock:
             value = self._state.priority_classes.get(name)
@@ -366,6 +412,9 @@ class ApiServer:
                 return 415, _status(415, "UnsupportedMediaType", "the body of the request was in an unknown "
                                     "format - accepted media types include: application/json, application/yaml")
             return self._create_event(s[3], body)
+        if s[:4] == ["apis", "coordination.k8s.io", "v1", "namespaces"] and len(s) in (6, 7) and s[5] == "leases":
+            if (method, len(s)) in (("GET", 7), ("PUT", 7), ("POST", 6)):
+                return self._lease(method, s[4], s[6] if len(s) == 7 else None, body)
         if method == "GET" and len(s) == 5 and s[:4] == ["apis", "scheduling.k8s.io", "v1",
                                                          "priorityclasses"]:
             return self._priority_class(s[4])
@@ -421,5 +470,8 @@ def _handler(server: ApiServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             self._serve("POST")
+
+        def do_PUT(self) -> None:
+            self._serve("PUT")
 
     return Handler

@@ -1,0 +1,215 @@
+"""Leader election through a ``coordination.k8s.io/v1`` Lease, so that of several ``gpuq serve``
+replicas exactly one acts.
+
+The rules are client-go's (``k8s.io/client-go/tools/leaderelection``), with the real ``kubernetes``
+client:
+
+* a candidate reads the Lease every ``retry_period_s``. It takes it when there is none (create),
+  when it is free (no holder: a leader released it) or when it has expired: the record (holder,
+  renew time, transitions) has not changed for ``lease_duration_s`` **as this candidate observed
+  it** (its own monotonic clock, not the holder's timestamps, so clocks that disagree do not
+  matter). Taking and renewing are replaces carrying the ``resourceVersion`` read, so of two
+  candidates racing for one Lease the API server lets one win (409 Conflict for the other);
+* the leader renews every ``retry_period_s``. When it could not renew for ``renew_deadline_s``
+  (shorter than the lease duration) it stops leading: it has lost the right to act *before*
+  anyone else may take the Lease;
+* :meth:`LeaderElector.release` (at SIGTERM, after the leader has stopped acting and closed its
+  store) clears the holder and sets a 1 s duration, so a standby takes over at its next try
+  instead of waiting for the expiry.
+
+So after a leader is killed a standby leads within ``lease_duration_s`` plus two retry periods
+(one to notice the record has stopped changing, one to take it), and within one retry period after
+a leader stopped on SIGTERM.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseConfig:
+    name: str
+    namespace: str
+    identity: str
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (self.lease_duration_s > self.renew_deadline_s > self.retry_period_s > 0):
+            raise ValueError("leader election needs lease_duration_s > renew_deadline_s > retry_period_s > 0 "
+                             f"(got {self.lease_duration_s}, {self.renew_deadline_s}, {self.retry_period_s})")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class LeaderElector:
+    """One candidate. :meth:`try_once` is one step (tests drive it); :meth:`run` loops it on a
+    thread and calls ``on_started`` / ``on_stopped`` when leadership begins and ends."""
+
+    def __init__(self, api: Any, cfg: LeaseConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api, self.cfg, self.clock = api, cfg, clock        # api: kubernetes.client.CoordinationV1Api
+        self._observed: tuple[Any, ...] | None = None           # the record as last read
+        self._observed_at = 0.0                                 # when it last changed, as we saw it
+        self._renewed_at: float | None = None                   # our last successful take or renew
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.transitions = 0
+        self.last_error = ""
+
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        """True while the last take or renew is younger than the renew deadline."""
+        at = self._renewed_at
+        return at is not None and self.clock() - at < self.cfg.renew_deadline_s
+
+    def holder(self) -> str:
+        return str(self._observed[0]) if self._observed else ""
+
+    # -- one step -----------------------------------------------------------------------------------
+    def try_once(self) -> bool:
+        """Take or renew the Lease if the rules allow; True when this candidate leads after it."""
+        from kubernetes.client import V1Lease, V1LeaseSpec, V1ObjectMeta
+        from kubernetes.client.exceptions import ApiException
+
+        cfg, now = self.cfg, self.clock()
+        try:
+            lease = self.api.read_namespaced_lease(cfg.name, cfg.namespace, _request_timeout=cfg.retry_period_s * 2)
+        except ApiException as exc:
+            if exc.status != 404:
+                return self._failed(f"read lease {cfg.namespace}/{cfg.name}: HTTP {exc.status} {exc.reason}")
+            body = V1Lease(api_version="coordination.k8s.io/v1", kind="Lease", metadata=V1ObjectMeta(name=cfg.name, namespace=cfg.namespace),
+                           spec=self._spec(V1LeaseSpec, transitions=0, acquired=True))
+            try:
+                self.api.create_namespaced_lease(cfg.namespace, body, _request_timeout=cfg.retry_period_s * 2)
+            except ApiException as exc2:
+                return self._failed(f"create lease {cfg.namespace}/{cfg.name}: HTTP {exc2.status} {exc2.reason}")
+            except Exception as exc2:  # noqa: BLE001 - connection errors of every kind: try again later
+                return self._failed(f"create lease {cfg.namespace}/{cfg.name}: {exc2}")
+            return self._took(now, acquired=True)
+        except Exception as exc:  # noqa: BLE001
+            return self._failed(f"read lease {cfg.namespace}/{cfg.name}: {exc}")
+
+        spec = lease.spec or V1LeaseSpec()
+        record = (spec.holder_identity or "", spec.renew_time, spec.lease_transitions, spec.lease_duration_seconds)
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        holder = record[0]
+        mine = holder == cfg.identity
+        duration = float(spec.lease_duration_seconds or cfg.lease_duration_s)
+        if not mine and holder and now < self._observed_at + duration:
+            self._renewed_at = None                              # someone else leads
+            return False
+        transitions = int(spec.lease_transitions or 0) + (0 if mine else 1)
+        lease.spec = self._spec(V1LeaseSpec, transitions=transitions, acquired=not mine,
+                                acquire_time=spec.acquire_time if mine else None)
+        try:
+            self.api.replace_namespaced_lease(cfg.name, cfg.namespace, lease, _request_timeout=cfg.retry_period_s * 2)
+        except ApiException as exc:
+            return self._failed(f"{'renew' if mine else 'take'} lease {cfg.namespace}/{cfg.name}: "
+                                f"HTTP {exc.status} {exc.reason}")
+        except Exception as exc:  # noqa: BLE001
+            return self._failed(f"{'renew' if mine else 'take'} lease {cfg.namespace}/{cfg.name}: {exc}")
+        if not mine:
+            log.info("took the lease %s/%s from %r (transition %d)", cfg.namespace, cfg.name, holder or "nobody",
+                     transitions)
+        return self._took(now, acquired=not mine)
+
+    def _spec(self, cls: Any, *, transitions: int, acquired: bool, acquire_time: Any = None) -> Any:
+        t = _now()
+        return cls(holder_identity=self.cfg.identity, lease_duration_seconds=max(1, round(self.cfg.lease_duration_s)),
+                   acquire_time=t if acquired or acquire_time is None else acquire_time, renew_time=t,
+                   lease_transitions=transitions)
+
+    def _took(self, now: float, acquired: bool) -> bool:
+        if acquired:
+            self.transitions += 1
+        self._renewed_at = now
+        self.last_error = ""
+        return True
+
+    def _failed(self, why: str) -> bool:
+        if why != self.last_error:
+            log.warning("leader election: %s", why)
+        self.last_error = why
+        return self.is_leader                                   # still leading until the renew deadline
+
+    # -- release ------------------------------------------------------------------------------------
+    def release(self) -> bool:
+        """Give the Lease up (holder cleared, 1 s duration) if this candidate holds it; True when
+        released. Call after this process has stopped acting."""
+        from kubernetes.client.exceptions import ApiException
+
+        self.stop()
+        cfg = self.cfg
+        try:
+            lease = self.api.read_namespaced_lease(cfg.name, cfg.namespace, _request_timeout=2)
+            if lease.spec is None or lease.spec.holder_identity != cfg.identity:
+                return False
+            lease.spec.holder_identity = None
+            lease.spec.lease_duration_seconds = 1
+            lease.spec.renew_time = _now()
+            self.api.replace_namespaced_lease(cfg.name, cfg.namespace, lease, _request_timeout=2)
+        except (ApiException, OSError, ValueError) as exc:
+            log.warning("leader election: could not release lease %s/%s: %s", cfg.namespace, cfg.name, exc)
+            return False
+        except Exception as exc:  # noqa: BLE001 - urllib3 errors: the lease then expires by itself
+            log.warning("leader election: could not release lease %s/%s: %s", cfg.namespace, cfg.name, exc)
+            return False
+        finally:
+            self._renewed_at = None
+        log.info("released the lease %s/%s", cfg.namespace, cfg.name)
+        return True
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def run(self, on_started: Callable[[], None], on_stopped: Callable[[], None]) -> threading.Thread:
+        """Try every retry period on a daemon thread; ``on_started`` when this candidate starts
+        leading, ``on_stopped`` (once) when it stops (it could not renew in time, or lost the
+        Lease). After ``on_stopped`` the loop ends: a process that lost the lead must not act
+        again (``gpuq serve`` exits and starts as a standby)."""
+        def loop() -> None:
+            leading = False
+            while not self._stop.is_set():
+                now_leading = self.try_once()
+                if now_leading and not leading:
+                    leading = True
+                    on_started()
+                elif leading and not now_leading:
+                    log.error("lost the lease %s/%s: %s", self.cfg.namespace, self.cfg.name,
+                              self.last_error or f"held by {self.holder()!r}")
+                    on_stopped()
+                    return
+                self._stop.wait(self.cfg.retry_period_s)
+
+        self._thread = threading.Thread(target=loop, name="gpuq-leader", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self) -> None:
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(self.cfg.retry_period_s * 3 + 5)
+
+
+def coordination_api(kubeconfig: str = "", context: str | None = None, in_cluster: bool = False) -> Any:
+    """A ``CoordinationV1Api`` on the kubeconfig (or the in-cluster service account)."""
+    from kubernetes.client import ApiClient, CoordinationV1Api
+
+    from gpuq.kube import load_configuration
+    from gpuq.settings import KubernetesTarget
+
+    target = KubernetesTarget(cluster="leader-election", kubeconfig=kubeconfig, context=context,
+                              in_cluster=in_cluster)
+    return CoordinationV1Api(ApiClient(load_configuration(target)))
