@@ -93,7 +93,6 @@ def test_a_race_for_a_free_lease_has_one_winner(server: ApiServer, tmp_path: Pat
     winners = [k for k, v in results.items() if v]
     held = server.lease(NS, NAME)["spec"]["holderIdentity"]
     assert winners == [held], results
-    assert len(server.calls("PUT", LEASE)) >= 1 + len(candidates)    # each tried: the others got 409
 
 
 def test_a_leader_that_cannot_renew_stops_before_the_lease_expires(server: ApiServer, tmp_path: Path) -> None:
