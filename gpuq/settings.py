@@ -226,6 +226,41 @@ class DashboardSettings(_Section):
     cache_ttl_s: float = Field(default=15.0, ge=0)     # API answers shared by every viewer this long
 
 
+def _env(name: str, default: str = "") -> str:
+    import os
+
+    return os.environ.get(name, "") or default
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+class LeaderSettings(_Section):
+    """Leader election among ``gpuq serve`` replicas (a ``coordination.k8s.io/v1`` Lease): only the
+    leader acts; the others stand by with ``/readyz`` 503. ``namespace`` defaults to the pod's
+    (``POD_NAMESPACE`` from the downward API), ``identity`` to ``POD_NAME``, else the host name."""
+    enabled: bool = False
+    lease_name: str = "gpuq"
+    namespace: str = Field(default_factory=lambda: _env("POD_NAMESPACE", "default"))
+    identity: str = Field(default_factory=lambda: _env("POD_NAME") or _host())
+    lease_duration_s: float = Field(default=15.0, gt=0, le=3600)
+    renew_deadline_s: float = Field(default=10.0, gt=0, le=3600)
+    retry_period_s: float = Field(default=2.0, gt=0, le=600)
+    kubeconfig: str | None = None        # the Lease's API server; in_cluster in a pod
+    context: str | None = None
+    in_cluster: bool = False
+
+    @model_validator(mode="after")
+    def _order(self) -> LeaderSettings:
+        if not (self.lease_duration_s > self.renew_deadline_s > self.retry_period_s):
+            raise ValueError("needs lease_duration_s > renew_deadline_s > retry_period_s (got "
+                             f"{self.lease_duration_s}, {self.renew_deadline_s}, {self.retry_period_s})")
+        return self
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GPUQ_", env_nested_delimiter="__", extra="forbid", frozen=True
@@ -237,6 +272,7 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = SchedulerSettings()
     api: ApiSettings = ApiSettings()
     dashboard: DashboardSettings = DashboardSettings()
+    leader: LeaderSettings = LeaderSettings()
     queues_file: str | None = None
 
     @classmethod
