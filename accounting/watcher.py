@@ -7,8 +7,13 @@ The file system is injected (``stat`` and ``read``) so tests drive it without sl
     ...                       # the file is edited and breaks
     watcher.poll()            # Reload.REJECTED; watcher.config is unchanged, watcher.error says why
 
-A change is noticed by the file's ``(mtime_ns, size)``; the content hash then decides whether
-it really changed (an editor that rewrites the same bytes is not a reload).
+A change is noticed by the file's ``(mtime_ns, size, inode, device)``, read through symlinks; the
+content hash then decides whether it really changed (an editor that rewrites the same bytes is not
+a reload). The inode is there for Kubernetes: a ConfigMap mounted as a directory is updated by the
+kubelet writing the new files into a new hidden directory and swapping the ``..data`` symlink to it
+(``queues.yaml -> ..data/queues.yaml``), so the path names a new file at once, which may have the
+old one's size and, on a coarse clock, its mtime. (Mount it as a directory: a ``subPath`` mount is
+never updated.)
 """
 from __future__ import annotations
 
@@ -30,12 +35,12 @@ class Reload(enum.Enum):
     REJECTED = "rejected"    # the file changed but is invalid: the last good one stays
 
 
-def _stat(path: Path) -> tuple[int, int] | None:
+def _stat(path: Path) -> tuple[int, ...] | None:
     try:
-        st = path.stat()
+        st = path.stat()                 # follows the symlinks (a ConfigMap's ..data swap)
     except OSError:
         return None
-    return st.st_mtime_ns, st.st_size
+    return st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev
 
 
 def _read(path: Path) -> str:
@@ -43,12 +48,12 @@ def _read(path: Path) -> str:
 
 
 class QueueConfigWatcher:
-    def __init__(self, path: str | Path, *, stat: Callable[[Path], tuple[int, int] | None] = _stat,
+    def __init__(self, path: str | Path, *, stat: Callable[[Path], tuple[int, ...] | None] = _stat,
                  read: Callable[[Path], str] = _read) -> None:
         self.path = Path(path)
         self._stat = stat
         self._read = read
-        self._seen_stat: tuple[int, int] | None = None
+        self._seen_stat: tuple[int, ...] | None = None
         self._seen_hash: str | None = None
         self.config: QueueConfig | None = None
         self.error: QueueConfigError | None = None
@@ -79,7 +84,7 @@ class QueueConfigWatcher:
         self.generation += 1
         return Reload.LOADED
 
-    def _reject(self, err: QueueConfigError, stamp: tuple[int, int] | None, digest: str | None) -> Reload:
+    def _reject(self, err: QueueConfigError, stamp: tuple[int, ...] | None, digest: str | None) -> Reload:
         changed = (stamp, digest) != (self._seen_stat, self._seen_hash) or self.error is None
         self._seen_stat, self._seen_hash = stamp, digest
         self.error = err

@@ -6,12 +6,13 @@ This is the only module that reads the environment; everything else gets a ``Set
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from gpuq.errors import ConfigError
 
@@ -306,12 +307,22 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _env_names(message: str) -> str:
+    """The ``GPUQ_*`` variables of the section pydantic-settings names in ``message``."""
+    section = message.split('"')[1] if message.count('"') >= 2 else ""
+    prefix = f"GPUQ_{section}".upper()
+    names = sorted(k for k in os.environ if k.upper() == prefix or k.upper().startswith(prefix + "__"))
+    return "environment " + (", ".join(names) or "GPUQ_*")
+
+
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     """Read the YAML file (if any) and the environment; raise ConfigError naming the bad key."""
     data: dict[str, Any] = _read_yaml(Path(path).expanduser()) if path else {}
     data.update(overrides)
     try:
         settings = Settings(**data)
+    except SettingsError as exc:          # a GPUQ_* variable that is not valid JSON where JSON is needed
+        raise ConfigError(_env_names(str(exc)), f"cannot parse it: {exc.__cause__ or exc}") from exc
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(p) for p in err["loc"])
@@ -320,6 +331,8 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
         raise ConfigError(f"{origin}{key}", f"{err['msg']}{shown}") from exc
     if settings.queues_file and path and not Path(settings.queues_file).is_absolute():
-        rel = (Path(path).expanduser().parent / settings.queues_file).resolve()
+        # absolute, not resolved: a Kubernetes ConfigMap mount is a symlink into a directory the
+        # kubelet replaces at each update (accounting/watcher.py), so the link must stay in the path
+        rel = os.path.abspath(Path(path).expanduser().parent / settings.queues_file)
         settings = settings.model_copy(update={"queues_file": str(rel)})
     return settings
