@@ -53,7 +53,8 @@ def _common(prog: str) -> _Parser:
 def _open(settings: Any) -> Any:
     from gpuq.store import open_store
 
-    return open_store(settings.store.dsn, default_database=settings.store.database, retention=settings.store.retention)
+    return open_store(settings.store.dsn, default_database=settings.store.database, retention=settings.store.retention,
+                      cluster=settings.store.cluster)
 
 
 def _run(body: Any, out: TextIO, err: TextIO) -> int:

@@ -84,10 +84,12 @@ def prune_open_allocations(store: Store, now_s: float, keep_s: float = OPEN_KEEP
     if n:
         store.insert("gpu_allocations_open_pruned", [(_utc(cutoff / 1000), _utc(now_s))],
                      ("cutoff", "computed_at"))
-        store.command(f"DELETE FROM {db}.gpu_allocations_open WHERE (cluster, uid) IN ({gone})",
-                      {"c": cutoff})
+        # on a cluster: the local tables of every shard (gpuq.store.cluster; the sharding key is
+        # (cluster, uid), so each shard holds all rows of the pods it deletes)
+        target = store.mutation_target("gpu_allocations_open")
+        store.command(f"DELETE FROM {target} WHERE (cluster, uid) IN ({gone})", {"c": cutoff})
         if 2 * n > total:
-            store.command(f"OPTIMIZE TABLE {db}.gpu_allocations_open FINAL")
+            store.command(f"OPTIMIZE TABLE {target} FINAL")
     return int(n)
 
 

@@ -30,7 +30,7 @@ def make_writer(settings: Settings) -> tuple[BatchWriter, Store | None]:
     st = settings.store
 
     def factory() -> Store:
-        return open_store(st.dsn, default_database=st.database, retention=st.retention)
+        return open_store(st.dsn, default_database=st.database, retention=st.retention, cluster=st.cluster)
 
     store: Store | None
     try:

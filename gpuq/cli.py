@@ -26,7 +26,7 @@ def _store(settings: Settings):  # noqa: ANN202 - gpuq.store.Store, imported laz
     from gpuq.store import open_store
 
     return open_store(settings.store.dsn, default_database=settings.store.database,
-                      retention=settings.store.retention)
+                      retention=settings.store.retention, cluster=settings.store.cluster)
 
 
 def cmd_query(args: argparse.Namespace, settings: Settings) -> int:
@@ -45,7 +45,7 @@ def cmd_query(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from gpuq.store import connect, migrate
 
-    store = connect(settings.store.dsn, settings.store.database)
+    store = connect(settings.store.dsn, settings.store.database, cluster=settings.store.cluster)
     try:
         applied = migrate(store, retention=settings.store.retention)
     finally:

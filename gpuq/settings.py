@@ -40,6 +40,9 @@ class RetentionSettings(_Section):
 class StoreSettings(_Section):
     dsn: str = DEFAULT_DSN
     database: str = "gpuq"                # used when the DSN names none
+    # a ClickHouse cluster of remote_servers: Replicated tables ON CLUSTER + Distributed ones
+    # (gpuq.store.cluster); needs an http(s) DSN. Empty: one server (or chDB)
+    cluster: str = Field(default="", pattern=r"^([A-Za-z_][A-Za-z0-9_.-]{0,99})?$")
     ttl_days: int = Field(default=90, ge=1, le=MAX_RETENTION_DAYS)   # alias of retention.raw_days
     retention: RetentionSettings = RetentionSettings()
     batch_rows: int = Field(default=50_000, ge=1)

@@ -7,10 +7,13 @@ from gpuq.store.schema import COLUMNS
 
 
 def open_store(dsn: str, *, default_database: str = "gpuq", ttl_days: int = 90,
-               migrate_schema: bool = True, retention: RetentionDays | None = None) -> Store:
+               migrate_schema: bool = True, retention: RetentionDays | None = None,
+               cluster: str = "") -> Store:
     """Connect and bring the schema up to date. ``retention`` (``settings.store.retention``) sets
-    each kind's TTL; without it ``ttl_days`` is the raw series' and the rest keep their defaults."""
-    store = connect(dsn, default_database)
+    each kind's TTL; without it ``ttl_days`` is the raw series' and the rest keep their defaults.
+    ``cluster`` (``settings.store.cluster``): the schema on a ClickHouse cluster
+    (:mod:`gpuq.store.cluster`)."""
+    store = connect(dsn, default_database, cluster=cluster)
     if migrate_schema:
         try:
             migrate(store, ttl_days, retention)

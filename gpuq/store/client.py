@@ -7,6 +7,12 @@
 
 chDB allows one data path per process at a time: close a store before opening another path.
 The engine is shared by every Store on the same path, and calls are serialised with a lock.
+
+``cluster`` (``store.cluster``, HTTP DSNs only) names the ClickHouse cluster the schema lives on
+(:mod:`gpuq.store.cluster`): inserts and commands then carry ``insert_distributed_sync = 1`` (an
+insert into a Distributed table returns once every shard has its rows) and
+``allow_nondeterministic_mutations = 1`` (the one mutation, pruning ``gpu_allocations_open``,
+selects its rows with a subquery), and :meth:`Store.mutation_target` names the local tables.
 """
 from __future__ import annotations
 
@@ -99,11 +105,25 @@ class Result:
 class Store:
     """Query, insert and run DDL against one database. Thread-safe."""
 
-    def __init__(self, dsn: Dsn, client: Any) -> None:
+    def __init__(self, dsn: Dsn, client: Any, cluster: str = "") -> None:
+        from gpuq.store.cluster import check_cluster_name
+
         self.dsn = dsn
         self.database = dsn.database
+        self.cluster = check_cluster_name(cluster) if cluster else ""
         self._client = client
         self._closed = False
+        self._write_settings: dict[str, Any] = (
+            {"insert_distributed_sync": 1, "allow_nondeterministic_mutations": 1} if cluster else {})
+
+    def mutation_target(self, table: str) -> str:
+        """The table a ``DELETE``/``OPTIMIZE`` of ``table`` names: ``db.table``, or on a cluster the
+        replicated local tables of every shard (a Distributed table takes neither)."""
+        if not self.cluster:
+            return f"{self.database}.{table}"
+        from gpuq.store.cluster import local_name, on_cluster
+
+        return f"{self.database}.{local_name(table)}{on_cluster(self.cluster)}"
 
     # -- errors --------------------------------------------------------------------------
     def _wrap(self, exc: Exception, what: str) -> Exception:
@@ -134,7 +154,8 @@ class Store:
                 settings: Mapping[str, Any] | None = None) -> Any:
         try:
             with _LOCK:
-                return self._client.command(sql, parameters=dict(parameters or {}), settings=dict(settings or {}))
+                return self._client.command(sql, parameters=dict(parameters or {}),
+                                            settings={**self._write_settings, **(settings or {})})
         except Exception as exc:  # noqa: BLE001
             raise self._wrap(exc, "command failed") from exc
 
@@ -143,9 +164,9 @@ class Store:
         """Insert rows; with ``dedup_token`` a repeated insert of the same batch is a no-op."""
         if not rows:
             return 0
-        settings: dict[str, Any] = {}
+        settings: dict[str, Any] = dict(self._write_settings)
         if dedup_token:
-            settings = {"insert_deduplicate": 1, "insert_deduplication_token": dedup_token}
+            settings |= {"insert_deduplicate": 1, "insert_deduplication_token": dedup_token}
         try:
             with _LOCK:
                 self._client.insert(f"{self.database}.{table}", rows, column_names=list(columns),
@@ -182,11 +203,16 @@ class Store:
         self.close()
 
 
-def connect(dsn: str | Dsn, default_database: str = "gpuq", connect_timeout_s: float = 5.0) -> Store:
-    """Open a store (no schema work). Raises StoreUnavailable if the target cannot be reached."""
+def connect(dsn: str | Dsn, default_database: str = "gpuq", connect_timeout_s: float = 5.0,
+            cluster: str = "") -> Store:
+    """Open a store (no schema work). Raises StoreUnavailable if the target cannot be reached.
+    ``cluster`` (``store.cluster``) needs a ClickHouse server: chDB has no Replicated tables."""
     import clickhouse_connect
 
     d = dsn if isinstance(dsn, Dsn) else parse_dsn(dsn, default_database)
+    if cluster and d.kind == "chdb":
+        raise ConfigError("store.cluster", f"is {cluster!r} but store.dsn is chDB ({d.display}): a cluster "
+                                           f"needs a ClickHouse server (an http(s):// DSN)")
     try:
         with _LOCK:
             if d.kind == "chdb":
@@ -199,4 +225,4 @@ def connect(dsn: str | Dsn, default_database: str = "gpuq", connect_timeout_s: f
     except Exception as exc:  # noqa: BLE001
         msg = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
         raise StoreUnavailable(f"{d.display}: cannot open store: {msg}") from exc
-    return Store(d, client)
+    return Store(d, client, cluster)

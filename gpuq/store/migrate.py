@@ -12,6 +12,12 @@ scheduler's restart state (``scheduler_state``) and the other bookkeeping tables
 every start each TTL'd table's TTL is compared with the settings and changed where it differs
 (``ALTER TABLE ... MODIFY TTL``).
 
+With ``store.cluster`` set (the store's ``cluster``) every statement, these included, is rewritten
+by :func:`gpuq.store.cluster.cluster_statements`: Replicated tables ``ON CLUSTER`` under
+``<table>_local`` and Distributed tables under the public names. Unset, the statements are the
+files' text exactly as before. A store made one way is not converted to the other: migrating it
+with the other setting stops with an error naming ``store.cluster``.
+
 The TTL is computed on ``DateTime64`` (``toDateTime64(col, 3) + toIntervalDay(n)``, range to
 2299): on ``DateTime`` (to 2106) ``toDateTime(ts) + INTERVAL 36500 DAY`` wrapped to 1990 and every
 row expired at insert.
@@ -23,8 +29,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Protocol
 
-from gpuq.errors import MigrationError, StoreError
+from gpuq.errors import ConfigError, MigrationError, StoreError
 from gpuq.store.client import Store
+from gpuq.store.cluster import cluster_statements, local_name
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 MAX_RETENTION_DAYS = 36_500             # same bound as gpuq.settings (now + 100 years < 2299)
@@ -101,42 +108,84 @@ def applied_versions(store: Store) -> set[int]:
     return {int(r[0]) for r in rows}
 
 
+def _statements(stmt: str, cluster: str) -> list[str]:
+    return cluster_statements(stmt, cluster) if cluster else [stmt]
+
+
+def migration_statements(mig: Migration, db: str, ttl: dict[str, str], cluster: str = "") -> list[str]:
+    """The statements that apply ``mig`` to database ``db`` (on ``cluster`` when set)."""
+    return [out for stmt in mig.statements for out in _statements(stmt.format(db=db, ttl=ttl), cluster)]
+
+
+def bootstrap_statements(db: str, cluster: str = "") -> list[str]:
+    """The database and ``schema_migrations``, before any migration."""
+    return [*_statements(f"CREATE DATABASE IF NOT EXISTS {db}", cluster), *_statements(
+        f"CREATE TABLE IF NOT EXISTS {db}.schema_migrations (version UInt32, name String, "
+        f"applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplacingMergeTree ORDER BY version", cluster)]
+
+
+def _check_shape(store: Store, cluster: str) -> None:
+    """Refuse a store made with the other ``store.cluster`` (no conversion is attempted)."""
+    rows = store.query("SELECT engine FROM system.tables WHERE database = {db:String} AND name = 'schema_migrations'",
+                       {"db": store.database}).rows
+    if not rows:
+        return
+    distributed = rows[0][0] == "Distributed"
+    if cluster and not distributed:
+        raise ConfigError("store.cluster", f"is {cluster!r} but database {store.database!r} was created without a "
+                                           f"cluster (its tables are not Distributed); gpuq does not convert a "
+                                           f"store: unset store.cluster or use a new database")
+    if not cluster and distributed:
+        raise ConfigError("store.cluster", f"is unset but database {store.database!r} was created on a cluster "
+                                           f"(its tables are Distributed): set store.cluster to that cluster's name")
+
+
 def migrate(store: Store, ttl_days: int = 90, retention: RetentionDays | None = None) -> list[int]:
     """Apply the migrations not yet recorded; return the versions applied now. ``retention``
     (``store.retention``) sets each kind's TTL; without it ``ttl_days`` is the raw series' and
-    the other kinds keep their defaults."""
+    the other kinds keep their defaults. ``store.cluster`` (set when the store was opened)
+    picks the single-server or the cluster form of every statement."""
     ret: RetentionDays = retention if retention is not None else Retention(raw_days=int(ttl_days))
     ttl = ttl_expressions(ret)
-    db = store.database
-    store.command(f"CREATE DATABASE IF NOT EXISTS {db}")
-    store.command(
-        f"CREATE TABLE IF NOT EXISTS {db}.schema_migrations (version UInt32, name String, "
-        f"applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = ReplacingMergeTree ORDER BY version"
-    )
+    db, cluster = store.database, store.cluster
+    boot = bootstrap_statements(db, cluster)
+    store.command(boot[0])
+    _check_shape(store, cluster)
+    for stmt in boot[1:]:
+        store.command(stmt)
     done = applied_versions(store)
     applied = []
     for mig in load_migrations():
         if mig.version in done:
             continue
-        for stmt in mig.statements:
-            try:
-                store.command(stmt.format(db=db, ttl=ttl))
-            except StoreError as exc:
-                raise MigrationError(mig.version, f"{mig.name}: {exc}") from exc
+        try:
+            for stmt in migration_statements(mig, db, ttl, cluster):
+                store.command(stmt)
+        except (StoreError, ValueError) as exc:
+            raise MigrationError(mig.version, f"{mig.name}: {exc}") from exc
         store.command(f"INSERT INTO {db}.schema_migrations (version, name) VALUES ({mig.version}, '{mig.name}')")
         applied.append(mig.version)
     _apply_ttl(store, ttl)
     return applied
 
 
-def _apply_ttl(store: Store, ttl: dict[str, str]) -> None:
-    """Bring every TTL'd table's TTL to the settings (stores made before this version had
-    ``toDateTime(ts) + INTERVAL n DAY``, one retention for all)."""
+def ttl_statements(store: Store, ttl: dict[str, str]) -> list[str]:
+    """The ``MODIFY TTL`` statements that bring every TTL'd table's TTL to the settings (stores made
+    before this version had ``toDateTime(ts) + INTERVAL n DAY``, one retention for all). On a
+    cluster the local tables carry the TTL (read on the server the store talks to; the ALTER goes
+    to every server)."""
     rows = store.query(
         "SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
         {"db": store.database}).rows
     engines = {r[0]: r[1].replace(" ", "") for r in rows}
+    out = []
     for table, expr in ttl.items():
-        full = engines.get(table, "")
+        full = engines.get(local_name(table) if store.cluster else table, "")
         if full and f"TTL{expr.replace(' ', '')}" not in full:
-            store.command(f"ALTER TABLE {store.database}.{table} MODIFY TTL {expr}")
+            out += _statements(f"ALTER TABLE {store.database}.{table} MODIFY TTL {expr}", store.cluster)
+    return out
+
+
+def _apply_ttl(store: Store, ttl: dict[str, str]) -> None:
+    for stmt in ttl_statements(store, ttl):
+        store.command(stmt)
