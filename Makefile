@@ -10,7 +10,7 @@ DEB_PACKAGES := prometheus prometheus-alertmanager chromium
 # the commands those packages give, checked before apt-get is asked
 DEB_COMMANDS := promtool amtool chromium
 
-.PHONY: test demo setup deb lint bench clean alerts
+.PHONY: test demo setup deb lint bench clean alerts helm-template
 
 $(DEB_STAMP):
 	@missing=0; for c in $(DEB_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing=1; done; \
@@ -47,6 +47,14 @@ bench: setup
 # the PrometheusRule the Helm chart ships, rendered from alerts/gpuq.rules.yml
 alerts: $(STAMP)
 	$(BIN)/python alerts/render.py
+
+# the Helm chart as `helm template` prints it (Helm's engine from helm-python-sdk; no helm binary
+# needed): make helm-template VALUES=my-values.yaml
+helm-template: $(STAMP)
+	@$(BIN)/python -c 'import sys, yaml; from helm_python import Chart; \
+	v = yaml.safe_load(open(sys.argv[1])) if sys.argv[1] else {}; \
+	c = Chart.load("deploy/helm/gpuq"); out = c.render(values=v, name="gpuq", namespace="gpuq"); \
+	print("\n".join("---\n# Source: " + k + "\n" + t.strip() for k, t in sorted(out.items()) if t.strip() and not k.endswith("NOTES.txt")))' "$(VALUES)"
 
 clean:
 	rm -rf $(VENV) $(DEB_STAMP) .pytest_cache build *.egg-info
