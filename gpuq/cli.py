@@ -172,8 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             held = locked_chdb_path(settings)
             if held and args.command in ("queues", "usage"):
                 return remote_view(args.command, args.rest, settings)
-            if held:
-                raise locked_error(held)
+            if held and not (args.command == "serve" and settings.leader.enabled):
+                raise locked_error(held)             # an elected replica stands by until the leader is gone
         return int(args.func(args, settings))
     except GpuqError as exc:
         print(f"gpuq {args.command}: error: {exc}", file=sys.stderr)

@@ -110,14 +110,52 @@ def serve_main(argv: list[str], settings: Any) -> int:
         return 2
     stop = threading.Event()
     previous = install_stop_handlers(stop)
+    cluster = args.cluster or settings.scheduler.cluster
     try:
-        return serve(settings, stop, nodes=nodes, cluster=args.cluster or settings.scheduler.cluster, collect=not args.no_collect)
+        if settings.leader.enabled:
+            return _serve_elected(settings, stop, nodes, cluster, collect=not args.no_collect)
+        return serve(settings, stop, nodes=nodes, cluster=cluster, collect=not args.no_collect)
     except QueueConfigError as exc:
         print(f"gpuq serve: error: queue file: {exc.located()}", file=sys.stderr)
         return 2
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _serve_elected(settings: Any, stop: Any, nodes: Any, cluster: str, collect: bool) -> int:
+    """``gpuq serve`` with ``leader.enabled``: stand by until this replica holds the Lease, then serve
+    (store, collectors, scheduler, API) while it renews. Losing the Lease stops everything at once
+    and exits 1 (Kubernetes restarts the pod, which stands by); SIGTERM stops cleanly, closes the
+    store, then releases the Lease so a standby takes over at its next try."""
+    import threading
+
+    from scheduler.leader import LeaderElector, LeaseConfig, coordination_api
+    from scheduler.service_runtime import serve
+    from scheduler.standby import stand_by
+
+    le = settings.leader
+    elector = LeaderElector(coordination_api(le.kubeconfig or "", le.context, le.in_cluster),
+                            LeaseConfig(le.lease_name, le.namespace, le.identity, le.lease_duration_s,
+                                        le.renew_deadline_s, le.retry_period_s))
+    if not stand_by(settings, elector, stop):
+        return 0
+    lost = threading.Event()
+
+    def stopped_leading() -> None:
+        lost.set()
+        stop.set()
+
+    elector.run(lambda: None, stopped_leading)
+    try:
+        rc = serve(settings, stop, nodes=nodes, cluster=cluster, collect=collect, leader=elector)
+    finally:
+        elector.stop()
+    if lost.is_set():
+        print("gpuq serve: lost the lease: stopped acting; exiting to stand by again", file=sys.stderr)
+        return 1
+    elector.release()                          # after the store is closed: the next leader may open it
+    return rc
 
 
 def _client_parser(prog: str, description: str) -> argparse.ArgumentParser:

@@ -54,8 +54,10 @@ def _has_sources(settings: Any) -> bool:
 
 
 def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None = None, cluster: str = "default",
-          collect: bool = True, clock: Callable[[], float] = time.time) -> int:
-    """Run until ``stop`` is set; 0 on a clean stop, 1 when the API could not start."""
+          collect: bool = True, clock: Callable[[], float] = time.time, leader: Any = None) -> int:
+    """Run until ``stop`` is set; 0 on a clean stop, 1 when the API could not start. ``leader``: the
+    :class:`~scheduler.leader.LeaderElector` whose Lease this replica holds (``gpuq serve`` with
+    ``leader.enabled``), shown in ``/healthz`` and the ``gpuq_leader`` gauge."""
     import uvicorn
     from prometheus_client import CollectorRegistry
 
@@ -141,7 +143,18 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         elif collect:
             log.info("no collector sources configured: not collecting (see collector.* in the config)")
 
-        app = create_app(service, accounting, settings, clock=clock, registry=registry)
+        if leader is not None:
+            from prometheus_client import Gauge
+
+            Gauge("gpuq_leader", "1 when this replica holds the Lease and acts", registry=registry).set_function(
+                lambda: 1.0 if leader.is_leader else 0.0)
+        app = create_app(service, accounting, settings, clock=clock, registry=registry,
+                         leader=leader.cfg.identity if leader is not None else None)
+        # what is alive now (the imported modules, the restored state) lives as long as the
+        # process: out of the collector's sight, so that a full collection, which stops every
+        # thread while it walks the heap, walks only what came since (issue 9: the API under load)
+        gc.collect()
+        gc.freeze()
         server = uvicorn.Server(uvicorn.Config(app, host=settings.api.host, port=settings.api.port,
                                                log_level="warning", lifespan="off", access_log=False,
                                                timeout_graceful_shutdown=2))

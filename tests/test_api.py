@@ -209,7 +209,7 @@ def test_dry_run_does_not_change_the_workloads(svc: SchedulerService, api: Api) 
 
 # -- probes, metrics, OpenAPI ----------------------------------------------------------------------------
 def test_probes_and_metrics(api: Api, svc: SchedulerService, clock: Clock) -> None:
-    assert api("GET", "/healthz").json() == {"status": "ok"}
+    assert api("GET", "/healthz").json() == {"status": "ok", "role": "single"}
     p = is_problem(api("GET", "/readyz", token="view-t"), 503, "unavailable")
     assert p["checks"] == {"store": True, "config": True, "cycle": False}
     api("POST", "/workloads", token="op-t", json=body("a1"))

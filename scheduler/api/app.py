@@ -57,8 +57,10 @@ configuration. Errors are RFC 9457 problem details (`application/problem+json`).
 
 
 def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
-               clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None) -> FastAPI:
-    """``accounting``: a :class:`~scheduler.service_accounting.LiveAccounting` (or None: the
+               clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None,
+               leader: str | None = None) -> FastAPI:
+    """``leader``: this replica's identity when it was elected (``/healthz`` then says
+    ``role: leader``; without election it says ``role: single``). ``accounting``: a :class:`~scheduler.service_accounting.LiveAccounting` (or None: the
     accounting endpoints answer 503). ``settings``: the gpuq settings (``api.tokens``,
     ``scheduler.cycle_interval_s``). ``clock`` gives the scheduler's ``now``."""
     check_exposure(settings.api)              # ConfigError: no tokens on a non-loopback host
@@ -108,9 +110,12 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         return accounting
 
     # -- probes ------------------------------------------------------------------------------
-    @app.get("/healthz", tags=["probes"], summary="The process is up")
+    @app.get("/healthz", tags=["probes"], summary="The process is up, and its role (single, or leader "
+             "of replicas elected on a Lease; a standby answers with role standby)")
     def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        if leader is None:
+            return {"status": "ok", "role": "single"}
+        return {"status": "ok", "role": "leader", "leader": leader}
 
     @app.get("/readyz", tags=["probes"], summary="Store reachable, configuration loaded, last cycle recent",
              responses={503: {"description": "not ready (problem JSON with the checks)"}})
