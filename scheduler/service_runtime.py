@@ -18,6 +18,7 @@ will not take) and the stores close, within seconds.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
