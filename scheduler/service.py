@@ -6,8 +6,9 @@ configuration (:meth:`set_config`) and the accounting's idle flags (:meth:`set_i
 is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the time.
 
 * :meth:`submit` / :meth:`cancel` / :meth:`finish` change the set of workloads;
-* :meth:`cycle` builds a snapshot and runs ``schedule()`` under the lock, then hands each decision
-  to the actuator **outside the lock** (:mod:`scheduler.service_acting`: a few worker threads, one
+* :meth:`cycle` builds a snapshot under the lock, runs ``schedule()`` on it without the lock (the
+  API answers meanwhile; decisions whose workloads changed in between are dropped), then hands each
+  decision to the actuator **outside the lock** (:mod:`scheduler.service_acting`: a few worker threads, one
   action at a time per workload, each call bounded by the actuator's request timeout and the
   action by ``budget_s``); each answer is recorded under the lock with its event. While an action
   is in flight its workloads say so (``admitting``, ``preempting``, ``cancelling``): the preemptor
@@ -46,7 +47,7 @@ from scheduler.actuators.base import ActionResult, Actuator, Target, with_retrie
 from scheduler.service_acting import Lanes
 from scheduler.service_brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Pause, PreemptionBrake
 from scheduler.cycle import never_fits, schedule
-from scheduler.model import Decisions, Node, Placement, Running, Workload
+from scheduler.model import Decisions, Node, Placement, ReasonCode, Running, Workload
 from scheduler.ordering import by_queue
 from scheduler.service_errors import (
     ActuatorFailed,
@@ -77,6 +78,7 @@ from scheduler.service_views import (
     WorkloadView,
     bump,
 )
+from scheduler.service_positions import Positions
 from scheduler.service_ledger import DRIFT, MISPLACED, Foreign, Mismatch, admission_store_row, foreign, reconcile
 from scheduler.service_replay import Journal
 from scheduler.snapshot import Cluster, Settings, build_cluster, snapshot
@@ -105,6 +107,7 @@ class SchedulerService:
         self._sleep = sleep
         self._retry_attempts = retry_attempts
         self._lock = threading.RLock()
+        self._deciding = threading.Lock()                # one cycle (or dry run) deciding at a time
         self._entries: dict[str, Entry] = {}                    # active workloads, arrival order
         self._done: OrderedDict[str, Entry] = OrderedDict()     # finished/cancelled/rejected, newest last
         self._keep_finished = keep_finished
@@ -121,6 +124,7 @@ class SchedulerService:
         self.brake = brake or PreemptionBrake()
         self._paused: Pause | None = None
         self._refused_backoff_s = refused_backoff_s
+        self._pos = Positions()                   # queue positions of the pending, kept at each transition
 
     # -- inputs from the world ---------------------------------------------------------------
     @property
@@ -176,6 +180,7 @@ class SchedulerService:
             self._done.pop(workload.id, None)
             e = Entry(workload, target, PENDING, workload.duration_s, Reason(QUEUED, "waiting for the next cycle"))
             self._entries[workload.id] = e
+            self._pos.add(workload)
             self._emit(now, "submit", workload, spec=ev.spec_json(workload, target), **({"by": actor} if actor else {}))
             bump(self.stats.submitted, workload.queue)
             cluster = self._cluster_now()
@@ -264,20 +269,29 @@ class SchedulerService:
 
     # -- the cycle -------------------------------------------------------------------------------
     def cycle(self, now: float, wait: bool = True) -> Decisions:
-        """Decide under the lock, then start the actions outside it. ``wait``: return once they
+        """Snapshot under the lock, decide **without it** (``schedule()`` is pure over the
+        snapshot: with 10,000 pending it takes tens of milliseconds, during which the API must go
+        on answering), then under the lock again keep the decisions whose workloads are as they
+        were in the snapshot (submits, cancels, finishes and actions' answers may have come
+        meanwhile; a changed cluster drops them all: the next cycle decides again) and start the
+        actions outside it. One cycle at a time (``_deciding``). ``wait``: return once the actions
         have run (tests, one-shot callers); ``gpuq serve`` passes False and keeps cycling while
         they run."""
-        with self._lock:
+        with self._deciding:
             t0 = time.perf_counter()
-            for e in [e for e in self._entries.values() if _due(e, now)]:
-                self._finish(e, now)
-            decisions = schedule(self._snapshot(), now)
-            jobs, held = self._plan(decisions, now)
-            reasons = {p.workload: Reason(p.code.value, p.message) for p in decisions.pending}
-            for wid, e in self._entries.items():
-                if e.state == PENDING and not e.acting and not e.cancelling:
-                    e.reason = held.get(wid) or reasons.get(wid) or e.reason
-            self.stats.observe_cycle(time.perf_counter() - t0, now)
+            with self._lock:
+                for e in [e for e in self._entries.values() if _due(e, now)]:
+                    self._finish(e, now)
+                snap = self._snapshot()
+                entries = dict(self._entries)
+            decisions = schedule(snap, now)
+            with self._lock:
+                if self._cluster is snap.cluster:
+                    jobs, held = self._plan(decisions, now, entries)
+                    self._explain(decisions, held, entries)
+                else:                                   # nodes, foreign work or queues changed
+                    jobs = []
+                self.stats.observe_cycle(time.perf_counter() - t0, now)
         started = [self._lanes.submit(keys, fn) for keys, fn in jobs]
         if wait:
             for job in started:
@@ -302,14 +316,55 @@ class SchedulerService:
         running.extend(self._foreign.running)
         return snapshot(cluster, running, [*pending, *extra], self.settings)
 
-    def _plan(self, d: Decisions, now: float) -> tuple[list[tuple[set[str], Callable[[], None]]], dict[str, Reason]]:
+    def _explain(self, d: Decisions, held: dict[str, Reason], entries: dict[str, Entry]) -> None:
+        """Each waiting workload's reason from the cycle (a brake's hold first); a reason equal to
+        the one it has is left as it is (10,000 of them a cycle)."""
+        live = self._entries
+        for p in d.pending:
+            wid = p.workload
+            e = live.get(wid)
+            if e is None or e is not entries.get(wid) or e.state != PENDING or e.acting or e.cancelling \
+                    or wid in held:
+                continue
+            r, code = e.reason, _CODES[p.code]
+            if r is None or r.code != code or r.message != p.message:
+                e.reason = Reason(code, p.message)
+        for wid, hold in held.items():
+            e = live.get(wid)
+            if e is not None and e.state == PENDING and not e.acting and not e.cancelling:
+                e.reason = hold
+
+    def _current(self, a: Any, entries: dict[str, Entry]) -> bool:
+        """The admission's workload and victims are as the cycle's snapshot saw them."""
+        e = self._entries.get(a.workload.id)
+        if e is None or e is not entries.get(a.workload.id) or e.state != PENDING or e.acting or e.cancelling:
+            return False
+        for vid in a.victims:
+            v = self._entries.get(vid)
+            if v is None or v is not entries.get(vid) or v.state != RUNNING or v.acting or v.cancelling:
+                return False
+        return True
+
+    def _plan(self, d: Decisions, now: float, entries: dict[str, Entry] | None = None,
+              ) -> tuple[list[tuple[set[str], Callable[[], None]]], dict[str, Reason]]:
         """Mark the decisions' workloads in flight and make their jobs; the admissions held back by
-        a brake get their reason instead (and so do later ones placed where its victims run)."""
+        a brake get their reason instead (and so do later ones placed where its victims run).
+        ``entries``: the workloads as the snapshot saw them; an admission whose workload or a
+        victim changed since is dropped (decided again next cycle), and so is a later one placed
+        on the nodes of the victims it would have stopped."""
         why = {p.preemptor: p.reason for p in d.preemptions}
         jobs: list[tuple[set[str], Callable[[], None]]] = []
         held: dict[str, Reason] = {}
         kept: dict[str, Reason] = {}          # node -> the hold that kept its victims running
+        stale: set[str] = set()               # nodes of the victims of admissions dropped as stale
         for a in d.admissions:
+            if entries is not None and not self._current(a, entries):
+                for vid in a.victims:
+                    v = self._entries.get(vid)
+                    stale.update(n for n, _ in (v.running.placement.nodes if v and v.running else ()))
+                continue
+            if stale and any(n in stale for n, _ in a.placement.nodes):
+                continue
             e = self._entries[a.workload.id]
             victims = [self._entries[v] for v in a.victims]
             reason = why.get(e.workload.id, "")
@@ -494,6 +549,7 @@ class SchedulerService:
     def _start(self, e: Entry, placement: Placement, now: float, message: str, record: bool = True) -> None:
         w = e.workload
         e.state, e.running, e.reason, e.message = RUNNING, Running(w, placement, now), None, message
+        self._pos.discard(w.id)
         if e.first_start_s is None:
             e.first_start_s = now
             if record:
@@ -511,6 +567,7 @@ class SchedulerService:
         if v.left_s > 0:
             v.left_s = max(0.0, v.left_s - (now - r.start_s)) if v.workload.checkpoint else v.workload.duration_s
         v.state, v.running, v.preempted = PENDING, None, v.preempted + 1
+        self._pos.add(v.workload)
         v.reason = Reason(PREEMPTED, f"preempted by {by} at t={ev.round_t(now)}: {reason}")
         if record:
             self._emit(now, "preempt", v.workload, by=by, reason=reason)
@@ -525,6 +582,7 @@ class SchedulerService:
         if e.running is not None:
             self._ledger(e, e.running.start_s, now)
         e.state, e.running, e.end_s, e.reason = state, None, now, reason
+        self._pos.discard(e.workload.id)
         self._entries.pop(e.workload.id, None)
         self._done[e.workload.id] = e
         self._done.move_to_end(e.workload.id)
@@ -613,20 +671,19 @@ class SchedulerService:
         return e
 
     def _positions(self) -> dict[str, int]:
+        """Every pending workload's position, sorted afresh (what :attr:`_pos` keeps up to date)."""
         pending = [e.workload for e in self._entries.values() if e.state == PENDING]
         return {w.id: i for lst in by_queue(pending).values() for i, w in enumerate(lst, 1)}
 
-    def _view(self, e: Entry, positions: dict[str, int] | None = None) -> WorkloadView:
+    def _view(self, e: Entry) -> WorkloadView:
         w, r, t = e.workload, e.running, e.target
-        if positions is None and e.state == PENDING:
-            positions = self._positions()
         return WorkloadView(
             id=w.id, queue=w.queue, state=e.state, pods=w.pods, gpus_per_pod=w.gpus_per_pod, gpus=w.gpus,
             gpu_types=w.gpu_types, priority=w.priority, preemptible=w.preemptible, submit_s=w.submit_s,
             duration_s=w.duration_s or None, start_s=r.start_s if r else None, end_s=e.end_s,
             gpu_type=r.placement.gpu_type if r else None, placement=r.placement.as_dict() if r else None,
             reason_code=e.reason.code if e.reason else None, message=e.reason.message if e.reason else None,
-            position=(positions or {}).get(w.id) if e.state == PENDING else None,
+            position=self._pos.of(w.id) if e.state == PENDING else None,
             preempted=e.preempted, idle=w.id in self._idle and r is not None,
             target={"kind": t.kind, "namespace": t.namespace, "name": t.name},
             actuator_message=e.message, acting=e.acting or (CANCELLING if e.cancelling else None))
@@ -638,19 +695,26 @@ class SchedulerService:
                 raise UnknownWorkload(workload_id)
             return self._view(e)
 
-    def workloads(self, queue: str | None = None, state: str | None = None) -> list[WorkloadView]:
+    def workloads(self, queue: str | None = None, state: str | None = None, limit: int | None = None,
+                  offset: int = 0) -> list[WorkloadView]:
         """Active workloads in arrival order, then finished ones (oldest first); ``queue`` matches
-        the queue or any queue below it."""
+        the queue or any queue below it; ``offset`` matches skipped, at most ``limit`` returned (a
+        view is built only for those: a page of 50 out of 10,000 pending costs 50)."""
         with self._lock:
-            pos = self._positions()
-            out = []
-            for e in (*self._entries.values(), *self._done.values()):
+            done: Iterable[Entry] = () if state in (PENDING, RUNNING) else self._done.values()
+            out: list[WorkloadView] = []
+            for e in (*self._entries.values(), *done):
+                if limit is not None and len(out) >= limit:
+                    break
                 q = e.workload.queue
                 if queue and queue != ROOT and q != queue and not q.startswith(queue + "."):
                     continue
                 if state and e.state != state:
                     continue
-                out.append(self._view(e, pos))
+                if offset > 0:
+                    offset -= 1
+                    continue
+                out.append(self._view(e))
             return out
 
     def nodes(self) -> list[NodeView]:
@@ -716,7 +780,7 @@ class SchedulerService:
     def dry_run(self, workload: Workload, now: float) -> Any:
         from scheduler.service_dryrun import dry_run
 
-        with self._lock:
+        with self._deciding, self._lock:            # the cluster's memos: one schedule() at a time
             if workload.queue not in _leaves(self._config):
                 raise InvalidWorkload("queue", f"unknown or non-leaf queue {workload.queue!r}")
             return dry_run(self, workload, now)
@@ -727,7 +791,12 @@ class SchedulerService:
 
         with self._lock:
             self._cluster = None
-            return restore(self, (s for s in stored if s.event["event"] not in PAUSE_KINDS))
+            n = restore(self, (s for s in stored if s.event["event"] not in PAUSE_KINDS))
+            self._pos.rebuild(e.workload for e in self._entries.values() if e.state == PENDING)
+            return n
+
+
+_CODES = {c: c.value for c in ReasonCode}
 
 
 def _leaves(config: QueueConfig) -> tuple[str, ...]:

@@ -52,6 +52,8 @@ class LiveAccounting:
         self._lock = threading.Lock()
         self.view: NowView | None = None
         self._snap: NowSnapshot | None = None
+        # the last live view and what it was computed from (snapshot, configuration, admissions)
+        self._live: tuple[NowSnapshot, QueueConfig, tuple[Allocation, ...], NowView] | None = None
         # what gpuq admitted now, as ledger rows (SchedulerService.admitted_allocations): every view
         # adds them to what the collectors observed (accounting.ledger.combine)
         self.admitted: Callable[[], Sequence[Allocation]] = lambda: ()
@@ -110,8 +112,9 @@ class LiveAccounting:
         return Refresh(view, nodes, _idle(snap, now_s, self.params), observed,
                        (lambda a: f"{a.cluster}/{a.node}") if many else (lambda a: a.node))
 
-    def _compute(self, snap: NowSnapshot) -> NowView:
-        admitted = _on_capacity_nodes(self.admitted(), snap.nodes)
+    def _compute(self, snap: NowSnapshot, admitted: tuple[Allocation, ...] | None = None) -> NowView:
+        if admitted is None:
+            admitted = _on_capacity_nodes(self.admitted(), snap.nodes)
         at = max([snap.at_s, *(a.start_s for a in admitted)])    # an admission after the snapshot is now
         live = replace(snap, at_s=at, allocations=tuple(combine(snap.allocations, admitted)))
         return compute_now(live, Resolver(self._config), self.params, self.starvation_s)
@@ -131,10 +134,22 @@ class LiveAccounting:
 
     def live_view(self) -> NowView | None:
         """The last observed snapshot with gpuq's admissions as they are now (None before the
-        first refresh): what the API's "now" routes serve."""
+        first refresh): what the API's "now" routes serve. Computed again only when the snapshot,
+        the configuration or the admissions changed: the view is a function of those three, and
+        with 10,000 pending workloads in the snapshot each computation took milliseconds of the
+        one interpreter that every API request shares (issue 9: the API under load)."""
         with self._lock:
-            snap = self._snap
-        return self._compute(snap) if snap is not None else None
+            snap, live, config = self._snap, self._live, self._config
+        if snap is None:
+            return None
+        admitted = _on_capacity_nodes(self.admitted(), snap.nodes)
+        if live is not None and live[0] is snap and live[1] is config and live[2] == admitted:
+            return live[3]
+        view = self._compute(snap, admitted)
+        with self._lock:
+            if self._snap is snap:
+                self._live = (snap, config, admitted, view)
+        return view
 
     def usage(self, start_s: float, end_s: float, by: Sequence[str], now_s: float,
               rollup: bool = False) -> list[dict[str, Any]]:

@@ -149,10 +149,12 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
 
     # -- the scheduler -------------------------------------------------------------------------
     @app.get("/workloads", tags=["workloads"], response_model=list[WorkloadView],
-             summary="Workloads, filtered by queue (and its subtree) and state")
+             summary="Workloads, filtered by queue (and its subtree) and state; a page with limit and offset")
     def list_workloads(_: viewer, queue: str | None = None,
-                       state: Literal["pending", "running", "finished", "cancelled", "rejected"] | None = None) -> Any:
-        return service.workloads(queue, state)
+                       state: Literal["pending", "running", "finished", "cancelled", "rejected"] | None = None,
+                       limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+                       offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> Any:
+        return service.workloads(queue, state, limit, offset)
 
     @app.get("/workloads/{workload_id:path}", tags=["workloads"], response_model=WorkloadView,
              summary="One workload with its reason code, message and position", responses={404: {}})
