@@ -204,17 +204,8 @@ def _describe(exc: BaseException) -> str:
 
 
 def spans_tracer(kind: str) -> tuple[Tracer, Any]:
-    """A tracer with the configured exporter: ``none``, ``console`` or ``memory`` (tests)."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    """A tracer with the configured exporter: ``none``, ``console``, ``memory`` (tests) or ``otlp``
+    (:mod:`gpuq.tracing`)."""
+    from gpuq.tracing import tracer
 
-    provider = TracerProvider()
-    exporter: Any = None
-    if kind == "console":
-        exporter = ConsoleSpanExporter()
-    elif kind == "memory":
-        exporter = InMemorySpanExporter()
-    if exporter is not None:
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider.get_tracer("gpuq.collector"), exporter
+    return tracer(kind, "gpuq.collector")  # type: ignore[no-any-return]

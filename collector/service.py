@@ -111,6 +111,10 @@ def run_collect(settings: Settings, once: bool = False, stop: threading.Event | 
             writer.store.close()
         for sig, prev in previous.items():
             signal.signal(sig, prev)
+        if own_server:                             # gpuq collect: send the spans still held
+            from gpuq.tracing import shutdown
+
+            shutdown()
         held = writer.spilled_files()
         if held:
             log.warning("%d batches spilled to %s: they are replayed at the next start", held,

@@ -126,7 +126,8 @@ class CollectorSettings(_Section):
     dcgm: list[DcgmTarget] = []
     kubernetes: list[KubernetesTarget] = []
     nvml: NvmlSettings = NvmlSettings()
-    otel_exporter: Literal["none", "console", "memory"] = "none"
+    # spans of scrapes, scheduler cycles and actuator calls: otlp reads OTEL_EXPORTER_OTLP_* (gpuq.tracing)
+    otel_exporter: Literal["none", "console", "memory", "otlp"] = "none"
 
 
 class AccountingSettings(_Section):

@@ -72,7 +72,10 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     from scheduler.service_sources import world_sync
 
     st = settings.store
-    store = open_store(st.dsn, default_database=st.database, retention=st.retention)
+    from gpuq.tracing import shutdown as shutdown_spans
+    from gpuq.tracing import tracer as make_tracer
+
+    store = open_store(st.dsn, default_database=st.database, retention=st.retention, cluster=st.cluster)
     spill = str(Path(st.spill_dir) / "scheduler")      # apart from the collector's spill files
     writer, wstore = make_writer(settings.model_copy(update={"store": st.model_copy(update={"spill_dir": spill})}))
     threads: list[threading.Thread] = []
@@ -88,6 +91,11 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
                                     starvation_s=settings.accounting.starvation_s)
         sc = settings.scheduler
         actuator = make_actuator(settings)
+        spans, _ = make_tracer(settings.collector.otel_exporter, "gpuq.scheduler")
+        if settings.collector.otel_exporter != "none":    # every actuator call is a span
+            from scheduler.actuators.traced import TracedActuator
+
+            actuator = TracedActuator(actuator, spans)
         # the actuators retry with backoff themselves, and the next cycle is the retry after that
         limit = sc.preemption_limit
         service = SchedulerService(accounting.config, actuator, nodes=nodes or (),
@@ -126,7 +134,10 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             log.exception("accounting failed at start; retrying every %s s", settings.accounting.interval_s)
         threads.append(_loop("accounting", stop, settings.accounting.interval_s, account))
         def cycle() -> None:
-            service.cycle(clock(), wait=False)      # actions run on the service's workers, outside its lock
+            with spans.start_as_current_span("scheduler.cycle") as span:
+                d = service.cycle(clock(), wait=False)  # actions run on the service's workers, outside its lock
+                span.set_attributes({"gpuq.admissions": len(d.admissions), "gpuq.preemptions": len(d.preemptions),
+                                     "gpuq.pending": len(d.pending)})
 
         threads.append(_loop("scheduler", stop, sc.cycle_interval_s, cycle))
         sync = world_sync(settings, service, actuator)
@@ -190,4 +201,5 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         if writer.spilled_files():
             log.warning("%d scheduler event batches spilled to %s: replayed at the next start",
                         writer.spilled_files(), spill)
+        shutdown_spans()                             # the spans still batched go out (otlp)
         log.info("stopped")
