@@ -51,7 +51,7 @@ class AccountingCollector(Collector):
 
     def watch_config(self, rejected: Callable[[], bool]) -> None:
         """Export ``gpuq_accounting_queue_config_rejected`` from ``rejected()``, asked at scrape time
-        (the owner of the queue file passes it: :class:`scheduler.service_accounting.LiveAccounting`)."""
+        (the owner of the queue file passes it: :class:`scheduler.service.accounting.LiveAccounting`)."""
         self._config_rejected = rejected
 
     def describe(self) -> Iterator[Any]:

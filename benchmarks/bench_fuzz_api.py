@@ -68,7 +68,7 @@ def api_under_test(root: Path) -> Iterator[tuple[Any, Any]]:
     from scheduler.actuators.base import DryRunActuator
     from scheduler.api import create_app
     from scheduler.service import SchedulerService
-    from scheduler.service_accounting import LiveAccounting
+    from scheduler.service.accounting import LiveAccounting
     from scheduler.testing import nodes
 
     qf = root / "queues.yaml"

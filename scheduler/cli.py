@@ -95,7 +95,7 @@ def serve_main(argv: list[str], settings: Any) -> int:
 
     from accounting.errors import QueueConfigError
     from collector.service import install_stop_handlers
-    from scheduler.service_runtime import serve
+    from scheduler.service.runtime import serve
 
     from gpuq.errors import ConfigError
     from scheduler.api.auth import check_exposure
@@ -130,9 +130,9 @@ def _serve_elected(settings: Any, stop: Any, nodes: Any, cluster: str, collect: 
     store, then releases the Lease so a standby takes over at its next try."""
     import threading
 
-    from scheduler.leader import LeaderElector, LeaseConfig, coordination_api
-    from scheduler.service_runtime import serve
-    from scheduler.standby import stand_by
+    from scheduler.service.leader import LeaderElector, LeaseConfig, coordination_api
+    from scheduler.service.runtime import serve
+    from scheduler.service.standby import stand_by
 
     le = settings.leader
     elector = LeaderElector(coordination_api(le.kubeconfig or "", le.context, le.in_cluster),

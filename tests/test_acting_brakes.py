@@ -17,8 +17,8 @@ from scheduler.actuators.base import ActionResult, DryRunActuator, Target
 from scheduler.actuators.kubernetes import KubernetesActuator
 from scheduler.model import Placement, Workload
 from scheduler.service import SchedulerService
-from scheduler.service_brakes import PreemptionBrake
-from scheduler.service_metrics import SchedulerCollector
+from scheduler.service.brakes import PreemptionBrake
+from scheduler.service.metrics import SchedulerCollector
 from scheduler.snapshot import Settings
 from scheduler.testing import nodes, wl
 from tests.k8s_api_server import ApiServer

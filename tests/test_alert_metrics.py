@@ -14,8 +14,8 @@ from collector.health import CollectorMetrics
 from gpuq.store.writer import BatchWriter
 from scheduler.actuators.base import DryRunActuator, Target
 from scheduler.service import SchedulerService
-from scheduler.service_accounting import LiveAccounting
-from scheduler.service_metrics import SchedulerCollector
+from scheduler.service.accounting import LiveAccounting
+from scheduler.service.metrics import SchedulerCollector
 from scheduler.snapshot import Settings
 from scheduler.testing import nodes, wl
 

@@ -248,7 +248,7 @@ def queue_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def live(store: Any, queue_file: Path, clock: Clock) -> tuple[Api, SchedulerService, Any]:
-    from scheduler.service_accounting import LiveAccounting
+    from scheduler.service.accounting import LiveAccounting
 
     acc = LiveAccounting(store, queues_file=str(queue_file))
     svc = SchedulerService(acc.config, DryRunActuator(), nodes=nodes(("h", "H100", 8, 2)))

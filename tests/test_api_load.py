@@ -228,7 +228,7 @@ def test_the_accounting_now_view_is_computed_again_only_when_its_inputs_change(s
     change, and it is still the view those give."""
     import yaml
 
-    from scheduler.service_accounting import LiveAccounting
+    from scheduler.service.accounting import LiveAccounting
 
     qf = tmp_path / "queues.yaml"
     qf.write_text(yaml.safe_dump({"queues": QUEUES}))

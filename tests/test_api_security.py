@@ -135,7 +135,7 @@ def test_events_record_who_submitted_and_cancelled(store: Any, tmp_path: Path) -
 
 def test_reload_records_the_admin_not_the_file(store: Any, tmp_path: Path) -> None:
     from gpuq.store.writer import BatchWriter
-    from scheduler.service_accounting import LiveAccounting
+    from scheduler.service.accounting import LiveAccounting
 
     qf = tmp_path / "queues.yaml"
     qf.write_text(yaml.safe_dump({"queues": QUEUES}))
@@ -205,7 +205,7 @@ def test_numbers_are_finite_and_bounded(api: Api, svc: SchedulerService, raw: st
 
 @pytest.fixture
 def live(store: Any, tmp_path: Path) -> tuple[Api, Any, Path]:
-    from scheduler.service_accounting import LiveAccounting
+    from scheduler.service.accounting import LiveAccounting
 
     qf = tmp_path / "queues.yaml"
     qf.write_text(yaml.safe_dump({"queues": QUEUES}))

@@ -35,7 +35,7 @@ from scheduler.actuators.base import DryRunActuator, Target
 from scheduler.api import create_app
 from scheduler.model import Workload
 from scheduler.service import SchedulerService
-from scheduler.service_accounting import LiveAccounting
+from scheduler.service.accounting import LiveAccounting
 from dashboards.views.cost import COLUMNS as CSV_COLUMNS
 from tests.accounting_helpers import BASE_QUEUES
 from tests.conftest import REPO, closed_port, free_port

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.leader import LeaderElector, LeaseConfig, coordination_api
+from scheduler.service.leader import LeaderElector, LeaseConfig, coordination_api
 from tests.k8s_api_server import ApiServer
 
 NS, NAME = "gpuq-system", "gpuq"

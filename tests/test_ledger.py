@@ -13,7 +13,7 @@ from accounting.ledger import combine, dedup
 from accounting.model import Allocation, Window
 from accounting.store_adapter import read_allocations, read_usage
 from gpuq.store.schema import COLUMNS
-from scheduler.service_ledger import admission_store_row
+from scheduler.service.ledger import admission_store_row
 from tests.accounting_helpers import T0, alloc
 
 

@@ -13,7 +13,7 @@ from accounting.resolve import Resolver
 from scheduler.actuators.base import Target
 from scheduler.actuators.base import DryRunActuator
 from scheduler.service import SchedulerService
-from scheduler.service_accounting import LiveAccounting
+from scheduler.service.accounting import LiveAccounting
 from scheduler.snapshot import Settings
 from scheduler.testing import nodes, wl
 

@@ -38,7 +38,7 @@ def _events_left(store: Any) -> int:
 
 @pytest.mark.allow_expired_rows("scheduler_events")     # the point: its rows are past their TTL
 def test_a_workload_older_than_the_events_retention_survives_a_restart(short_events: Any, tmp_path: Path) -> None:
-    from scheduler.service_replay import read_restart
+    from scheduler.service.replay import read_restart
 
     store = short_events
     t0 = float(int(time.time()) - 5 * DAY)                  # five days ago: past the events' 1-day TTL
@@ -67,7 +67,7 @@ def test_a_workload_older_than_the_events_retention_survives_a_restart(short_eve
 
 
 def test_the_state_row_is_a_tombstone_once_the_workload_ends(store: Any, tmp_path: Path) -> None:
-    from scheduler.service_replay import read_state
+    from scheduler.service.replay import read_state
 
     writer = BatchWriter(store, tmp_path / "spill")
     svc = make(sink=writer)

@@ -13,7 +13,7 @@ from scheduler import events as ev
 from scheduler.actuators.base import ActionResult, DryRunActuator, Target
 from scheduler.model import Placement, Workload
 from scheduler.service import SchedulerService
-from scheduler.service_errors import (
+from scheduler.service.errors import (
     ActuatorFailed,
     ConfigRejected,
     DuplicateWorkload,
@@ -21,7 +21,7 @@ from scheduler.service_errors import (
     NotActive,
     UnknownWorkload,
 )
-from scheduler.service_views import as_dict
+from scheduler.service.views import as_dict
 from scheduler.snapshot import Settings
 from scheduler.testing import nodes, wl
 from tests.conftest import SCENARIOS
@@ -404,7 +404,7 @@ def test_restore_skips_events_whose_submit_expired() -> None:
 
 
 
-# -- in step with the world (scheduler.service_sources) ------------------------------------------------
+# -- in step with the world (scheduler.service.sources) ------------------------------------------------
 class FakeSource:
     def __init__(self) -> None:
         self.pending_: list[tuple[Workload, Target]] = []
@@ -418,7 +418,7 @@ class FakeSource:
 
 
 def test_sync_listed_submits_new_objects_and_removes_deleted_ones() -> None:
-    from scheduler.service_sources import sync_listed
+    from scheduler.service.sources import sync_listed
 
     svc = make()
     src = FakeSource()
@@ -442,7 +442,7 @@ def test_sync_listed_submits_new_objects_and_removes_deleted_ones() -> None:
 
 def test_sync_ray_finishes_workloads_whose_job_ended() -> None:
     from scheduler.actuators.ray import RayJobState
-    from scheduler.service_sources import sync_ray
+    from scheduler.service.sources import sync_ray
 
     class Jobs(DryRunActuator):
         def __init__(self) -> None:

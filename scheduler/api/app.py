@@ -3,7 +3,7 @@
 Reads for viewers, mutations for operators, configuration for admins (:mod:`scheduler.api.auth`);
 errors are problem JSON (:mod:`scheduler.api.problems`). Routes only translate: the scheduler's
 answers come from :class:`scheduler.service.SchedulerService`, the accounting's from
-:class:`scheduler.service_accounting.LiveAccounting`. ``/healthz``, ``/readyz``, ``/metrics``
+:class:`scheduler.service.accounting.LiveAccounting`. ``/healthz``, ``/readyz``, ``/metrics``
 and the OpenAPI pages are open (probes and Prometheus scrape them).
 """
 # no "from __future__ import annotations": FastAPI must see the route annotations (local aliases)
@@ -30,7 +30,7 @@ from scheduler.api.problems import Problem, install, invalid, problem_response
 from scheduler.api.routes_acting import acting_router
 from scheduler.api.routes_dashboard import dashboard_router
 from scheduler.service import SchedulerService
-from scheduler.service_errors import (
+from scheduler.service.errors import (
     ActuatorFailed,
     ConfigRejected,
     DuplicateWorkload,
@@ -39,8 +39,8 @@ from scheduler.service_errors import (
     ServiceError,
     UnknownWorkload,
 )
-from scheduler.service_metrics import SchedulerCollector
-from scheduler.service_views import DryRun, NodeView, PreemptionRecord, WorkloadView
+from scheduler.service.metrics import SchedulerCollector
+from scheduler.service.views import DryRun, NodeView, PreemptionRecord, WorkloadView
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
                clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None,
                leader: str | None = None) -> FastAPI:
     """``leader``: this replica's identity when it was elected (``/healthz`` then says
-    ``role: leader``; without election it says ``role: single``). ``accounting``: a :class:`~scheduler.service_accounting.LiveAccounting` (or None: the
+    ``role: leader``; without election it says ``role: single``). ``accounting``: a :class:`~scheduler.service.accounting.LiveAccounting` (or None: the
     accounting endpoints answer 503). ``settings``: the gpuq settings (``api.tokens``,
     ``scheduler.cycle_interval_s``). ``clock`` gives the scheduler's ``now``."""
     check_exposure(settings.api)              # ConfigError: no tokens on a non-loopback host

@@ -1,5 +1,5 @@
 """Request bodies of the operator API (responses are the service's frozen views, see
-:mod:`scheduler.service_views`). Bodies are strict: unknown fields, wrong types and out-of-range
+:mod:`scheduler.service.views`). Bodies are strict: unknown fields, wrong types and out-of-range
 numbers are answered 422 naming the field."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Routes the dashboards need beyond the operator API's: capacity and fragmentation, idle GPUs,
 collector health, the scheduler's recent events. Viewer role, like the other reads; the answers
-come from :mod:`scheduler.service_dashboard`.
+come from :mod:`scheduler.service.dashboard`.
 """
 # no "from __future__ import annotations": FastAPI must see the route annotations (local aliases)
 from collections.abc import Callable
@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query
 
 from scheduler.api.auth import Auth, Caller
 from scheduler.api.problems import Problem
-from scheduler.service_dashboard import EVENTS, capacity, collector_health, idle, scheduler_events
+from scheduler.service.dashboard import EVENTS, capacity, collector_health, idle, scheduler_events
 
 EventKind = Literal["submit", "admit", "preempt", "finish", "reject", "cancel"]
 

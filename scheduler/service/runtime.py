@@ -7,7 +7,7 @@
   pending demand, update the gauges, hand the scheduler its nodes (unless a static list was
   given) and idle flags; materialise closed hours every five minutes;
 * the **scheduler loop** (every ``scheduler.cycle_interval_s``): one :meth:`SchedulerService.cycle`;
-* the **world sync** (every ``accounting.interval_s``, :mod:`scheduler.service_sources`): with the
+* the **world sync** (every ``accounting.interval_s``, :mod:`scheduler.service.sources`): with the
   ``kubernetes`` actuator, suspended RayJobs/RayClusters come in and deleted ones go; with ``ray``,
   jobs that ended finish their workloads;
 * the **API** (uvicorn in a thread) on ``api.host:api.port``.
@@ -28,7 +28,7 @@ from typing import Any
 
 from accounting.service import idle_params
 from scheduler.model import Node
-from scheduler.service_brakes import PreemptionBrake
+from scheduler.service.brakes import PreemptionBrake
 from scheduler.snapshot import Settings as CoreSettings
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def _has_sources(settings: Any) -> bool:
 def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None = None, cluster: str = "default",
           collect: bool = True, clock: Callable[[], float] = time.time, leader: Any = None) -> int:
     """Run until ``stop`` is set; 0 on a clean stop, 1 when the API could not start. ``leader``: the
-    :class:`~scheduler.leader.LeaderElector` whose Lease this replica holds (``gpuq serve`` with
+    :class:`~scheduler.service.leader.LeaderElector` whose Lease this replica holds (``gpuq serve`` with
     ``leader.enabled``), shown in ``/healthz`` and the ``gpuq_leader`` gauge."""
     import uvicorn
     from prometheus_client import CollectorRegistry
@@ -66,10 +66,10 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     from gpuq.store import open_store
     from scheduler.actuators.factory import make_actuator
     from scheduler.api import create_app
-    from scheduler.service_replay import read_restart
-    from scheduler.service import SchedulerService
-    from scheduler.service_accounting import LiveAccounting
-    from scheduler.service_sources import world_sync
+    from scheduler.service.replay import read_restart
+    from scheduler.service.core import SchedulerService
+    from scheduler.service.accounting import LiveAccounting
+    from scheduler.service.sources import world_sync
 
     st = settings.store
     from gpuq.tracing import shutdown as shutdown_spans

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.events import TABLE, round_t
+from scheduler.service.replay import read_pause
 
 WINDOW_S = 3600.0
 PAUSE_KINDS = ("pause", "resume")
@@ -103,8 +104,6 @@ def recent_preemptions(store: Any, cluster: str, since_s: float) -> list[tuple[f
 def last_pause(store: Any, cluster: str) -> Pause | None:
     """The pause in force (None: not paused), from ``scheduler_state``, which no TTL drops: a pause
     older than the events' retention still holds after a restart."""
-    from scheduler.service_replay import read_pause
-
     event = read_pause(store, cluster)
     if event is None:
         return None

@@ -1,4 +1,5 @@
-"""Rebuild the live scheduler's state from its ``scheduler_events`` after a restart.
+"""The scheduler's restart state: what ``gpuq serve`` reads at start to rebuild the live
+scheduler (:meth:`scheduler.service.core.SchedulerService.restore` replays it by these rules).
 
 Events are replayed in the order they took effect ``(t, seq)``: ``submit`` (its ``spec`` holds the
 workload and its target) makes a workload pending, ``admit`` running on the recorded placement,
@@ -13,25 +14,19 @@ A restart must not depend on rows a TTL can drop (``scheduler_events`` keeps
 submit in ``scheduler_state`` (no TTL; one row per workload, replaced at each of its events, a
 tombstone when it ends), and :func:`read_restart` replays the union of both tables, so a workload
 running longer than the events' retention is still known. The cluster's pause is kept there too
-(workload ``""``, a tombstone at resume; :func:`read_pause`), so no retention lifts a pause. The restore writes the open
-workloads' rows again (a store from before ``scheduler_state`` gets them at its first restart).
+(workload ``""``, a tombstone at resume; :func:`read_pause`), so no retention lifts a pause. The
+restore writes the open workloads' rows again (a store from before ``scheduler_state`` gets them at its first restart).
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
-from scheduler.events import StoredEvent, parse_spec, read_events
-from scheduler.model import Placement
-from scheduler.service_views import CANCELLED, PENDING, QUEUED, REJECTED, Entry, PreemptionRecord, Reason
+from scheduler.events import StoredEvent, read_events
 
-if TYPE_CHECKING:
-    from scheduler.service import SchedulerService
 
-log = logging.getLogger(__name__)
 
 
 STATE_TABLE = "scheduler_state"
@@ -117,65 +112,3 @@ def read_restart(store: Any, cluster: str) -> list[StoredEvent]:
             events.append(e)
     events.sort(key=lambda e: (float(e.event["t"]), e.seq))
     return events
-
-
-def restore(svc: SchedulerService, stored: Iterable[StoredEvent]) -> int:
-    """Call with the service's lock held (``SchedulerService.restore`` does)."""
-    n = skipped = 0
-    journal = Journal(svc.cluster_name)
-    group: list[tuple[Entry, float, str, str]] = []      # preempt events of one (t, preemptor)
-
-    def close_group() -> None:
-        if group:
-            _, t, by, reason = group[0]
-            by_entry = svc._entries.get(by)
-            queue = by_entry.workload.queue if by_entry else ""
-            svc._history.append(PreemptionRecord(t, by, queue, tuple(e.workload.id for e, *_ in group),
-                                                 tuple(e.workload.queue for e, *_ in group), reason))
-            group.clear()
-
-    for se in stored:
-        e, kind = se.event, se.event["event"]
-        wid, t = e["workload"], float(e["t"])
-        svc._seq = max(svc._seq, se.seq)
-        svc._last_t = max(svc._last_t, t)
-        if kind != "preempt" or (group and (group[0][1], group[0][2]) != (t, e.get("by", ""))):
-            close_group()
-        if not wid:
-            continue                                        # cluster-wide rows (pause, resume)
-        if kind == "submit":
-            if not se.spec:
-                skipped += 1
-                continue
-            w, target = parse_spec(se.spec)
-            journal.record(e, se.seq, se.spec)
-            svc._done.pop(wid, None)
-            svc._entries[wid] = Entry(w, target, PENDING, w.duration_s,
-                                      Reason(QUEUED, "restored after a restart; waiting for the next cycle"))
-            n += 1
-            continue
-        entry = svc._entries.get(wid)
-        if entry is None:
-            skipped += 1
-            continue
-        journal.record(e, se.seq)
-        if kind == "admit":
-            placement = Placement(e["gpu_type"], tuple(e["placement"].items()))
-            svc._start(entry, placement, t, "restored", record=False)
-        elif kind == "preempt" and entry.running is not None:
-            svc._preempt(entry, e.get("by", ""), e.get("reason", ""), t, record=False)
-            group.append((entry, t, e.get("by", ""), e.get("reason", "")))
-        elif kind == "finish":
-            svc._finish(entry, t, record=False)
-        elif kind in ("cancel", "reject"):
-            svc._close(entry, CANCELLED if kind == "cancel" else REJECTED, t,
-                       Reason(CANCELLED if kind == "cancel" else "never_fits", e.get("reason", "")))
-        n += 1
-    close_group()
-    svc._journal = journal
-    if svc._sink is not None and journal.rows():           # a store from before scheduler_state
-        svc._sink.write(STATE_TABLE, journal.rows())
-    if skipped:
-        log.warning("restore: %d events skipped (their workload's submit is no longer stored)", skipped)
-    log.info("restored %d events: %d workloads pending or running", n, len(svc._entries))
-    return n

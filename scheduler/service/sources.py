@@ -22,8 +22,8 @@ from typing import Any, Protocol
 from scheduler.actuators.base import Actuator, Target
 from scheduler.errors import SchedulerError
 from scheduler.model import Workload
-from scheduler.service import SchedulerService
-from scheduler.service_errors import ServiceError
+from scheduler.service.core import SchedulerService
+from scheduler.service.errors import ServiceError
 
 log = logging.getLogger(__name__)
 

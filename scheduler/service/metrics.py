@@ -26,15 +26,13 @@ far over its 7-day p90 wait.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from scheduler.service_views import BUCKETS_S, PENDING, RUNNING, WAIT_BUCKETS_S
-
-if TYPE_CHECKING:
-    from scheduler.service import SchedulerService
+from scheduler.service.core import SchedulerService
+from scheduler.service.views import BUCKETS_S, PENDING, RUNNING, WAIT_BUCKETS_S
 
 
 class SchedulerCollector(Collector):

@@ -5,8 +5,8 @@ Reason codes are :class:`scheduler.model.ReasonCode` values, plus three of the s
 ``queued`` (arrived since the last cycle), ``preempted`` (requeued by a preemption this cycle)
 and ``actuator_failed`` (the decision was made but the actuator could not carry it out; it is
 tried again next cycle); while the actuator works (outside the service lock,
-:mod:`scheduler.service_acting`) ``admitting``, ``preempting`` or ``cancelling``; and the brakes'
-(:mod:`scheduler.service_brakes`): ``paused``, ``preemption_limited``, ``preemption_refused``.
+:mod:`scheduler.service.acting`) ``admitting``, ``preempting`` or ``cancelling``; and the brakes'
+(:mod:`scheduler.service.brakes`): ``paused``, ``preemption_limited``, ``preemption_refused``.
 """
 from __future__ import annotations
 

@@ -8,31 +8,29 @@ the cycle at the end of the delay on the same state, so "what would you preempt"
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Sequence
 
 from scheduler.cycle import never_fits, schedule
 from scheduler.model import Decisions, ReasonCode, Running, Workload
-from scheduler.service_views import DryRun, Victim
-
-if TYPE_CHECKING:
-    from scheduler.service import SchedulerService
+from scheduler.service.views import DryRun, Victim
+from scheduler.snapshot import Cluster, Snapshot
 
 
-def dry_run(svc: SchedulerService, workload: Workload, now: float) -> DryRun:
-    """Call with the service's lock held (``SchedulerService.dry_run`` does)."""
+def dry_run(workload: Workload, now: float, *, known: Collection[str], cluster: Cluster,
+            snapshot: Callable[[Sequence[Workload]], Snapshot], preemption_delay_s: float) -> DryRun:
+    """``known``: the ids in use; ``cluster``: the cluster now; ``snapshot(extra)``: the live state
+    with ``extra`` pending too (the service takes it under its lock)."""
     w = dataclasses.replace(workload, submit_s=now)
-    known = svc._entries.keys() | svc._done.keys()
     while w.id in known:                 # a what-if never collides with a live id
         w = dataclasses.replace(w, id=w.id + "~dry-run")
-    cluster = svc._cluster_now()
     why = never_fits(cluster, w)
     if why is not None:
         return DryRun(w.id, w.queue, now, "reject", reason_code=ReasonCode.NEVER_FITS.value, message=why)
-    snap = svc._snapshot(extra=[w])
+    snap = snapshot([w])
     running = {r.workload.id: r for r in snap.running}
     out = _outcome(schedule(snap, now), w, now, running)
     if out.reason_code == ReasonCode.WAITING_PREEMPTION_DELAY.value:
-        at = now + svc.settings.preemption_delay_s
+        at = now + preemption_delay_s
         out = dataclasses.replace(out, after_delay=_outcome(schedule(snap, at), w, at, running))
     return out
 

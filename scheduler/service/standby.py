@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from scheduler.leader import LeaderElector
+from scheduler.service.leader import LeaderElector
 
 log = logging.getLogger(__name__)
 

@@ -8,14 +8,14 @@ is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the t
 * :meth:`submit` / :meth:`cancel` / :meth:`finish` change the set of workloads;
 * :meth:`cycle` builds a snapshot under the lock, runs ``schedule()`` on it without the lock (the
   API answers meanwhile; decisions whose workloads changed in between are dropped), then hands each
-  decision to the actuator **outside the lock** (:mod:`scheduler.service_acting`: a few worker threads, one
+  decision to the actuator **outside the lock** (:mod:`scheduler.service.acting`: a few worker threads, one
   action at a time per workload, each call bounded by the actuator's request timeout and the
   action by ``budget_s``); each answer is recorded under the lock with its event. While an action
   is in flight its workloads say so (``admitting``, ``preempting``, ``cancelling``): the preemptor
   holds its placement in the next snapshots and its victims are gone from them, so no later cycle
   decides on them twice. An actuator failure becomes the workload's reason (``actuator_failed``):
   the decision is dropped and the next cycle decides again;
-* the brakes (:mod:`scheduler.service_brakes`): :meth:`pause` stops all acting (the cycle still
+* the brakes (:mod:`scheduler.service.brakes`): :meth:`pause` stops all acting (the cycle still
   decides and shows it), the preemption limit holds back admissions that would preempt too much,
   and a victim whose eviction a PodDisruptionBudget refused is not preempted again before its
   backoff;
@@ -24,7 +24,7 @@ is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the t
 
 Every change is an event (:mod:`scheduler.events`) written to ``sink`` (a
 :class:`~gpuq.store.writer.BatchWriter`); the state lives in memory and :meth:`restore` rebuilds
-it from the stored events after a restart (see :mod:`scheduler.service_replay`). All public
+it from the stored events after a restart (see :mod:`scheduler.service.replay`). All public
 methods take one lock, so the API and the scheduling loop may call them from different threads;
 no actuator call is made with it held.
 """
@@ -44,12 +44,12 @@ from accounting.model import Allocation, PendingDemand
 from accounting.queues import ROOT, QueueConfig
 from scheduler import events as ev
 from scheduler.actuators.base import ActionResult, Actuator, Target, with_retries
-from scheduler.service_acting import Lanes
-from scheduler.service_brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Pause, PreemptionBrake
+from scheduler.service.acting import Lanes
+from scheduler.service.brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Pause, PreemptionBrake
 from scheduler.cycle import never_fits, schedule
 from scheduler.model import Decisions, Node, Placement, ReasonCode, Running, Workload
 from scheduler.ordering import by_queue
-from scheduler.service_errors import (
+from scheduler.service.errors import (
     ActuatorFailed,
     ConfigRejected,
     DuplicateWorkload,
@@ -58,7 +58,7 @@ from scheduler.service_errors import (
     ServiceError,
     UnknownWorkload,
 )
-from scheduler.service_views import (
+from scheduler.service.views import (
     ACTUATOR_FAILED,
     ADMITTING,
     CANCELLED,
@@ -78,9 +78,10 @@ from scheduler.service_views import (
     WorkloadView,
     bump,
 )
-from scheduler.service_positions import Positions
-from scheduler.service_ledger import DRIFT, MISPLACED, Foreign, Mismatch, admission_store_row, foreign, reconcile
-from scheduler.service_replay import Journal
+from scheduler.service.positions import Positions
+from scheduler.service.ledger import DRIFT, MISPLACED, Foreign, Mismatch, admission_store_row, foreign, reconcile
+from scheduler.service.dryrun import dry_run
+from scheduler.service.replay import STATE_TABLE, Journal
 from scheduler.snapshot import Cluster, Settings, build_cluster, snapshot
 
 log = logging.getLogger(__name__)
@@ -522,7 +523,7 @@ class SchedulerService:
 
     def load_brakes(self, store: Any, now: float) -> None:
         """At start: the pause in force and the preemptions of the brake's window, from the store."""
-        from scheduler.service_brakes import last_pause, recent_preemptions
+        from scheduler.service.brakes import last_pause, recent_preemptions
 
         with self._lock:
             self._paused = last_pause(store, self.cluster_name)
@@ -778,22 +779,81 @@ class SchedulerService:
 
     # -- dry runs and restarts live in their own modules ------------------------------------------------
     def dry_run(self, workload: Workload, now: float) -> Any:
-        from scheduler.service_dryrun import dry_run
-
         with self._deciding, self._lock:            # the cluster's memos: one schedule() at a time
             if workload.queue not in _leaves(self._config):
                 raise InvalidWorkload("queue", f"unknown or non-leaf queue {workload.queue!r}")
-            return dry_run(self, workload, now)
+            return dry_run(workload, now, known=self._entries.keys() | self._done.keys(),
+                           cluster=self._cluster_now(), snapshot=lambda extra: self._snapshot(extra=extra),
+                           preemption_delay_s=self.settings.preemption_delay_s)
 
     def restore(self, stored: Iterable[ev.StoredEvent]) -> int:
         """Rebuild the state from stored events (before any submit); return the events replayed."""
-        from scheduler.service_replay import restore
-
         with self._lock:
             self._cluster = None
-            n = restore(self, (s for s in stored if s.event["event"] not in PAUSE_KINDS))
+            n = self._replay(s for s in stored if s.event["event"] not in PAUSE_KINDS)
             self._pos.rebuild(e.workload for e in self._entries.values() if e.state == PENDING)
             return n
+
+    def _replay(self, stored: Iterable[ev.StoredEvent]) -> int:
+        """Replay stored events into the state (the lock held): :mod:`scheduler.service.replay`'s rules."""
+        n = skipped = 0
+        journal = Journal(self.cluster_name)
+        group: list[tuple[Entry, float, str, str]] = []      # preempt events of one (t, preemptor)
+
+        def close_group() -> None:
+            if group:
+                _, t, by, reason = group[0]
+                by_entry = self._entries.get(by)
+                queue = by_entry.workload.queue if by_entry else ""
+                self._history.append(PreemptionRecord(t, by, queue, tuple(e.workload.id for e, *_ in group),
+                                                     tuple(e.workload.queue for e, *_ in group), reason))
+                group.clear()
+
+        for se in stored:
+            e, kind = se.event, se.event["event"]
+            wid, t = e["workload"], float(e["t"])
+            self._seq = max(self._seq, se.seq)
+            self._last_t = max(self._last_t, t)
+            if kind != "preempt" or (group and (group[0][1], group[0][2]) != (t, e.get("by", ""))):
+                close_group()
+            if not wid:
+                continue                                        # cluster-wide rows (pause, resume)
+            if kind == "submit":
+                if not se.spec:
+                    skipped += 1
+                    continue
+                w, target = ev.parse_spec(se.spec)
+                journal.record(e, se.seq, se.spec)
+                self._done.pop(wid, None)
+                self._entries[wid] = Entry(w, target, PENDING, w.duration_s,
+                                          Reason(QUEUED, "restored after a restart; waiting for the next cycle"))
+                n += 1
+                continue
+            entry = self._entries.get(wid)
+            if entry is None:
+                skipped += 1
+                continue
+            journal.record(e, se.seq)
+            if kind == "admit":
+                placement = Placement(e["gpu_type"], tuple(e["placement"].items()))
+                self._start(entry, placement, t, "restored", record=False)
+            elif kind == "preempt" and entry.running is not None:
+                self._preempt(entry, e.get("by", ""), e.get("reason", ""), t, record=False)
+                group.append((entry, t, e.get("by", ""), e.get("reason", "")))
+            elif kind == "finish":
+                self._finish(entry, t, record=False)
+            elif kind in ("cancel", "reject"):
+                self._close(entry, CANCELLED if kind == "cancel" else REJECTED, t,
+                           Reason(CANCELLED if kind == "cancel" else "never_fits", e.get("reason", "")))
+            n += 1
+        close_group()
+        self._journal = journal
+        if self._sink is not None and journal.rows():           # a store from before scheduler_state
+            self._sink.write(STATE_TABLE, journal.rows())
+        if skipped:
+            log.warning("restore: %d events skipped (their workload's submit is no longer stored)", skipped)
+        log.info("restored %d events: %d workloads pending or running", n, len(self._entries))
+        return n
 
 
 _CODES = {c: c.value for c in ReasonCode}
