@@ -15,6 +15,7 @@ The full run (10,000 pending, 200 requests/s for 60 s, p99 under 100 ms) is
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 from typing import Any
@@ -94,43 +95,58 @@ def test_a_pending_workloads_position_costs_the_same_with_20000_pending() -> Non
     assert large < 10 * small + 0.2, (small, large)
 
 
+def lock_stretch(svc: SchedulerService, fn: Any) -> tuple[float, float]:
+    """Run ``fn`` in a thread while this one keeps trying the service lock: (``fn``'s wall time,
+    the longest stretch the lock could not be taken), in seconds."""
+    done, wall = threading.Event(), [0.0]
+
+    def run() -> None:
+        t0 = time.perf_counter()
+        fn()
+        wall[0] = time.perf_counter() - t0
+        done.set()
+
+    th = threading.Thread(target=run)
+    longest, since = 0.0, None
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)                 # let this thread look often
+    th.start()
+    while not done.is_set():
+        t = time.perf_counter()
+        if svc._lock.acquire(blocking=False):
+            svc._lock.release()
+            if since is not None:
+                longest, since = max(longest, t - since), None
+        elif since is None:
+            since = t
+        time.sleep(0.0005)
+    th.join()
+    sys.setswitchinterval(switch)
+    if since is not None:
+        longest = max(longest, time.perf_counter() - since)
+    return wall[0], longest
+
+
 def test_the_cycle_decides_without_the_service_lock() -> None:
     """With 20,000 pending, ``schedule()`` takes tens of milliseconds; the API's threads need the
     service lock for every answer. Before: the lock was held for the whole cycle (the longest
     stretch another thread could not take it was about 90% of the cycle); now only while the
-    snapshot is built and the decisions applied."""
+    snapshot is built and the decisions applied. The same for the accounting's pending demand
+    (every accounting interval): 20,000 rows were built under the lock."""
     svc = service()
     fill(svc, 20_000)
     svc.cycle(200.0)
     ratios = []
     for k in range(3):
-        done, wall = threading.Event(), [0.0]
-
-        def run(at: float = 201.0 + k) -> None:
-            t0 = time.perf_counter()
-            svc.cycle(at)
-            wall[0] = time.perf_counter() - t0
-            done.set()
-
-        th = threading.Thread(target=run)
-        longest, since = 0.0, None
-        th.start()
-        while not done.is_set():
-            t = time.perf_counter()
-            if svc._lock.acquire(blocking=False):
-                svc._lock.release()
-                if since is not None:
-                    longest, since = max(longest, t - since), None
-            elif since is None:
-                since = t
-            time.sleep(0.0005)
-        th.join()
-        if since is not None:
-            longest = max(longest, time.perf_counter() - since)
-        ratios.append(longest / wall[0])
-        print(f"cycle {wall[0] * 1000:.1f} ms, lock unavailable at most {longest * 1000:.1f} ms at a stretch")
+        wall, longest = lock_stretch(svc, lambda at=201.0 + k: svc.cycle(at))
+        ratios.append(longest / wall)
+        print(f"cycle {wall * 1000:.1f} ms, lock unavailable at most {longest * 1000:.1f} ms at a stretch")
     assert min(ratios) < 0.6, ratios
     assert svc.workloads(state="pending", limit=1)[0].reason_code not in (None, "queued")
+    demand = [lock_stretch(svc, svc.pending_demand) for _ in range(3)]
+    print("pending_demand (wall, longest lock stretch) ms:", [(round(w * 1000, 1), round(x * 1000, 1)) for w, x in demand])
+    assert min(x / w for w, x in demand) < 0.5, demand
+    assert len(svc.pending_demand()) == len(svc.workloads(state="pending")) > 19_000
 
 
 def test_a_cycle_keeps_only_decisions_whose_workloads_did_not_change() -> None:
