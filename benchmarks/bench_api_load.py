@@ -79,7 +79,7 @@ class Window:
     cycles: float = 0.0
     cycle_s: float = 0.0
     cycle_buckets: dict[float, float] = field(default_factory=dict)
-    gc_ms: list[float] = field(default_factory=list)      # the server's full collections (--gc-pauses)
+    gc_ms: list[float] | None = None                       # the server's full collections (--gc-pauses)
     span: tuple[float, float] = (0.0, 0.0)                 # wall-clock start and end
 
     @property
@@ -110,7 +110,8 @@ class Window:
                 f"p99={self.pct(99):.1f} max={self.pct(100):.1f} ms errors={self.n_errors} "
                 f"cycles={self.cycles:.0f} cycle_mean={1000 * self.cycle_s / max(self.cycles, 1):.1f} ms "
                 f"cycle_p99<={1000 * self.cycle_le(99):g} ms generator_lag={self.lag_ms:.1f} ms"
-                + (f" full_gcs={len(self.gc_ms)} gc_max={max(self.gc_ms, default=0):.1f} ms" if self.gc_ms else ""))
+                + (f" full_gcs={len(self.gc_ms)} gc_max={max(self.gc_ms, default=0):.1f} ms"
+                   if self.gc_ms is not None else ""))
 
 
 # -- the server ------------------------------------------------------------------------------------
@@ -393,7 +394,10 @@ def run(pending: int = 1_000, rate: float = 100.0, seconds: float = 10.0, cycle_
                 say(f"    {w.name} errors: {dict(w.errors)}", flush=True)
         rss = vm_hwm_mib(proc.pid)
         for w in (peer, loaded):
-            w.gc_ms = gc_pauses(Path(tmp), *w.span)
+            w.gc_ms = gc_pauses(Path(tmp), *w.span) if gc_log else None
+            if w.gc_ms is not None:
+                say(f"    {w.name}: the server's full collections during the window: {len(w.gc_ms)}"
+                    + (f", longest {max(w.gc_ms):.1f} ms" if w.gc_ms else ""), flush=True)
     client = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return Result(loaded, peer, rss, client, fill_s)
 
