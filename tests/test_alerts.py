@@ -103,7 +103,7 @@ def test_alerts_use_metrics_gpuq_exports() -> None:
     used = set(re.findall(r"\b(gpuq_[a-z_]+)", text))
     assert {"gpuq_scheduler_wait_seconds_bucket", "gpuq_accounting_queue_config_rejected"} <= used
     sources = "".join(p.read_text() for d in ("collector", "accounting", "scheduler", "gpuq/store")
-                      for p in REPO.glob(f"{d}/*.py"))
+                      for p in REPO.glob(f"{d}/**/*.py"))
     for name in used:
         base = re.sub(r"_(total|bucket|count|sum)$", "", name)
         assert f'"{base}"' in sources or f'"{name}"' in sources, f"{name} is not exported anywhere"
