@@ -9,6 +9,11 @@
     topped up to exactly 10,000 pending, and for the latter on a cluster without the memos earlier
     cycles leave (a cycle right after a restart).
 (c) cycle cost against pending workloads and nodes (not quadratic).
+(d) ``--backlog`` (issue 11): 50,000 workloads in 1,000 queues all submitted within a minute on 5,000
+    nodes of 8 GPUs, runs of about two minutes, half pinned to one or two GPU types, drained through
+    the simulator by today's core and by the frozen pre-issue-11 core
+    (:mod:`benchmarks._core_baseline`) in the same run: admissions per second of core time, cycle
+    p50/p99 while 50,000 are pending; then the curve of cycle cost from 1,000 to 100,000 pending.
 Peak RSS at the end. Final lines start with ``RESULT``.
 """
 from __future__ import annotations
@@ -67,6 +72,96 @@ def make_trace(c: Cluster, n: int, seed: int = 7, load: float = 0.9) -> tuple[Wo
         t += rng.expovariate(rate)
         out.append(make_workload(rng, i, leaves, round(t, 3)))
     return tuple(out)
+
+
+def make_backlog(c: Cluster, n: int, seed: int = 11, within_s: float = 60.0) -> tuple[Workload, ...]:
+    """The backlog shape: ``n`` workloads all submitted within ``within_s``, runs of about two
+    minutes (90-150 s), half pinned to one or two GPU types, the rest taking any type."""
+    rng = random.Random(seed)
+    leaves = c.config.leaves()
+    subs = sorted(round(rng.uniform(0.0, within_s), 3) for _ in range(n))
+    out = []
+    for i, t in enumerate(subs):
+        pods = rng.choices((1, 2, 4), (7, 2, 1))[0]
+        types = (rng.choice(((rng.choice(TYPES),), tuple(rng.sample(TYPES, 2))))
+                 if rng.random() < 0.5 else ())
+        out.append(Workload(f"b{i}", rng.choice(leaves), pods=pods, gpus_per_pod=rng.choice((1, 2, 4, 8)),
+                            gpu_types=types, priority=rng.choice((0, 0, 1, 2)), submit_s=t,
+                            duration_s=float(rng.randint(90, 150)), checkpoint=rng.random() < 0.5))
+    return tuple(out)
+
+
+class Recorder:
+    """A ``schedule_fn`` for the simulator that times each cycle of ``fn`` and notes how many
+    were pending and admitted: ``cycles`` is ``(now, pending, admitted, ms)`` per cycle."""
+
+    def __init__(self, fn: Callable[[Snapshot, float], Decisions]) -> None:
+        self.fn = fn
+        self.cycles: list[tuple[float, int, int, float]] = []
+
+    def __call__(self, snap: Snapshot, now: float) -> Decisions:
+        t0 = time.perf_counter()
+        d = self.fn(snap, now)
+        self.cycles.append((now, len(snap.pending), len(d.admissions), (time.perf_counter() - t0) * 1000))
+        return d
+
+
+def drain(n: int, n_nodes: int, fn: Callable[[Snapshot, float], Decisions], until_s: float | None = None,
+          seed: int = 11) -> tuple[dict[str, float], Recorder]:
+    """Replay the backlog shape of ``n`` workloads on a fresh cluster (fresh memos) with ``fn``."""
+    c = make_cluster(n_nodes)
+    rec = Recorder(fn)
+    sc = Scenario("backlog", until_s, 1.0, Settings(), c, make_backlog(c, n, seed))
+    gc.collect()
+    t0 = time.perf_counter()
+    res = simulate(sc, rec)
+    wall = time.perf_counter() - t0
+    admits = sum(1 for e in res.events if e["event"] == "admit")
+    core = sum(ms for *_, ms in rec.cycles) / 1000
+    return {"admissions": admits, "core_s": core, "wall_s": wall, "cycles": len(rec.cycles),
+            "makespan_s": res.summary["makespan_s"], "preemptions": res.summary["preemptions"],
+            "util": res.summary["gpu_utilization"]}, rec
+
+
+def deep_ms(rec: Recorder, depth: int) -> list[float]:
+    """Cycle ms (sorted) of the cycles that ran with at least ``depth`` pending."""
+    return sorted(ms for _, p, _, ms in rec.cycles if p >= depth)
+
+
+def backlog_main(quick: bool) -> None:
+    from benchmarks._core_baseline.cycle import schedule as schedule_before
+    n, n_nodes = (5_000, 500) if quick else (50_000, 5_000)
+    print(f"(d) backlog drain: {n} workloads in 1000 leaf queues submitted within 60 s, {n_nodes} nodes "
+          f"x 8 GPUs, runs 90-150 s, half pinned to one or two types")
+    rows = {}
+    for name, fn in (("before", schedule_before), ("now", schedule)):
+        r, rec = drain(n, n_nodes, fn)
+        deep = deep_ms(rec, int(n * 0.8))
+        rows[name] = (r, rec)
+        print(f"    {name:<7}", {k: round(v, 3) for k, v in r.items()})
+        print(f"RESULT backlog_{name} admissions_per_core_s={r['admissions'] / r['core_s']:.0f} "
+              f"cycles={r['cycles']} cycle_mean_ms={r['core_s'] * 1000 / r['cycles']:.1f} "
+              f"deep_cycles={len(deep)} deep_p50_ms={pct(deep, 50):.1f} deep_p99_ms={pct(deep, 99):.1f} "
+              f"(deep: >= {int(n * 0.8)} pending; goals >= 5000/s, p99 < 50 ms)")
+    same = [(e0, e1) for e0, e1 in zip(rows["before"][1].cycles, rows["now"][1].cycles) if e0[:3] != e1[:3]]
+    print(f"RESULT backlog_same_decisions={not same and len(rows['before'][1].cycles) == len(rows['now'][1].cycles)}")
+    print("    curve: cycle ms while the backlog is deep (cycles from t=60 s to t=150 s: every queue "
+          "submitted, the first runs finishing and freeing capacity)")
+    print(f"    {'pending':>8} {'before p50':>11} {'p99':>7} {'now p50':>9} {'p99':>7}")
+    depths = (1_000, 5_000, 10_000) if quick else (1_000, 10_000, 50_000, 100_000)
+    running = 7_000 * n_nodes // 5_000          # about what the cluster runs at once
+    for depth in depths:
+        out = []
+        for fn in (schedule_before, schedule):
+            _, rec = drain(depth + running, n_nodes, fn, until_s=150.0)
+            ms = sorted(x for t, _, _, x in rec.cycles if t >= 60.0)
+            pend = statistics.median(p for t, p, _, _ in rec.cycles if t >= 60.0)
+            out += [pct(ms, 50), pct(ms, 99)]
+        print(f"    {pend:>8.0f} {out[0]:>11.1f} {out[1]:>7.1f} {out[2]:>9.1f} {out[3]:>7.1f}")
+        print(f"RESULT backlog_curve pending={pend:.0f} before_p50_ms={out[0]:.1f} before_p99_ms={out[1]:.1f} "
+              f"now_p50_ms={out[2]:.1f} now_p99_ms={out[3]:.1f}")
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"RESULT peak_rss_mib={rss_mib:.0f}")
 
 
 def naive_schedule(snap: Snapshot, now: float) -> Decisions:
@@ -197,7 +292,11 @@ def pct(xs: list[float], p: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about a tenth)")
+    ap.add_argument("--backlog", action="store_true", help="only (d): the backlog drain and the depth curve")
     args = ap.parse_args()
+    if args.backlog:
+        backlog_main(args.quick)
+        return
     n_work, n_nodes, n_pending, reps = (5_000, 500, 1_000, 10) if args.quick else (50_000, 5_000, 10_000, 30)
     n_base = n_work // 5
     c = make_cluster(n_nodes)

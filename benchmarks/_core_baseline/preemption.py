@@ -1,0 +1,225 @@
+"""Preemption: choose a minimal set of victims that lets a pending workload run.
+
+Rules (FORMAT.md and issue 4; each has a test in tests/test_scheduler_preemption.py):
+
+* only for a preemptor whose leaf queue stays at or below its guarantee after admission;
+* a victim's leaf queue and each of its ancestors not shared with the preemptor stay at or
+  above their guarantee after the victims leave (so victims come only from queues above it);
+* victim priority <= preemptor priority; non-preemptible workloads are never victims; no victim
+  across a preemption fence (fenced subtrees neither lose nor take by preemption);
+* victims are whole gangs; the set is minimal: candidates are added in candidate order until the
+  preemptor fits (its quota over its chain and its gang on real nodes of one type), then each
+  added victim but the last is given back if the preemptor still fits without it.
+
+Candidate order (first is preempted first): ``(originator, priority, -start_s, not idle, id)``:
+non-originators, lower priority, the youngest (least work lost), GPUs the accounting sees idle,
+then the stable id. Non-preemptible work is not a candidate at all.
+
+The search runs on the cycle's working ledger and free index and undoes every change it made
+unless it succeeds (explicit undo); the snapshot is never touched.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from scheduler.model import Running, Workload
+from benchmarks._core_baseline.placement import FreeIndex
+from benchmarks._core_baseline.quota import Ledger, Shortfall, Vec, below_floor, over_guarantee, over_max
+from scheduler.snapshot import Cluster, demand
+
+
+def candidate_key(r: Running) -> tuple[bool, int, float, bool, str]:
+    w = r.workload
+    return (w.originator, w.priority, -r.start_s, not r.idle, w.id)
+
+
+class Candidate(NamedTuple):
+    id: str
+    queue: str
+    priority: int
+    gpu_type: str
+    vec: Vec
+    running: Running
+
+
+def candidates(cluster: Cluster, ledger: Ledger, running: Iterable[Running]) -> list[Candidate]:
+    """Running workloads that could ever be victims this cycle (preemptible, in a queue above
+    its gpu guarantee), in candidate order."""
+    g = cluster.guarantee
+    over = {q for q in cluster.chains if ledger.used(q, "gpu") > g[q]["gpu"]}
+    rs = [r for r in running if r.workload.preemptible and r.workload.queue in over]
+    rs.sort(key=candidate_key)
+    return [Candidate(r.workload.id, r.workload.queue, r.workload.priority, r.placement.gpu_type,
+                      demand(r.workload, r.placement.gpu_type), r) for r in rs]
+
+
+class Pool:
+    """The cycle's candidates (:func:`candidates`), also split by GPU type, and ``dead``: the ids
+    that can no longer be victims this cycle (already preempted, or their own queue is at its
+    floor). Dead entries are skipped, and dropped now and then. The live candidates are counted
+    by (fence, priority) and by queue, so a failed search counts what it looked at (its reason
+    says how many) without a pass over every candidate."""
+
+    __slots__ = ("_by_fence", "_by_queue", "_dropped", "_fences", "all", "by_type", "dead")
+
+    def __init__(self, cands: list[Candidate], fences: Mapping[str, frozenset[str]]) -> None:
+        self.all = cands
+        self.by_type: dict[str, list[Candidate]] = {}
+        for c in cands:
+            self.by_type.setdefault(c.gpu_type, []).append(c)
+        self.dead: set[str] = set()
+        self._dropped = 0
+        self._fences = fences
+        self._by_fence = Counter((fences[c.queue], c.priority) for c in cands)
+        self._by_queue: dict[str, Counter[int]] = {}
+        for c in cands:
+            self._by_queue.setdefault(c.queue, Counter())[c.priority] += 1
+
+    def kill(self, vid: str, queue: str, priority: int) -> None:
+        """``vid`` (of ``queue``, at ``priority``) can no longer be a victim this cycle."""
+        self.dead.add(vid)
+        self._by_fence[(self._fences[queue], priority)] -= 1
+        self._by_queue[queue][priority] -= 1
+
+    def tally(self, w: Workload, fence: frozenset[str]) -> tuple[int, int]:
+        """(considered, fenced): the live candidates a search for ``w`` looks at (another queue,
+        priority at most ``w``'s), inside ``w``'s fence and across it."""
+        considered = fenced = 0
+        for (f, prio), n in self._by_fence.items():
+            if prio <= w.priority:
+                if f == fence:
+                    considered += n
+                else:
+                    fenced += n
+        own = self._by_queue.get(w.queue)
+        if own:
+            considered -= sum(n for prio, n in own.items() if prio <= w.priority)
+        return considered, fenced
+
+    def of_type(self, gpu_type: str) -> list[Candidate]:
+        """The candidates on ``gpu_type``, less the dead at the front (victims are mostly taken
+        from the front: the youngest)."""
+        cs = self.by_type.get(gpu_type)
+        if not cs:
+            return []
+        i, n, dead = 0, len(cs), self.dead
+        while i < n and cs[i].id in dead:
+            i += 1
+        del cs[:i]
+        return cs
+
+    def compact(self) -> None:
+        if len(self.dead) - self._dropped > len(self.all) // 8:
+            dead = self.dead
+            self.all = [c for c in self.all if c.id not in dead]
+            self.by_type = {t: [c for c in cs if c.id not in dead] for t, cs in self.by_type.items()}
+            self._dropped = len(dead)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    gpu_type: str
+    victims: tuple[Running, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NoPlan:
+    not_eligible: Shortfall | None   # the guarantee the preemptor's queue would exceed, if that is why
+    considered: int                   # candidates tried
+    fenced: int                       # candidates skipped only because of a fence
+
+
+def plan(
+    cluster: Cluster,
+    ledger: Ledger,
+    index: FreeIndex,
+    pool: Pool,
+    w: Workload,
+    types: tuple[str, ...],
+) -> Plan | NoPlan:
+    """Find victims for ``w`` on the first of ``types`` where a set exists, and apply its removal
+    to ``ledger`` and ``index`` (the caller then places ``w``). The search adds to ``pool.dead``
+    the victims it takes and the candidates whose own queue is at its floor. On failure nothing
+    else is changed."""
+    chain = cluster.chains[w.queue]
+    shared = frozenset(chain)
+    fence = cluster.fences[w.queue]
+    fences = cluster.fences
+    dead = pool.dead
+    k, pods = w.gpus_per_pod, w.pods
+    ineligible: Shortfall | None = None
+    considered = fenced = 0
+    for t in types:
+        vec = demand(w, t)
+        s = over_guarantee(cluster, ledger, w.queue, vec)
+        if s is not None:
+            ineligible = ineligible or s
+            continue
+        ineligible = None
+        taken: list[tuple[Running, Vec]] = []
+        tally = pool.tally(w, fence)               # counted before the search adds to the dead
+        need_nodes = not index.fits(t, k, pods)
+        need_quota = _over_max_all(cluster, ledger, w.queue, vec)
+        # need_quota only shrinks as victims go: with no max to relieve, only type-t victims help
+        for vid, vq, vprio, vtype, vv, r in pool.all if need_quota else pool.of_type(t):
+            if vid in dead or vq == w.queue or vprio > w.priority or fences[vq] != fence:
+                continue
+            if not ((need_nodes and vtype == t) or (need_quota and _shares(cluster, need_quota, vq, vv))):
+                continue
+            short = below_floor(cluster, ledger, vq, vv, shared)
+            if short is not None:
+                if short.queue == vq:
+                    pool.kill(vid, vq, vprio)   # its own queue is at its floor: no preemptor can take it
+                continue
+            ledger.remove(cluster.chains[vq], vv)
+            index.release(r.placement)
+            taken.append((r, vv))
+            need_nodes = not index.fits(t, k, pods)
+            need_quota = _over_max_all(cluster, ledger, w.queue, vec)
+            if not need_nodes and not need_quota:
+                break
+        else:
+            for r, vv in reversed(taken):        # undo: no set on this type
+                ledger.add(cluster.chains[r.workload.queue], vv)
+                index.take(r.placement)
+            considered, fenced = considered + tally[0], fenced + tally[1]
+            continue
+        for j in range(len(taken) - 2, -1, -1):      # give back what is not needed
+            r, vv = taken[j]
+            ledger.add(cluster.chains[r.workload.queue], vv)
+            index.take(r.placement)
+            if index.fits(t, k, pods) and over_max(cluster, ledger, w.queue, vec) is None:
+                del taken[j]
+            else:
+                ledger.remove(cluster.chains[r.workload.queue], vv)
+                index.release(r.placement)
+        for r, _ in taken:
+            pool.kill(r.workload.id, r.workload.queue, r.workload.priority)
+        return Plan(t, tuple(r for r, _ in taken))
+    return NoPlan(ineligible, considered, fenced)
+
+
+def _over_max_all(cluster: Cluster, ledger: Ledger, queue: str, vec: Vec) -> list[tuple[str, str]]:
+    """Every (queue, resource) on ``queue``'s chain whose max ``vec`` would break."""
+    out = []
+    queues = cluster.config.queues
+    for q in cluster.chains[queue]:
+        limits = queues[q].max
+        if limits:
+            for key, amt in vec:
+                m = limits.get(key)
+                if m is not None and ledger.used(q, key) + amt > m:
+                    out.append((q, key))
+    return out
+
+
+def _shares(cluster: Cluster, need: list[tuple[str, str]], victim_queue: str, vv: Vec) -> bool:
+    """Does taking ``vv`` from ``victim_queue`` relieve one of the maxes in ``need``? Relief only
+    grows as victims are added, so a candidate that does not help now never will."""
+    if not need:
+        return False
+    chain = cluster.chains[victim_queue]
+    return any(q in chain and any(key == k for k, _ in vv) for q, key in need)

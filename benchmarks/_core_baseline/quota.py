@@ -1,0 +1,131 @@
+"""Quota: queue usage for one cycle, and the max / guaranteed checks over a queue's chain.
+
+A :class:`Ledger` is the cycle's working copy of the snapshot's usage: it copies a queue's
+entry on first write and never touches the snapshot. Usage vectors come from
+:func:`scheduler.snapshot.demand`. The checks return ``None`` when they pass, or a
+:class:`Shortfall` naming the queue and resource that fails, with the numbers for the reason.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from scheduler.snapshot import Cluster, dict_copy
+
+Vec = tuple[tuple[str, int], ...]
+_NONE: Mapping[str, int] = MappingProxyType({})
+_INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    queue: str
+    resource: str
+    limit: int        # the max (or guarantee) that fails
+    used: int         # the queue's usage of ``resource`` now
+    needed: int       # the amount asked for (or taken away)
+
+    @property
+    def left(self) -> int:
+        return max(self.limit - self.used, 0)
+
+
+class Ledger:
+    """Usage per queue (ancestors included), copy-on-write over the snapshot's mapping."""
+
+    __slots__ = ("_own", "_view")
+
+    def __init__(self, base: Mapping[str, Mapping[str, int]]) -> None:
+        self._view: dict[str, Mapping[str, int]] = dict_copy(base)   # shallow: entries copied on write
+        self._own: set[str] = set()
+
+    def of(self, queue: str) -> Mapping[str, int]:
+        return self._view.get(queue, _NONE)
+
+    def used(self, queue: str, resource: str) -> int:
+        return self._view.get(queue, _NONE).get(resource, 0)
+
+    def add(self, chain: tuple[str, ...], vec: Vec, sign: int = 1) -> None:
+        view, own = self._view, self._own
+        for q in chain:
+            if q in own:
+                d = view[q]
+            else:
+                d = view[q] = dict_copy(view.get(q, _NONE))
+                own.add(q)
+            for key, amt in vec:
+                d[key] = d.get(key, 0) + sign * amt  # type: ignore[index]
+
+    def remove(self, chain: tuple[str, ...], vec: Vec) -> None:
+        self.add(chain, vec, -1)
+
+
+def over_max(cluster: Cluster, ledger: Ledger, queue: str, vec: Vec) -> Shortfall | None:
+    """The first queue on ``queue``'s chain (itself, then ancestors) whose max ``vec`` breaks."""
+    queues = cluster.config.queues
+    for q in cluster.chains[queue]:
+        limits = queues[q].max
+        if not limits:
+            continue
+        used = ledger.of(q)
+        for key, amt in vec:
+            m = limits.get(key)
+            if m is not None and used.get(key, 0) + amt > m:
+                return Shortfall(q, key, m, used.get(key, 0), amt)
+    return None
+
+
+def never_within_max(cluster: Cluster, queue: str, vec: Vec) -> Shortfall | None:
+    """The max on ``queue``'s chain that ``vec`` exceeds even with every queue empty."""
+    queues = cluster.config.queues
+    for q in cluster.chains[queue]:
+        for key, amt in vec:
+            m = queues[q].max.get(key)
+            if m is not None and amt > m:
+                return Shortfall(q, key, m, 0, amt)
+    return None
+
+
+def over_guarantee(cluster: Cluster, ledger: Ledger, queue: str, vec: Vec) -> Shortfall | None:
+    """Would ``queue`` (the leaf only) go above its guarantee by taking ``vec``?"""
+    g = cluster.guarantee[queue]
+    used = ledger.of(queue)
+    for key, amt in vec:
+        limit = g.get(key)
+        if limit is not None and used.get(key, 0) + amt > limit:
+            return Shortfall(queue, key, limit, used.get(key, 0), amt)
+    return None
+
+
+def below_floor(
+    cluster: Cluster, ledger: Ledger, queue: str, vec: Vec, shared: frozenset[str] | set[str]
+) -> Shortfall | None:
+    """Would taking ``vec`` away drop ``queue`` or an ancestor not in ``shared`` below its guarantee?"""
+    for q in cluster.chains[queue]:
+        if q in shared:
+            break                      # every queue above a shared one is shared too
+        g = cluster.guarantee[q]
+        used = ledger.of(q)
+        for key, amt in vec:
+            limit = g.get(key)
+            if limit is not None and used.get(key, 0) - amt < limit:
+                return Shortfall(q, key, limit, used.get(key, 0), amt)
+    return None
+
+
+def fair_share(cluster: Cluster, ledger: Ledger, queue: str) -> float:
+    """YuniKorn's share: the max over guaranteed resources of used / guaranteed.
+
+    A resource used with a guarantee of 0 makes the share infinite (the queue only borrows)."""
+    return share_of(cluster.guarantee[queue], ledger.of(queue))
+
+
+def share_of(guarantee: Mapping[str, int], used: Mapping[str, int]) -> float:
+    """:func:`fair_share` of a queue with this guarantee and usage."""
+    share = 0.0
+    for key, g in guarantee.items():
+        u = used.get(key, 0)
+        if u > 0:
+            share = max(share, u / g if g > 0 else _INF)
+    return share
