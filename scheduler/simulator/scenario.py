@@ -1,8 +1,14 @@
 """Read a scenario (docs/SCENARIOS.md) into frozen values, naming the YAML path of
-the first problem (``workloads[3].gpus_per_pod: expected a positive integer``)."""
+the first problem (``workloads[3].gpus_per_pod: expected a positive integer``).
+
+Workloads come from the YAML ``workloads:`` list, from the JSON-lines file that
+``workloads_file:`` names (one workload object a line, streamed; a problem is named
+``FILE:LINE: field: reason``), or both: inline ones first, then the file's, in file order.
+"""
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,11 +19,13 @@ from scheduler.errors import ScenarioError, SnapshotError
 from scheduler.model import Node, Workload
 from scheduler.snapshot import Cluster, Settings, build_cluster
 
-TOP = frozenset({"name", "until", "scheduler", "gpu_types", "nodes", "queues", "workloads"})
+TOP = frozenset({"name", "until", "scheduler", "gpu_types", "nodes", "queues", "workloads", "workloads_file"})
 SCHED = frozenset({"preemption", "preemption_delay_s", "cycle_interval_s"})
 NODE = frozenset({"name", "gpu_type", "gpus", "count", "cpu", "memory"})
 WORK = frozenset({"id", "queue", "submit", "duration", "pods", "gpus_per_pod", "gpu_types", "priority",
                   "preemptible", "checkpoint", "count", "originator"})
+
+_FIELDS = {k: k for k in WORK}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +88,9 @@ def load_yaml(path: str | Path, what: str = "scenario") -> Any:
     import yaml
 
     p = Path(path)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml: several times faster
     try:
-        return yaml.safe_load(p.read_text())
+        return yaml.load(p.read_text(), Loader=loader)  # noqa: S506 (a safe loader)
     except OSError as exc:
         raise ScenarioError("(file)", f"cannot read {what}: {exc.strerror or exc}", str(p)) from exc
     except yaml.YAMLError as exc:
@@ -94,7 +103,9 @@ def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(load_yaml(path), source=str(path))
 
 
-def parse_scenario(data: Any, source: str = "<mapping>") -> Scenario:
+def parse_scenario(data: Any, source: str = "<mapping>", base_dir: str | Path | None = None) -> Scenario:
+    """``base_dir`` resolves a relative ``workloads_file:``; default: the directory of ``source``
+    when it names a file, else the current directory."""
     r = _Reader(source)
     top = r.mapping(data, "", TOP)
     sched = r.mapping(top.get("scheduler") or {}, "scheduler", SCHED)
@@ -126,7 +137,9 @@ def parse_scenario(data: Any, source: str = "<mapping>") -> Scenario:
         cluster = build_cluster(config, nodes)
     except SnapshotError as exc:
         raise r.fail("nodes", str(exc)) from exc
-    workloads = _workloads(r, top, cluster)
+    if base_dir is None:
+        base_dir = Path(source).parent if source != "<mapping>" else Path(".")
+    workloads = _workloads(r, top, cluster, Path(base_dir))
     return Scenario(
         name=str(top.get("name") or (Path(source).stem if source != "<mapping>" else "scenario")),
         until_s=until, cycle_interval_s=interval, settings=settings, cluster=cluster,
@@ -134,43 +147,77 @@ def parse_scenario(data: Any, source: str = "<mapping>") -> Scenario:
     )
 
 
-def _workloads(r: _Reader, top: Mapping[str, Any], cluster: Cluster) -> list[Workload]:
+def _workloads(r: _Reader, top: Mapping[str, Any], cluster: Cluster, base_dir: Path) -> list[Workload]:
     queues = cluster.config.queues
     out: list[Workload] = []
     seen: dict[str, str] = {}
     for i, raw in enumerate(r.items(top.get("workloads"), "workloads")):
-        where = f"workloads[{i}]"
-        spec = r.mapping(raw, where, WORK)
-        for key in ("id", "queue", "duration"):
-            if key not in spec:
-                raise r.fail(f"{where}.{key}", "required field missing")
-        wid = r.text(spec["id"], f"{where}.id")
-        queue = r.text(spec["queue"], f"{where}.queue")
-        if queue not in queues or queue == "root":
-            raise r.fail(f"{where}.queue", f"unknown queue {queue!r}")
-        if not queues[queue].is_leaf:
-            raise r.fail(f"{where}.queue", f"queue {queue!r} is not a leaf (only leaf queues take workloads)")
-        types = r.items(spec.get("gpu_types"), f"{where}.gpu_types")
-        base = Workload(
-            id=wid, queue=queue,
-            pods=r.int(spec.get("pods", 1), f"{where}.pods"),
-            gpus_per_pod=r.int(spec.get("gpus_per_pod", 1), f"{where}.gpus_per_pod"),
-            gpu_types=tuple(r.text(t, f"{where}.gpu_types[{j}]") for j, t in enumerate(types)),
-            priority=r.int(spec.get("priority", 0), f"{where}.priority", minimum=-(2**31)),
-            preemptible=r.flag(spec.get("preemptible", True), f"{where}.preemptible"),
-            submit_s=r.num(spec.get("submit", 0), f"{where}.submit"),
-            duration_s=r.num(spec["duration"], f"{where}.duration", positive=True),
-            checkpoint=r.flag(spec.get("checkpoint", False), f"{where}.checkpoint"),
-            originator=r.flag(spec.get("originator", False), f"{where}.originator"),
-        )
-        ids = [wid] if "count" not in spec else [
-            f"{wid}-{j}" for j in range(r.int(spec["count"], f"{where}.count"))]
-        for one in ids:
-            if one in seen:
-                raise r.fail(f"{where}.id", f"duplicate workload id {one!r} (first at {seen[one]})")
-            seen[one] = where
-            out.append(base if one == wid else _with_id(base, one))
+        _workload(r, raw, f"workloads[{i}]", f"workloads[{i}].", queues, seen, out)
+    if top.get("workloads_file") is not None:
+        name = r.text(top["workloads_file"], "workloads_file")
+        path = Path(name) if Path(name).is_absolute() else base_dir / name
+        for line, raw in _json_lines(path):
+            try:
+                _workload(r, raw, "(line)", "", queues, seen, out, f"{path}:{line}")
+            except ScenarioError as exc:
+                raise ScenarioError(exc.where, exc.reason, f"{path}:{line}") from None
     return out
+
+
+def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) of each non-blank line, read as it goes."""
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError("(file)", f"cannot read workloads_file: {exc.strerror or exc}", str(path)) from exc
+    loads = json.loads
+    with handle:
+        for n, text in enumerate(handle, 1):
+            if not text.strip():
+                continue
+            try:
+                yield n, loads(text)
+            except ValueError as exc:
+                raise ScenarioError("(line)", f"invalid JSON: {exc}", f"{path}:{n}") from None
+
+
+def _workload(r: _Reader, raw: Any, where: str, at: str, queues: Mapping[str, Any], seen: dict[str, str],
+              out: list[Workload], origin: str | None = None) -> None:
+    """Check one workload object; ``at`` prefixes field paths (``workloads[3].`` or nothing)."""
+    if not at and not isinstance(raw, Mapping):
+        raise r.fail(where, f"expected a JSON object (one workload), got {type(raw).__name__}")
+    spec = r.mapping(raw, where if at else "", WORK)
+    f = _FIELDS if not at else {k: at + k for k in WORK}
+    for key in ("id", "queue", "duration"):
+        if key not in spec:
+            raise r.fail(f"{at}{key}", "required field missing")
+    wid = r.text(spec["id"], f["id"])
+    queue = r.text(spec["queue"], f["queue"])
+    if queue not in queues or queue == "root":
+        raise r.fail(f["queue"], f"unknown queue {queue!r}")
+    if not queues[queue].is_leaf:
+        raise r.fail(f["queue"], f"queue {queue!r} is not a leaf (only leaf queues take workloads)")
+    types = r.items(spec.get("gpu_types"), f["gpu_types"])
+    base = Workload(
+        id=wid, queue=queue,
+        pods=r.int(spec.get("pods", 1), f["pods"]),
+        gpus_per_pod=r.int(spec.get("gpus_per_pod", 1), f["gpus_per_pod"]),
+        gpu_types=tuple(r.text(t, f"{at}gpu_types[{j}]") for j, t in enumerate(types)),
+        priority=r.int(spec.get("priority", 0), f["priority"], minimum=-(2**31)),
+        preemptible=r.flag(spec.get("preemptible", True), f["preemptible"]),
+        submit_s=r.num(spec.get("submit", 0), f["submit"]),
+        duration_s=r.num(spec["duration"], f["duration"], positive=True),
+        checkpoint=r.flag(spec.get("checkpoint", False), f["checkpoint"]),
+        originator=r.flag(spec.get("originator", False), f["originator"]),
+    )
+    ids = [wid] if "count" not in spec else [
+        f"{wid}-{j}" for j in range(r.int(spec["count"], f["count"]))]
+    first = origin or where
+    for one in ids:
+        if one in seen:
+            raise r.fail(f["id"], f"duplicate workload id {one!r} (first at {seen[one]})")
+        seen[one] = first
+        out.append(base if one == wid else _with_id(base, one))
 
 
 def _with_id(w: Workload, wid: str) -> Workload:
