@@ -33,6 +33,9 @@ def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
     p.add_argument("--compare", metavar="QUEUES_B.yaml",
                    help="also replay the same work under this queue configuration and print both side "
                    "by side; --out is then optional (scheduler.compare)")
+    p.add_argument("--baseline", metavar="POLICY[,POLICY]",
+                   help="also replay it through baseline schedulers (fifo, per-queue, or all) and print "
+                   "quality metrics side by side; --out is then optional (scheduler.compare)")
     return p
 
 
@@ -44,6 +47,10 @@ def simulate_main(argv: list[str]) -> int:
         from scheduler.compare import compare_main
 
         return compare_main(argv)
+    if any(a == "--baseline" or a.startswith("--baseline=") for a in argv):
+        from scheduler.compare import baseline_main
+
+        return baseline_main(argv)
     args = simulate_parser().parse_args(argv)
     try:
         result = run_scenario(args.scenario)

@@ -201,3 +201,88 @@ def compare_main(argv: list[str], settings: object = None) -> int:
     else:
         sys.stdout.write(render_table(report))
     return 0
+
+
+# -- gpuq simulate SCENARIO --baseline fifo|per-queue ------------------------------------------------
+BASELINE_LABELS = {"wait_p50_s": "wait p50 s", "wait_p90_s": "wait p90 s", "wait_p99_s": "wait p99 s",
+                   "utilization": "utilization", "preemptions": "preemptions",
+                   "stranded_gpu_hours": "stranded GPU-h", "stranded_gpus_avg": "stranded GPUs avg",
+                   "guarantee_violation_s": "guarantee violated s"}
+
+
+def baselines_run(sc: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Replay the parsed scenario ``sc`` through gpuq's core, then through each baseline policy
+    (:mod:`scheduler.baselines`); returns ``(report, results)``: the report is
+    ``{"scenario", "policies", "queues": {queue: {metric: {policy: value}}}}`` (``(all)`` last) and
+    ``results`` maps each policy (``gpuq`` first) to its ``SimResult``."""
+    from scheduler.baselines import POLICIES
+    from scheduler.quality import METRICS, quality
+    from scheduler.simulator import run_scenario
+    from scheduler.simulator.engine import simulate
+
+    results = {"gpuq": run_scenario(sc)}
+    for name in names:
+        results[name] = simulate(sc, POLICIES[name])
+    views = {p: quality(sc.cluster, sc.workloads, r.events, r.summary) for p, r in results.items()}
+    rows = list(views["gpuq"])
+    report = {"scenario": sc.name, "policies": list(results),
+              "queues": {q: {m: {p: views[p][q][m] for p in results} for m in METRICS} for q in rows}}
+    return report, results
+
+
+def render_baselines(report: Mapping[str, Any]) -> str:
+    from gpuq.output import render
+
+    policies = report["policies"]
+    rows: list[list[Any]] = []
+    for q, metrics in report["queues"].items():
+        for i, (m, vals) in enumerate(metrics.items()):
+            rows.append([q if i == 0 else "", BASELINE_LABELS[m], *(vals[p] for p in policies)])
+    head = (f"{report['scenario']}: gpuq's core and baselines on the same scenario (fifo: plain FIFO, best fit, "
+            f"no queues; per-queue: one admission per queue per cycle, no preemption: a lower bound on Kueue)\n")
+    return head + render(["queue", "metric", *policies], rows, "table")
+
+
+def baseline_parser() -> argparse.ArgumentParser:
+    from scheduler.baselines import POLICIES
+
+    p = argparse.ArgumentParser(prog="gpuq simulate", description="Replay a scenario through gpuq's core and "
+                                "through baseline schedulers; print wait percentiles, utilization, "
+                                "preemptions, stranded GPUs and guarantee violations side by side.")
+    p.add_argument("scenario", help="scenario file (docs/SCENARIOS.md)")
+    p.add_argument("--baseline", required=True, metavar="POLICY[,POLICY]",
+                   help=f"comma-separated baselines: {', '.join(POLICIES)} (or 'all')")
+    p.add_argument("--out", metavar="DIR", help="also write DIR/events.jsonl and DIR/summary.json (gpuq's run, "
+                   "as plain simulate does), DIR/baseline-<policy>/ for each baseline and DIR/quality.json")
+    p.add_argument("--format", "-f", choices=["table", "json"], default="table")
+    return p
+
+
+def baseline_main(argv: list[str], settings: object = None) -> int:
+    """Exit status 0, or 2 for an unknown policy or an unreadable or invalid scenario."""
+    from scheduler.baselines import POLICIES
+    from scheduler.simulator import load_scenario, write_outputs
+
+    args = baseline_parser().parse_args(argv)
+    names = list(POLICIES) if args.baseline == "all" else [n.strip() for n in args.baseline.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        print(f"gpuq simulate --baseline: error: unknown policy {', '.join(unknown) or '(none)'} "
+              f"(expected {', '.join(POLICIES)} or all)", file=sys.stderr)
+        return 2
+    try:
+        sc = load_scenario(args.scenario)
+    except ScenarioError as exc:
+        print(f"gpuq simulate --baseline: error: {exc}", file=sys.stderr)
+        return 2
+    report, results = baselines_run(sc, list(dict.fromkeys(names)))
+    if args.out:
+        out = Path(args.out)
+        for policy, res in results.items():
+            write_outputs(res, out if policy == "gpuq" else out / f"baseline-{policy}")
+        (out / "quality.json").write_text(json.dumps(report, indent=2) + "\n")
+    if args.format == "json":
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_baselines(report))
+    return 0
