@@ -42,6 +42,7 @@ def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
 def simulate_main(argv: list[str]) -> int:
     """Exit status: 0 done, 2 bad arguments or an invalid scenario (the message names the YAML path)."""
     from scheduler.simulator import run_scenario, write_outputs
+    from scheduler.progress import Progress
 
     if "--compare" in argv:
         from scheduler.compare import compare_main
@@ -53,7 +54,7 @@ def simulate_main(argv: list[str]) -> int:
         return baseline_main(argv)
     args = simulate_parser().parse_args(argv)
     try:
-        result = run_scenario(args.scenario)
+        result = run_scenario(args.scenario, progress=Progress.auto("simulate"))
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

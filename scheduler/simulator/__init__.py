@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scheduler.progress import Progress
 from scheduler.simulator.engine import simulate
 from scheduler.simulator.report import SimResult, write_outputs
 from scheduler.simulator.scenario import Scenario, load_scenario, parse_scenario
@@ -16,11 +17,12 @@ from scheduler.simulator.scenario import Scenario, load_scenario, parse_scenario
 __all__ = ["Scenario", "SimResult", "load_scenario", "parse_scenario", "run_scenario", "write_outputs"]
 
 
-def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario) -> SimResult:
+def run_scenario(scenario: str | Path | Mapping[str, Any] | Scenario, progress: Progress | None = None) -> SimResult:
+    """``progress``: a :class:`scheduler.progress.Progress` to show how far the replay is."""
     if isinstance(scenario, Scenario):
         sc = scenario
     elif isinstance(scenario, Mapping):
         sc = parse_scenario(scenario)
     else:
         sc = load_scenario(scenario)
-    return simulate(sc)
+    return simulate(sc, progress=progress)

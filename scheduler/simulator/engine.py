@@ -18,6 +18,7 @@ from typing import Any
 from scheduler.cycle import never_fits, schedule
 from scheduler.events import event as make_event
 from scheduler.model import Decisions, Running, Workload
+from scheduler.progress import Progress
 from scheduler.simulator.report import QueueStats, SimResult, summarize
 from scheduler.simulator.scenario import Scenario
 from scheduler.snapshot import Occupancy, Snapshot, occupancy_after, occupancy_of
@@ -153,9 +154,12 @@ class _Sim:
         return min(times) if times else None
 
 
-def simulate(sc: Scenario, schedule_fn: Callable[[Snapshot, float], Decisions] = schedule) -> SimResult:
+def simulate(sc: Scenario, schedule_fn: Callable[[Snapshot, float], Decisions] = schedule,
+             progress: Progress | None = None) -> SimResult:
     """Replay ``sc``. ``schedule_fn`` is the production :func:`scheduler.cycle.schedule`; the
-    benchmarks pass a baseline policy here to measure it on the same clock."""
+    benchmarks pass a baseline policy here to measure it on the same clock. ``progress``
+    (:class:`scheduler.progress.Progress`) shows simulated time, events and what is left; it never
+    changes the replay."""
     sim = _Sim(sc, schedule_fn)
     dt = sc.cycle_interval_s
     until = math.inf if sc.until_s is None else sc.until_s
@@ -164,6 +168,8 @@ def simulate(sc: Scenario, schedule_fn: Callable[[Snapshot, float], Decisions] =
         now = k * dt
         sim.advance(now)
         d = sim.cycle(now)
+        if progress is not None and progress.due():
+            _show(progress, sim, now, until)
         if d.admissions:
             k += 1
             continue
@@ -171,6 +177,8 @@ def simulate(sc: Scenario, schedule_fn: Callable[[Snapshot, float], Decisions] =
         if e is None:
             break
         k = max(k + 1, math.ceil(e / dt - EPS))
+    if progress is not None:
+        progress.close()
     if sc.until_s is not None:
         sim.advance(until)
     end = sim.last_t
@@ -180,3 +188,14 @@ def simulate(sc: Scenario, schedule_fn: Callable[[Snapshot, float], Decisions] =
     for r in sim.running.values():
         sim.gpu_seconds_add(r, end)
     return summarize(sc, sim.events, sim.stats, end, sim.gpu_seconds, sim.cycles, sim.core_s)
+
+
+def _show(progress: Progress, sim: _Sim, now: float, until: float) -> None:
+    """Done = workloads finished or rejected out of all (or the clock's share of ``until``)."""
+    total = len(sim.sc.workloads)
+    done = sum(q.finished + q.rejected for q in sim.stats.values())
+    frac = done / total if total else 1.0
+    if until != math.inf and until > 0:
+        frac = max(frac, now / until)
+    progress.show(frac, 1.0, f"t={now:,.0f} s  events {len(sim.events):,}  pending {len(sim.pending):,}  "
+                  f"running {len(sim.running):,}  done {done:,}/{total:,}")
