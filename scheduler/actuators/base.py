@@ -11,10 +11,18 @@ Actuators, chosen by ``scheduler.actuator`` in the settings:
 
 * ``dry-run``    :class:`DryRunActuator`: records what it would do; nothing is touched.
 * ``kubernetes`` Kueue-style: a RayJob/RayCluster created with ``spec.suspend: true`` is admitted
-  by unsuspending it with a node selector for its GPU type, preempted by suspending it again;
-  plain pods are preempted through the Eviction API.
-* ``ray``        workloads submitted to gpuq are started with the Ray Job Submission API and
+  by unsuspending it with a node selector for its GPU type and required node affinity on the
+  nodes gpuq chose (``kubernetes.io/hostname``), preempted by suspending it again (the original
+  selectors and affinity restored); plain pods are preempted through the Eviction API, where a
+  PodDisruptionBudget's refusal (429) is a "retry later"; each action is a Kubernetes Event.
+* ``ray``        workloads submitted to gpuq are started with the Ray Job Submission API, a gang
+  as a placement group pinned to the chosen nodes (:mod:`scheduler.actuators.ray_gang`), and
   stopped on preemption.
+
+``gpuq serve`` calls them on worker threads outside the service's lock, each request bounded by
+``scheduler.actuator_timeout_s`` and each action by ``scheduler.actuator_budget_s``
+(:mod:`scheduler.service.acting`); with spans configured each call is a span
+(:mod:`scheduler.actuators.traced`).
 """
 from __future__ import annotations
 
