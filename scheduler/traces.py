@@ -25,11 +25,21 @@ trace. In short:
   proportion to their GPU-seconds demand (integers summing to the cluster's GPUs) and
   ``max.gpu`` the whole cluster.
 * **Ids** are the pod names (``openb-pod-0017``). The output depends only on the inputs.
+* **Inflation** (``inflate=K``, ``--inflate K``): while the offered load (GPU-seconds demanded
+  over cluster GPUs x the span of submit times, after the scales) is below K, add a copy of a pod
+  drawn uniformly with replacement (``random.Random(seed)``), as the FGD paper (Weng et al., ATC
+  2023) inflates these traces; a copy keeps the pod's shape, QoS, submit time and running time, is
+  named ``<pod>-x<n>`` and picks its queue by the rule like any pod. Already at or above K: no change.
+* **Large outputs**: ``gpuq import-trace`` writes the workloads as JSON lines next to the scenario
+  (``workloads_file:``, docs/SCENARIOS.md) with ``--workloads-file`` or above
+  ``JSONL_THRESHOLD`` workloads.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import random
 import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -40,13 +50,15 @@ from typing import Any
 
 import yaml
 
+from scheduler.progress import Progress
 from scheduler.traces_queues import Assignment, TraceError, default_quotas, parse_assignment
 
 __all__ = ["ImportStats", "TraceError", "TraceImport", "dump_scenario", "import_alibaba_v2023",
-           "import_trace_main", "load_alibaba_v2023"]
+           "import_trace_main", "load_alibaba_v2023", "offered_load", "write_scenario"]
 
 NODES_FILE = "openb_node_list_gpu_node.csv"
 PODS_FILE = "openb_pod_list_default.csv"
+JSONL_THRESHOLD = 20_000         # more workloads than this: gpuq import-trace writes them as JSON lines
 QOS_PRIORITY: Mapping[str, int] = MappingProxyType({"LS": 2, "Guaranteed": 2, "Burstable": 1, "BE": 0})
 QOS_PREEMPTIBLE: Mapping[str, bool] = MappingProxyType(
     {"LS": False, "Guaranteed": False, "Burstable": True, "BE": True})
@@ -75,6 +87,10 @@ class ImportStats:
     cluster_gpus_by_type: dict[str, int] = field(default_factory=dict)
     requested_gpus_by_type: Counter[str] = field(default_factory=Counter)   # first choice or "any"
     demand_gpu_s: dict[str, float] = field(default_factory=dict)            # per queue
+    inflate: float | None = None         # the target offered load, when inflating
+    load_before: float | None = None     # offered load before inflating
+    load_after: float | None = None
+    copies: int = 0                      # pods added by inflation
 
     def summary_lines(self) -> list[str]:
         skipped = sum(self.skipped.values())
@@ -94,6 +110,11 @@ class ImportStats:
         ]
         if self.pending_given_duration:
             lines.append(f"never-scheduled pods kept with the default duration: {self.pending_given_duration}")
+        if self.inflate is not None:
+            lines.append(f"offered load {self.load_before:.3f} -> {self.load_after:.3f} (target {self.inflate:g}): "
+                         f"{self.copies} sampled pod copies added" if self.copies else
+                         f"offered load {self.load_before:.3f} is at or above the target {self.inflate:g}: "
+                         "nothing added")
         if self.never_fits:
             lines.append(f"larger than any node of an acceptable type (the simulator rejects them): "
                          f"{self.never_fits}")
@@ -164,13 +185,23 @@ def _seconds(x: float) -> int | float:
 
 
 def _read_pods(path: Path, types: Mapping[str, int], stats: ImportStats, *, limit: int | None,
-               pending_duration_s: float | None) -> list[_Pod]:
+               pending_duration_s: float | None, progress: Progress | None = None) -> list[_Pod]:
     pods: list[_Pod] = []
     hint = f"; {path.name} carries no times and cannot be replayed" if "multigpu" in path.name else ""
+    total = None
+    if progress is not None and progress.enabled:
+        try:
+            with path.open("rb") as f:
+                total = max(sum(1 for _ in f) - 1, 1)
+        except OSError:
+            total = None
     for line, row in _rows(path, _POD_COLUMNS, hint):
         if limit is not None and len(pods) >= limit:
             break
         stats.rows_read += 1
+        if progress is not None and progress.due():
+            progress.show(stats.rows_read, total, f"reading {path.name}: row {stats.rows_read:,}, "
+                          f"{len(pods):,} pods")
         num_gpu = _int(row, "num_gpu", path, line) or 0
         milli = _int(row, "gpu_milli", path, line)
         created = _int(row, "creation_time", path, line)
@@ -214,12 +245,15 @@ def load_alibaba_v2023(trace_dir: str | Path, *, pods_file: str = PODS_FILE, ass
                        queues: Mapping[str, Any] | None = None, limit: int | None = None,
                        time_scale: float = 1.0, duration_scale: float = 1.0,
                        pending_duration_s: float | None = None, name: str | None = None,
-                       scheduler: Mapping[str, Any] | None = None) -> TraceImport:
+                       scheduler: Mapping[str, Any] | None = None, inflate: float | None = None,
+                       seed: int = 0, progress: Progress | None = None) -> TraceImport:
     """Read the trace and build the scenario and the import statistics (see the module docstring).
 
     ``assignment`` is a rule of :mod:`scheduler.traces_queues`; ``queues`` a parsed queue file
     (``{"queues": ..., "gpu_types": ...}``) whose quotas are used unchanged; ``limit`` stops after
-    that many imported workloads; ``scheduler`` is copied to the scenario's ``scheduler:``.
+    that many imported workloads; ``scheduler`` is copied to the scenario's ``scheduler:``;
+    ``inflate`` the offered load to reach by adding sampled pod copies (``seed``; see the module
+    docstring); ``progress`` shows how far the reading is.
     """
     if time_scale <= 0 or duration_scale <= 0:
         raise TraceError("--time-scale", "time_scale and duration_scale must be positive")
@@ -227,17 +261,21 @@ def load_alibaba_v2023(trace_dir: str | Path, *, pods_file: str = PODS_FILE, ass
         raise TraceError("--pending-duration", "must be positive")
     if limit is not None and limit < 0:
         raise TraceError("--limit", "must not be negative")
+    if inflate is not None and not inflate > 0:
+        raise TraceError("--inflate", f"the target offered load must be positive, got {inflate!r}")
     trace = Path(trace_dir)
     rule: Assignment = parse_assignment(assignment, queues)
     nodes, nodes_by_type, gpus_by_type = _read_nodes(trace / NODES_FILE)
     stats = ImportStats(pods_file=pods_file, rule=assignment, nodes_by_type=nodes_by_type,
                         cluster_gpus_by_type=gpus_by_type)
     pods = _read_pods(trace / pods_file, gpus_by_type, stats, limit=limit,
-                      pending_duration_s=pending_duration_s)
+                      pending_duration_s=pending_duration_s, progress=progress)
     biggest: dict[str, int] = {}
     for n in nodes:
         biggest[n["gpu_type"]] = max(biggest.get(n["gpu_type"], 0), n["gpus"])
     start = min((p.creation_s for p in pods), default=0)
+    if inflate is not None:
+        pods = _inflate(pods, start, time_scale, duration_scale, sum(gpus_by_type.values()), inflate, seed, stats)
     demand: dict[str, float] = dict.fromkeys(rule.leaves, 0.0)
     workloads: list[tuple[float, int, dict[str, Any]]] = []
     for i, pod in enumerate(pods):
@@ -275,9 +313,78 @@ def load_alibaba_v2023(trace_dir: str | Path, *, pods_file: str = PODS_FILE, ass
     return TraceImport(scenario, stats)
 
 
+def _scaled(pod: _Pod, start: int, time_scale: float, duration_scale: float) -> tuple[float, float]:
+    """(submit, duration) of a pod in the scenario, rounded as written."""
+    return (_seconds((pod.creation_s - start) * time_scale),
+            max(_seconds(pod.duration_s * duration_scale), 0.001))
+
+
+def offered_load(workloads: list[Mapping[str, Any]], total_gpus: int) -> float:
+    """GPU-seconds demanded over ``total_gpus`` x the span of submit times (inf for a zero span)."""
+    if not workloads:
+        return 0.0
+    demand = sum(w.get("pods", 1) * w.get("gpus_per_pod", 1) * w["duration"] for w in workloads)
+    subs = [w.get("submit", 0) for w in workloads]
+    span = max(subs) - min(subs)
+    return demand / (total_gpus * span) if span > 0 else float("inf")
+
+
+def _inflate(pods: list[_Pod], start: int, time_scale: float, duration_scale: float, total_gpus: int,
+             target: float, seed: int, stats: ImportStats) -> list[_Pod]:
+    stats.inflate = target
+    if not pods:
+        raise TraceError("--inflate", "no pods were imported: nothing to sample from")
+    scaled = [_scaled(p, start, time_scale, duration_scale) for p in pods]
+    subs = [s for s, _ in scaled]
+    span = max(subs) - min(subs)
+    if span <= 0:
+        raise TraceError("--inflate", "all imported pods are submitted at the same instant: the offered "
+                                      "load (over the span of submit times) is undefined")
+    capacity = total_gpus * span
+    demand = sum(p.gpus * d for p, (_, d) in zip(pods, scaled, strict=True))
+    stats.load_before = demand / capacity
+    rng = random.Random(seed)
+    out = list(pods)
+    n = len(pods)
+    while demand < target * capacity:
+        i = rng.randrange(n)
+        p = pods[i]
+        stats.copies += 1
+        out.append(_Pod(f"{p.name}-x{stats.copies}", p.gpus, p.gpu_types, p.qos, p.creation_s, p.duration_s))
+        demand += p.gpus * scaled[i][1]
+    stats.load_after = demand / capacity
+    return out
+
+
 def import_alibaba_v2023(trace_dir: str | Path, **options: Any) -> dict[str, Any]:
     """The scenario mapping of :func:`load_alibaba_v2023` (same keyword options)."""
     return load_alibaba_v2023(trace_dir, **options).scenario
+
+
+def write_scenario(scenario: Mapping[str, Any], out: Path, comment: list[str] | None = None,
+                   workloads_file: Path | None = None, progress: Progress | None = None) -> Path | None:
+    """Write ``scenario`` as YAML to ``out``; with ``workloads_file`` the workloads go there as JSON
+    lines (one object a line, the same fields as inline) and the YAML names it relative to ``out``'s
+    directory. Returns the JSONL path, if one was written."""
+    if workloads_file is None:
+        out.write_text(dump_scenario(scenario, comment))
+        return None
+    work = scenario.get("workloads") or []
+    try:
+        rel = Path(workloads_file).resolve().relative_to(out.resolve().parent)
+    except ValueError:
+        rel = Path(workloads_file).resolve()
+    head = {k: v for k, v in scenario.items() if k != "workloads"}
+    head["workloads_file"] = rel.as_posix()
+    dumps = json.JSONEncoder(separators=(", ", ": ")).encode
+    with Path(workloads_file).open("w", encoding="utf-8") as f:
+        for i, w in enumerate(work):
+            f.write(dumps(w) + "\n")
+            if progress is not None and progress.due():
+                progress.show(i, len(work), f"writing {Path(workloads_file).name}: {i:,} workloads")
+    text = "".join(f"# {c}\n" for c in comment or [])
+    out.write_text(text + yaml.safe_dump(head, sort_keys=False, default_flow_style=None, width=110))
+    return Path(workloads_file)
 
 
 def dump_scenario(scenario: Mapping[str, Any], comment: list[str] | None = None) -> str:
@@ -309,6 +416,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="scenario name (default alibaba-v2023-<pods file>)")
     p.add_argument("--cycle-interval", type=float, metavar="S", help="scheduler.cycle_interval_s")
     p.add_argument("--no-preemption", action="store_true", help="scheduler.preemption: false")
+    p.add_argument("--inflate", type=float, metavar="K", help="add sampled copies of pods until the offered "
+                   "load (GPU-seconds over GPUs x span of submit times) is K (docs/TRACES.md)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --inflate's sampling (default 0)")
+    p.add_argument("--workloads-file", nargs="?", const="", metavar="FILE.jsonl",
+                   help="write the workloads as JSON lines to FILE.jsonl (default: next to --out, "
+                   f"<out>.workloads.jsonl); automatic above {JSONL_THRESHOLD:,} workloads")
     return p
 
 
@@ -316,6 +429,7 @@ def import_trace_main(argv: list[str], settings: object = None) -> int:
     """``gpuq import-trace alibaba-v2023 TRACE_DIR --out FILE ...``; ``settings`` is accepted for
     the CLI's uniform signature and not used."""
     args = _parser().parse_args(argv)
+    progress = Progress.auto("import-trace")
     sched: dict[str, Any] = {}
     if args.no_preemption:
         sched["preemption"] = False
@@ -329,16 +443,29 @@ def import_trace_main(argv: list[str], settings: object = None) -> int:
                                     queues=queues, limit=args.limit, time_scale=args.time_scale,
                                     duration_scale=args.duration_scale,
                                     pending_duration_s=args.pending_duration, name=args.name,
-                                    scheduler=sched or None)
+                                    scheduler=sched or None, inflate=args.inflate, seed=args.seed,
+                                    progress=progress)
         lines = result.stats.summary_lines()
-        text = dump_scenario(result.scenario, [f"gpuq import-trace {' '.join(argv)}", *lines])
+        comment = [f"gpuq import-trace {' '.join(argv)}", *lines]
+        n = len(result.scenario["workloads"])
         if args.out == "-":
-            sys.stdout.write(text)
+            if args.workloads_file is not None:
+                raise TraceError("--workloads-file", "needs --out FILE (the scenario names the file)")
+            sys.stdout.write(dump_scenario(result.scenario, comment))
         else:
-            Path(args.out).write_text(text)
+            out_path = Path(args.out)
+            jsonl = None
+            if args.workloads_file is not None or n > JSONL_THRESHOLD:
+                jsonl = (Path(args.workloads_file) if args.workloads_file
+                         else out_path.with_name(out_path.stem + ".workloads.jsonl"))
+            written = write_scenario(result.scenario, out_path, comment, jsonl, progress)
+            if written is not None:
+                lines.append(f"workloads: {n} lines of JSON in {written}")
     except (TraceError, OSError) as exc:
+        progress.close()
         print(f"gpuq import-trace: error: {exc}", file=sys.stderr)
         return 2
+    progress.close()
     out = sys.stderr if args.out == "-" else sys.stdout
     for line in lines:
         print(line, file=out)
