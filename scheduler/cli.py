@@ -222,10 +222,12 @@ def acting_main(argv: list[str], settings: Any, command: str) -> int:
             st = _call(args, settings, f"gpuq {command}", f"/admin/{command}", method="POST", body=body)
     except SystemExit as exc:
         return int(exc.code or 1)
-    if args.format == "json":
-        print(json.dumps(st, indent=1))
-        return 0
-    print(status_text(st), end="")
+    return _show(st, args.format, status_text)
+
+
+def _show(answer: Any, fmt: str, text: Any) -> int:
+    """Print an API answer as JSON or through its text renderer; 0."""
+    print(json.dumps(answer, indent=1) if fmt == "json" else text(answer), end="\n" if fmt == "json" else "")
     return 0
 
 
@@ -299,11 +301,7 @@ def explain_main(argv: list[str], settings: Any) -> int:
         w = _call(args, settings, "gpuq explain", f"/workloads/{quote(args.id, safe='/')}")
     except SystemExit as exc:
         return int(exc.code or 1)
-    if args.format == "json":
-        print(json.dumps(w, indent=1))
-        return 0
-    print(explain_text(w), end="")
-    return 0
+    return _show(w, args.format, explain_text)
 
 
 def explain_text(w: dict[str, Any]) -> str:
