@@ -75,6 +75,7 @@ def per_queue(snap: Snapshot, now: float) -> Decisions:
     heap = [(queue_key(cluster, ledger, q), q) for q in groups]
     heapq.heapify(heap)
     admissions: list[Admission] = []
+    no_room: set[tuple[str, int, int]] = set()
     while heap:
         _, q = heapq.heappop(heap)
         failed: set[tuple[object, ...]] = set()   # shapes with no admission in q now
@@ -82,7 +83,7 @@ def per_queue(snap: Snapshot, now: float) -> Decisions:
             shape = (w.gpu_types, w.gpus_per_pod, w.pods, w.cpu_millicores_per_pod, w.memory_per_pod_bytes)
             if shape in failed:
                 continue
-            p = _admit(cluster, ledger, index, w)
+            p = _admit(cluster, ledger, index, w, no_room)
             if p is not None:
                 admissions.append(Admission(w, p))
                 break
@@ -90,15 +91,23 @@ def per_queue(snap: Snapshot, now: float) -> Decisions:
     return Decisions(now, tuple(admissions), (), ())
 
 
-def _admit(cluster: Cluster, ledger: Ledger, index: FreeIndex, w: Workload) -> Placement | None:
+def _admit(cluster: Cluster, ledger: Ledger, index: FreeIndex, w: Workload,
+           no_room: set[tuple[str, int, int]]) -> Placement | None:
+    """Place ``w`` on the first of its types with room within max. ``no_room``: gang shapes that
+    found no room earlier in this cycle (admissions only take GPUs, so they still find none)."""
     for t in acceptable_types(cluster, w):
+        room = (t, w.gpus_per_pod, w.pods)
+        if room in no_room:
+            continue
         vec = demand(w, t)
         if over_max(cluster, ledger, w.queue, vec) is not None:
             continue
         p = index.place(t, w.gpus_per_pod, w.pods)
-        if p is not None:
-            ledger.add(cluster.chains[w.queue], vec)
-            return p
+        if p is None:
+            no_room.add(room)
+            continue
+        ledger.add(cluster.chains[w.queue], vec)
+        return p
     return None
 
 

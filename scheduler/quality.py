@@ -42,12 +42,19 @@ ALL = "(all)"
 
 
 class _Pending:
-    """Pending workloads of one scope (a queue, or all): per GPU type, a counter of GPUs per pod."""
+    """Pending workloads of one scope (a queue, or all): per GPU type, a counter of GPUs per pod,
+    and the stranded GPU-seconds seen so far. While the smallest pod ``m`` of a type is unchanged,
+    the scope's stranded GPUs on that type are ``below[type][m]`` at every instant, so their
+    integral over that stretch is a difference of the running integrals ``cum[type][m]``."""
 
-    __slots__ = ("per_type",)
+    __slots__ = ("cum", "gpu_s", "mark", "per_type", "smallest")
 
-    def __init__(self, types: Sequence[str]) -> None:
+    def __init__(self, types: Sequence[str], cum: Mapping[str, list[float]]) -> None:
+        self.cum = cum
         self.per_type: dict[str, Counter[int]] = {t: Counter() for t in types}
+        self.smallest: dict[str, int] = {}      # type -> its smallest pending pod (types with pending)
+        self.mark: dict[str, float] = {}        # type -> cum[type][smallest] when it became so
+        self.gpu_s = 0.0
 
     def add(self, types: tuple[str, ...], k: int, sign: int) -> None:
         for t in types:
@@ -55,50 +62,62 @@ class _Pending:
             c[k] += sign
             if c[k] == 0:
                 del c[k]
+            old = self.smallest.get(t)
+            new = min(c) if c else None
+            if new != old:
+                cum = self.cum[t]
+                if old is not None:
+                    self.gpu_s += cum[min(old, len(cum) - 1)] - self.mark[t]
+                if new is None:
+                    del self.smallest[t]
+                else:
+                    self.smallest[t] = new
+                    self.mark[t] = cum[min(new, len(cum) - 1)]
 
-    def stranded(self, free_by_type: Mapping[str, Counter[int]]) -> int:
-        total = 0
-        for t, c in self.per_type.items():
-            if not c:
-                continue
-            smallest = min(c)
-            for f, n in free_by_type[t].items():
-                if 0 < f < smallest:
-                    total += f * n
-        return total
+    def close(self) -> float:
+        for t in list(self.smallest):
+            cum = self.cum[t]
+            self.gpu_s += cum[min(self.smallest[t], len(cum) - 1)] - self.mark[t]
+            self.mark[t] = cum[min(self.smallest[t], len(cum) - 1)]
+        return self.gpu_s
 
 
 def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Mapping[str, Any]],
             summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{queue: {metric: value}, "(all)": {...}}`` for the leaf queues of the summary, in its order."""
+    """``{queue: {metric: value}, "(all)": {...}}`` for the leaf queues of the summary, in its order.
+    Cost: O(events x GPU types) plus O(distinct event times x GPU types x GPUs per node)."""
     by_id = {w.id: w for w in workloads}
     queues = list(summary["queues"])
     makespan = float(summary["makespan_s"])
     capacity = sum(n.gpus for n in cluster.nodes) * makespan
-    types_of = {wid: acceptable_types(cluster, w) for wid, w in by_id.items()}
+    types_of: dict[str, tuple[str, ...]] = {}
 
     node_type = [n.gpu_type for n in cluster.nodes]
     free = [n.gpus for n in cluster.nodes]
-    free_by_type: dict[str, Counter[int]] = {t: Counter() for t in cluster.types}
+    caps = {t: cluster.type_cap[t] for t in cluster.types}
+    counts: dict[str, list[int]] = {t: [0] * (caps[t] + 1) for t in cluster.types}   # nodes by free count
     for i, f in enumerate(free):
-        free_by_type[node_type[i]][f] += 1
+        counts[node_type[i]][f] += 1
     index = cluster.node_index
+    # cum[t][m]: integral over time so far of the free GPUs on type-t nodes with 0 < free < m
+    cum: dict[str, list[float]] = {t: [0.0] * (caps[t] + 2) for t in cluster.types}
 
-    scopes = {q: _Pending(cluster.types) for q in queues}
-    every = _Pending(cluster.types)
+    scopes = {q: _Pending(cluster.types, cum) for q in queues}
+    every = _Pending(cluster.types, cum)
     held: dict[str, int] = dict.fromkeys(queues, 0)                   # GPUs running per queue
     pending_gpus: dict[str, Counter[int]] = {q: Counter() for q in queues}   # gang sizes pending
     guarantee = {q: int(cluster.guarantee[q].get("gpu", 0)) for q in queues}
+    violating: dict[str, float] = {}                                   # queue -> since when
+    violation = dict.fromkeys(queues, 0.0)
     placed: dict[str, dict[str, int]] = {}
     submitted: dict[str, float] = {}
     waits: dict[str, list[float]] = {q: [] for q in queues}
     preempted: Counter[str] = Counter()
-    stranded_all = 0.0
-    stranded = dict.fromkeys(queues, 0.0)
-    violation = dict.fromkeys(queues, 0.0)
 
     def pend(w: Workload, sign: int) -> None:
-        types = types_of[w.id]
+        types = types_of.get(w.id)
+        if types is None:
+            types = types_of[w.id] = acceptable_types(cluster, w)
         scopes[w.queue].add(types, w.gpus_per_pod, sign)
         every.add(types, w.gpus_per_pod, sign)
         c = pending_gpus[w.queue]
@@ -106,26 +125,30 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
         if c[w.gpus] == 0:
             del c[w.gpus]
 
+    def check(q: str, t: float) -> None:
+        c = pending_gpus[q]
+        on = bool(c) and held[q] + min(c) <= guarantee[q]
+        if on and q not in violating:
+            violating[q] = t
+        elif not on and q in violating:
+            violation[q] += t - violating.pop(q)
+
     def take(where: Mapping[str, int], sign: int) -> None:
         for name, g in where.items():
             i = index[name]
-            fb = free_by_type[node_type[i]]
-            fb[free[i]] -= 1
+            c = counts[node_type[i]]
+            c[free[i]] -= 1
             free[i] += sign * g
-            fb[free[i]] += 1
+            c[free[i]] += 1
 
     def integrate(dt: float) -> None:
-        nonlocal stranded_all
         if dt <= 0:
             return
-        stranded_all += every.stranded(free_by_type) * dt
-        for q in queues:
-            c = pending_gpus[q]
-            if not c:
-                continue
-            stranded[q] += scopes[q].stranded(free_by_type) * dt
-            if held[q] + min(c) <= guarantee[q]:
-                violation[q] += dt
+        for t, c in counts.items():
+            acc, row = 0, cum[t]
+            for m in range(1, len(row)):            # free GPUs on nodes with 0 < free < m
+                acc += (m - 1) * c[m - 1]
+                row[m] += acc * dt
 
     last = 0.0
     for e in events:
@@ -153,15 +176,18 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
             if kind == "preempt":
                 preempted[w.queue] += 1
                 pend(w, 1)
+        check(w.queue, t)
     if makespan > last:
         integrate(makespan - last)
+    for q in list(violating):
+        violation[q] += max(makespan - violating.pop(q), 0.0)
 
     out: dict[str, dict[str, Any]] = {}
     for q in queues:
         out[q] = _row(waits[q], summary["queues"][q]["gpu_seconds"] / capacity if capacity > 0 else 0.0,
-                      preempted[q], stranded[q], makespan, violation[q])
+                      preempted[q], scopes[q].close(), makespan, violation[q])
     everything = [x for q in queues for x in waits[q]]
-    out[ALL] = _row(everything, float(summary["gpu_utilization"]), sum(preempted.values()), stranded_all,
+    out[ALL] = _row(everything, float(summary["gpu_utilization"]), sum(preempted.values()), every.close(),
                     makespan, sum(violation.values()))
     return out
 
