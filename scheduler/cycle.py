@@ -30,12 +30,13 @@ from scheduler.model import (
     Admission,
     Decisions,
     PendingReason,
+    PendingReasons,
     Preemption,
     ReasonCode,
     Workload,
     pending_reason,
 )
-from scheduler.ordering import by_queue, queue_key
+from scheduler.ordering import grouped, queue_key
 from scheduler.placement import FreeIndex, node_slots
 from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
 from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_max
@@ -46,7 +47,7 @@ Verdict = tuple[ReasonCode, str]
 
 def schedule(snap: Snapshot, now: float) -> Decisions:
     cycle = _Cycle(snap, now)
-    groups = by_queue(snap.pending)
+    groups = grouped(snap.cluster.memo, snap.pending)
     cycle.check_queues(groups)
     heap = [(queue_key(cycle.cluster, cycle.ledger, q), q) for q in groups]
     heapq.heapify(heap)
@@ -71,7 +72,10 @@ class _Cycle:
         self.index = FreeIndex(snap.cluster, snap.occupancy.node_free, snap.occupancy.levels)
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
-        self.waiting: dict[str, list[PendingReason]] = {}   # queue -> its waiting ones, in order
+        # queue -> its waiting ones, in order (or a :class:`_Replay` that builds them)
+        self.waiting: dict[str, list[PendingReason] | _Replay] = {}
+        memo = self.cluster.memo
+        self.walked: dict[str, Walked] = memo.setdefault(("walked",), {})  # type: ignore[assignment]
         self.known = _known(snap.cluster, len(snap.pending))
         self.preemption = snap.settings.preemption
         self.pool: Pool | None = None        # victim candidates, built on first need
@@ -98,9 +102,21 @@ class _Cycle:
         starts, so the common verdict "no room for the shape anywhere, and the queue is above its
         guarantee" comes from memos, and so does the free-capacity verdict of a gang shape met
         before in this walk (the same steps as :meth:`free_capacity`, without the work)."""
-        out = self.waiting.setdefault(q, [])
         cluster, all_full, known, preemption = self.cluster, self.all_full, self.known, self.preemption
         used, g = self.ledger.used(q, "gpu"), cluster.guarantee[q]["gpu"]
+        walked = self.walked
+        # the queue's first walk this cycle may replay its last one (see :data:`Walked`)
+        entries: list[Entry] | None = None
+        if i == 0 and q not in self.waiting:
+            rec = walked.get(q)
+            if (rec is not None and rec[1] == used and rec[2] == preemption
+                    and (rec[0] is lst or rec[0] == lst) and all_full.keys() >= rec[3]):
+                self.waiting[q] = _Replay(q, rec, all_full, _facts(cluster, q).why_not)
+                return len(lst)
+            entries = []
+            rooms: set[int] = set()
+        out = self.waiting.setdefault(q, [])
+        assert isinstance(out, list)
         strict = cluster.config.queues[q].strict_fifo
         head, tail = _facts(cluster, q).why_not
         met: dict[int, tuple[int, ReasonCode, str]] = {}     # id(fit) -> (rooms_seen, its verdict)
@@ -116,25 +132,31 @@ class _Cycle:
             never, _, room = fit
             miss = None if never is not None else all_full.get(room)
             gpus = w.pods * w.gpus_per_pod
+            kind = 0
             if never is not None:
                 code, msg = ReasonCode.NEVER_FITS, never
             elif miss is not None and not preemption:
-                code, msg = no_fit, miss
+                code, msg, kind = no_fit, miss, 1
             elif miss is not None and used + gpus > g:      # as in _preempt: the quick no
-                code, msg = no_fit, f"{miss}; {head}{used + gpus}{tail}"
+                code, msg, kind = no_fit, f"{miss}; {head}{used + gpus}{tail}", 2
             else:
+                if entries is not None:
+                    entries = None
+                    walked.pop(q, None)
                 before = met.get(id(fit))
                 if before is not None and before[0] == self.rooms_seen:
                     _, code, msg = before
                 else:
                     verdict = self.free_capacity(w, fit)
                     if verdict is None:
+                        walked.pop(q, None)
                         return i
                     code, msg = verdict
                     met[id(fit)] = (self.rooms_seen, code, msg)
                 if preemption:
                     verdict = self._preempt(w, fit.types, code, msg)
                     if verdict is None:
+                        walked.pop(q, None)
                         return i
                     code, msg = verdict
             pos = len(out) + 1
@@ -142,9 +164,19 @@ class _Cycle:
                 last = pending_reason(w.id, q, code, msg, pos)
                 known[w.id] = (w, fit, last)
             out.append(last)
+            if entries is not None:
+                if kind:
+                    rooms.add(room)
+                    entries.append((kind, w, room))
+                else:
+                    entries.append((0, w, last))
             if strict:
                 self.block_behind(w, lst[i:], out)
-                return n
+                if entries is not None:
+                    entries.extend((0, w, r) for w, r in zip(lst[i:], out[len(entries):]))
+                break
+        if entries is not None:
+            walked[q] = (lst, used, preemption, frozenset(rooms), entries)
         return n
 
     def free_capacity(self, w: Workload, fit: Fit) -> Verdict | None:
@@ -215,7 +247,7 @@ class _Cycle:
         victims = tuple(r.workload.id for r in result.victims)
         self.no_room.clear()
         self.rooms_seen += 1
-        self.all_full.clear()
+        self.all_full = {}               # a new one: a _Replay keeps reading the old one
         self.preemptions.append(
             Preemption(w.id, w.queue, victims, reasons.preempted(w.queue, holds, w.gpus, g))
         )
@@ -238,7 +270,10 @@ class _Cycle:
     def requeue(self, groups: dict[str, list[Workload]]) -> tuple[PendingReason, ...]:
         """The waiting workloads, queue by queue (each one's position counts the waiting ones)."""
         waiting = self.waiting
-        return tuple(chain.from_iterable(waiting[q] for q in groups if q in waiting))
+        parts = [waiting[q] for q in groups if q in waiting]
+        if not any(type(p) is _Replay for p in parts):
+            return tuple(chain.from_iterable(parts))  # type: ignore[arg-type]
+        return PendingReasons(parts, sum(map(len, parts)))  # type: ignore[arg-type]
 
 
 class Fit(NamedTuple):
@@ -285,6 +320,51 @@ def _facts(cluster: Cluster, queue: str) -> QueueFacts:
 
 
 Seen = tuple[Workload, Fit, PendingReason]
+
+# One waiting workload of a walk that read nothing but memos: (0, workload, its reason) when that
+# reason reads nothing that changes (never fits; strict FIFO behind the head); (1, workload,
+# Fit.room): the room's no-room message; (2, workload, Fit.room): that message and the quick "no
+# preemption: above its guarantee" (preemption on, the queue at or above its guarantee).
+Entry = tuple[int, Workload, object]
+
+# queue -> its last first-walk of a cycle, kept across cycles (in the cluster's memo) only for a walk
+# that read nothing but memos (every workload an Entry): (its pending list, its gpu usage, whether
+# preemption was on, the rooms it read, its entries). Such a walk starts nothing, and while its
+# pending list, usage and preemption setting are equal and every room it read has found no room
+# again this cycle (the cycle's all_full), each workload takes the same branch with this cycle's
+# message: the cycle replays it without walking the workloads (:class:`_Replay`), so a cycle's cost
+# follows the queues that changed, not the depth of the backlog.
+Walked = tuple[list[Workload], int, bool, frozenset[int], list[Entry]]
+
+
+class _Replay:
+    """A replayed queue's waiting list, built when :attr:`Decisions.pending` is first read: the
+    messages come from the cycle's all_full as it was at the replay (a preemption later in the
+    cycle starts a new one, and entries are never changed once set)."""
+
+    __slots__ = ("all_full", "entries", "n", "parts", "queue", "used")
+
+    def __init__(self, queue: str, rec: Walked, all_full: dict[int, str], parts: tuple[str, str]) -> None:
+        self.queue, self.used, self.entries, self.n = queue, rec[1], rec[4], len(rec[0])
+        self.all_full, self.parts = all_full, parts
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __call__(self) -> list[PendingReason]:
+        q, used, all_full = self.queue, self.used, self.all_full
+        head, tail = self.parts
+        no_fit = ReasonCode.NO_FIT
+        out: list[PendingReason] = []
+        for pos, (kind, w, x) in enumerate(self.entries, 1):
+            if kind == 0:
+                out.append(x)  # type: ignore[arg-type]
+            elif kind == 1:
+                out.append(pending_reason(w.id, q, no_fit, all_full[x], pos))  # type: ignore[index]
+            else:
+                msg = f"{all_full[x]}; {head}{used + w.pods * w.gpus_per_pod}{tail}"  # type: ignore[index]
+                out.append(pending_reason(w.id, q, no_fit, msg, pos))
+        return out
 
 
 def _known(cluster: Cluster, pending: int) -> dict[str, Seen]:

@@ -6,8 +6,9 @@ one GPU type, started and stopped together.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from enum import Enum
 
 
@@ -117,6 +118,55 @@ def pending_reason(workload: str, queue: str, code: ReasonCode, message: str, po
     return r
 
 
+_Part = Sequence[PendingReason] | Callable[[], Sequence[PendingReason]]
+
+
+class PendingReasons(Sequence[PendingReason]):
+    """:attr:`Decisions.pending` as the cycle leaves it: per queue either its reasons or a
+    callable that builds them (a queue whose verdicts the cycle replayed from the last cycle's,
+    :mod:`scheduler.cycle`), built all at once on first read and kept. It reads as, and compares
+    equal to, the tuple of its reasons: the simulator never reads it, so a cycle in a deep backlog
+    does not pay for reasons no one asks for."""
+
+    __slots__ = ("_items", "_len", "_parts")
+
+    def __init__(self, parts: list[_Part], length: int) -> None:
+        self._parts: list[_Part] | None = parts
+        self._len = length
+        self._items: tuple[PendingReason, ...] | None = None
+
+    def _all(self) -> tuple[PendingReason, ...]:
+        items = self._items
+        if items is None:
+            parts = self._parts
+            assert parts is not None
+            items = self._items = tuple(chain.from_iterable(p() if callable(p) else p for p in parts))
+            self._parts = None
+        return items
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        return self._all()[i]
+
+    def __iter__(self) -> Iterator[PendingReason]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PendingReasons):
+            return self._all() == other._all()
+        if isinstance(other, tuple):
+            return self._all() == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     """Start ``workload`` at ``placement``; ``victims`` (ids) must stop first, in this order."""
@@ -142,7 +192,7 @@ class Decisions:
     now_s: float
     admissions: tuple[Admission, ...]
     preemptions: tuple[Preemption, ...]
-    pending: tuple[PendingReason, ...]
+    pending: Sequence[PendingReason]      # a tuple, or PendingReasons (built on first read)
 
     def reason(self, workload_id: str) -> PendingReason | None:
         for p in self.pending:

@@ -11,7 +11,9 @@ Workload key (first first): :attr:`scheduler.model.Workload.order_key`,
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
+from itertools import compress
 from operator import attrgetter
 
 from scheduler.model import Workload
@@ -42,3 +44,63 @@ def by_queue(pending: Iterable[Workload]) -> dict[str, list[Workload]]:
         if len(lst) > 1:
             lst.sort(key=_ORDER)
     return {q: groups[q] for q in sorted(groups)}
+
+
+_Grouped = tuple[set[int], dict[int, Workload], dict[str, list[Workload]]]
+
+
+def grouped(memo: dict[object, object], pending: Sequence[Workload]) -> dict[str, list[Workload]]:
+    """:func:`by_queue` of ``pending``, kept up to date in ``memo`` (the cluster's) from one call to
+    the next: when most of the pending workloads are the same objects as last time, only the queues
+    that gained or lost one are rebuilt, each as a new list (a list handed out is never changed
+    afterwards, so a queue whose list is the same object has the same pending). The same result as
+    :func:`by_queue`, at a cost that follows what changed (the set differences run at C speed)."""
+    prev: _Grouped | None = memo.get(("grouped",))  # type: ignore[assignment]
+    ids = set(map(id, pending))
+    if prev is None or len(ids) != len(pending):
+        return _regroup(memo, pending, ids)
+    old_ids, by_id, groups = prev
+    gone, came = old_ids - ids, ids - old_ids
+    if len(gone) + len(came) > len(pending) // 4 + 64:
+        return _regroup(memo, pending, ids)
+    fresh: dict[str, list[Workload]] = {}
+    for i in gone:                 # the old objects are still held here, so their ids are not reused
+        w = by_id.pop(i)
+        lst = fresh.get(w.queue)
+        if lst is None:
+            lst = fresh[w.queue] = list(groups[w.queue])
+        k = bisect_left(lst, w.order_key, key=_ORDER)
+        while lst[k] is not w:
+            k += 1
+        del lst[k]
+    for w in compress(pending, map(came.__contains__, map(id, pending))):
+        lst = fresh.get(w.queue)
+        if lst is None:
+            lst = fresh[w.queue] = list(groups.get(w.queue, ()))
+        k = bisect_right(lst, w.order_key, key=_ORDER)
+        if k and lst[k - 1].order_key == w.order_key:      # equal keys: keep by_queue's input order
+            return _regroup(memo, pending, ids)
+        lst.insert(k, w)
+        by_id[id(w)] = w
+    if fresh:
+        out = dict(groups)
+        for q, lst in fresh.items():
+            if lst:
+                out[q] = lst
+            else:
+                del out[q]
+        if any(q not in groups for q in fresh):
+            out = {q: out[q] for q in sorted(out)}
+        groups = out
+    memo[("grouped",)] = (ids, by_id, groups)
+    return groups
+
+
+def _regroup(memo: dict[object, object], pending: Sequence[Workload],
+             ids: set[int]) -> dict[str, list[Workload]]:
+    groups = by_queue(pending)
+    if len(ids) == len(pending):
+        memo[("grouped",)] = (ids, {id(w): w for w in pending}, groups)
+    else:
+        memo.pop(("grouped",), None)
+    return groups
