@@ -6,7 +6,10 @@ Steps, each timed: import the trace (``scheduler.traces``), replay it with ``run
 production core on a simulated clock), and replay it again with preemption disabled. A peer is
 measured in the same run: a naive FIFO scheduler written here (one workload at a time in submit
 order, first-fit on the nodes of the first acceptable type that has room, no quotas, the head
-blocks the line), fed the same workloads. Lines starting ``RESULT`` are the figures:
+blocks the line), fed the same workloads; then the baselines of ``gpuq simulate --baseline``
+(``scheduler.baselines``) replay it on the simulator's clock and ``quality.<policy>.<metric>``
+lines give the quality metrics (``scheduler.quality``, "(all)") of each and of the core. Lines
+starting ``RESULT`` are the figures:
 ``RESULT <name> <value> [unit]``.
 
 ``--time-scale`` compresses arrivals (0.01 = 100x the load; the real trace keeps a 6,212-GPU
@@ -156,6 +159,21 @@ def main(argv: list[str] | None = None) -> int:
     result("fifo.admissions_per_s", fifo["admitted"] / fifo["wall_s"] if fifo["wall_s"] else 0.0, "1/s")
     result("fifo.makespan_s", fifo["makespan_s"], "s")
     result("fifo.mean_wait_s", fifo["mean_wait_s"], "s")
+
+    # the baselines of `gpuq simulate --baseline` (scheduler.baselines) on the simulator's clock,
+    # with the quality metrics of scheduler.quality, next to the core's
+    from scheduler.baselines import POLICIES
+    from scheduler.quality import quality
+    from scheduler.simulator import parse_scenario
+    from scheduler.simulator.engine import simulate
+
+    parsed = parse_scenario(dict(sc, scheduler={"preemption": True}))
+    core_res = runs["preemption_on"][0]
+    for label, res in (("core", core_res), *((n, simulate(parsed, f)) for n, f in POLICIES.items())):
+        q = quality(parsed.cluster, parsed.workloads, res.events, res.summary)["(all)"]
+        for m in ("wait_p50_s", "wait_p90_s", "wait_p99_s", "stranded_gpu_hours", "guarantee_violation_s"):
+            result(f"quality.{label}.{m}", float(q[m] or 0.0))
+        result(f"quality.{label}.preemptions", int(q["preemptions"]))
 
     on, off = runs["preemption_on"][1], runs["preemption_off"][1]
     result("ratio.sim_wall_preemption_on_over_off", on / off if off else 0.0)
