@@ -230,12 +230,14 @@ def baselines_run(sc: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, 
     return report, results
 
 
-def render_baselines(report: Mapping[str, Any]) -> str:
+def render_baselines(report: Mapping[str, Any], totals_only: bool = False) -> str:
     from gpuq.output import render
 
     policies = report["policies"]
     rows: list[list[Any]] = []
     for q, metrics in report["queues"].items():
+        if totals_only and q != "(all)":
+            continue
         for i, (m, vals) in enumerate(metrics.items()):
             rows.append([q if i == 0 else "", BASELINE_LABELS[m], *(vals[p] for p in policies)])
     head = (f"{report['scenario']}: gpuq's core and baselines on the same scenario (fifo: plain FIFO, best fit, "
@@ -255,6 +257,8 @@ def baseline_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="also write DIR/events.jsonl and DIR/summary.json (gpuq's run, "
                    "as plain simulate does), DIR/baseline-<policy>/ for each baseline and DIR/quality.json")
     p.add_argument("--format", "-f", choices=["table", "json"], default="table")
+    p.add_argument("--totals", action="store_true", help="print the (all) rows only (the table; "
+                   "quality.json and --format json keep every queue)")
     return p
 
 
@@ -284,5 +288,5 @@ def baseline_main(argv: list[str], settings: object = None) -> int:
     if args.format == "json":
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
-        sys.stdout.write(render_baselines(report))
+        sys.stdout.write(render_baselines(report, args.totals))
     return 0

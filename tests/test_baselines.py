@@ -140,6 +140,9 @@ def test_cli_prints_the_table_and_writes_the_comparison(tmp_path: Path, capsys: 
         events = (out / f"baseline-{policy}" / "events.jsonl").read_text().splitlines()
         assert not any(json.loads(e)["event"] == "preempt" for e in events)
         assert json.loads((out / f"baseline-{policy}" / "summary.json").read_text())["preemptions"] == 0
+    assert simulate_main([str(path), "--baseline", "per-queue", "--totals"]) == 0
+    rows = capsys.readouterr().out.splitlines()[3:]
+    assert rows[0].split()[:4] == ["(all)", "wait", "p50", "s"] and len(rows) == 9   # 8 metrics + count
     assert simulate_main([str(path), "--baseline", "fifo", "-f", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["policies"] == ["gpuq", "fifo"]
 
