@@ -8,6 +8,7 @@ import os
 import pty
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import yaml
@@ -114,3 +115,38 @@ def test_simulate_shows_progress_on_a_pty_only(tmp_path: Path) -> None:
             assert a == b
         else:                                               # wall_s differs
             assert a.split(b'"scheduler"')[0] == b.split(b'"scheduler"')[0]
+
+
+class Ticking:
+    """A clock that moves one second per read: every due() is true."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+def test_import_trace_progress_reading_and_writing_on_a_tty(tmp_path: Path) -> None:
+    from scheduler.traces import load_alibaba_v2023, write_scenario
+    from tests.conftest import data_path
+
+    master, slave = pty.openpty()
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(_read_all(master)))   # a pty's buffer is small
+    reader.start()
+    with os.fdopen(slave, "w") as tty:
+        p = Progress(tty, label="import-trace", clock=Ticking())
+        r = load_alibaba_v2023(data_path("traces", "alibaba-gpu-v2023"), limit=200, progress=p)
+        write_scenario(r.scenario, tmp_path / "s.yaml", [], tmp_path / "s.jsonl", progress=p)
+        p.close()
+    reader.join(timeout=30)
+    os.close(master)
+    text = got[0].decode()
+    lines = [x.strip() for x in text.split("\r") if x.strip()]
+    reading = [x for x in lines if "reading openb_pod_list_default.csv: row" in x]
+    writing = [x for x in lines if "writing s.jsonl:" in x]
+    assert reading and writing
+    assert all(x.startswith("import-trace [") and "ETA " in x for x in reading + writing)
+    assert len((tmp_path / "s.jsonl").read_text().splitlines()) == 200
