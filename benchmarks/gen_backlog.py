@@ -3,7 +3,8 @@
     python -m benchmarks.gen_backlog --out DIR [--workloads 50000] [--nodes 5000] [--seed 11]
         [--format jsonl|yaml|both] [--time]
 
-The shape (the same as ``benchmarks.bench_scheduler``'s backlog): ``--workloads`` workloads in
+The shape and the workloads are those of ``benchmarks.bench_scheduler.make_backlog`` (same seed, same
+draws; ``tests/test_scenario_jsonl.py`` checks it): ``--workloads`` workloads in
 1,000 leaf queues (20 parents x 50 teams, 80 % of the GPUs guaranteed) all submitted within a
 minute, on ``--nodes`` nodes of 8 GPUs in 4 types, runs of 90-150 s, half pinned to one or two
 GPU types. ``jsonl`` writes ``DIR/backlog.yaml`` with ``workloads_file: backlog.workloads.jsonl``;
@@ -22,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from accounting.queues import parse_queue_config
+
 TYPES = ("H100", "A100", "L40S", "T4")
 
 
@@ -38,7 +41,7 @@ def backlog(n: int = 50_000, n_nodes: int = 5_000, seed: int = 11, within_s: flo
         }
         for i in range(n_parents)
     }
-    leaves = [f"org{i}.team{j}" for i in range(n_parents) for j in range(leaves_per)]
+    leaves = parse_queue_config({"queues": queues}).leaves()      # the order bench_scheduler draws from
     head: dict[str, Any] = {
         "name": f"backlog-{n}",
         "nodes": [{"name": t.lower(), "gpu_type": t, "gpus": 8, "count": n_nodes // len(TYPES)} for t in TYPES],
@@ -51,11 +54,12 @@ def backlog(n: int = 50_000, n_nodes: int = 5_000, seed: int = 11, within_s: flo
         pods = rng.choices((1, 2, 4), (7, 2, 1))[0]
         types = (rng.choice(((rng.choice(TYPES),), tuple(rng.sample(TYPES, 2))))
                  if rng.random() < 0.5 else ())
-        w: dict[str, Any] = {"id": f"b{i}", "queue": rng.choice(leaves), "submit": t, "duration": rng.randint(90, 150),
-                             "pods": pods, "gpus_per_pod": rng.choice((1, 2, 4, 8))}
+        queue, per_pod, priority = rng.choice(leaves), rng.choice((1, 2, 4, 8)), rng.choice((0, 0, 1, 2))
+        w: dict[str, Any] = {"id": f"b{i}", "queue": queue, "submit": t, "duration": rng.randint(90, 150),
+                             "pods": pods, "gpus_per_pod": per_pod}
         if types:
             w["gpu_types"] = list(types)
-        w["priority"] = rng.choice((0, 0, 1, 2))
+        w["priority"] = priority
         w["checkpoint"] = rng.random() < 0.5
         work.append(w)
     return head, work

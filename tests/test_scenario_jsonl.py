@@ -100,3 +100,16 @@ def test_relative_to_the_scenario_not_the_cwd(tmp_path: Path, monkeypatch: pytes
     sc = load_scenario(p)
     assert [w.id for w in sc.workloads] == ["x", "z-0", "z-1"]
     assert sc.workloads[1].queue == "b" and sc.workloads[1].submit_s == 1.0
+
+
+def test_gen_backlog_writes_the_benchmarks_backlog(tmp_path: Path) -> None:
+    """benchmarks/gen_backlog.py's files hold bench_scheduler's backlog, inline or as JSON lines."""
+    from benchmarks.bench_scheduler import make_backlog, make_cluster
+    from benchmarks.gen_backlog import backlog, write
+
+    head, work = backlog(600, 200)
+    jl, inline = write(tmp_path, head, work, "both")
+    a, b = load_scenario(jl), load_scenario(inline)
+    c = make_cluster(200)
+    assert a.workloads == b.workloads == make_backlog(c, 600)
+    assert a.cluster.nodes == c.nodes and a.cluster.config.leaves() == c.config.leaves()
