@@ -183,6 +183,9 @@ def compare_main(argv: list[str], settings: object = None) -> int:
     args = compare_parser().parse_args(argv)
     try:
         scenario = _load_yaml(Path(args.scenario), "scenario")
+        wf = scenario.get("workloads_file")
+        if isinstance(wf, str) and wf and not Path(wf).is_absolute():   # relative to the scenario, not the cwd
+            scenario = {**scenario, "workloads_file": str(Path(args.scenario).parent / wf)}
         queues_b = _load_yaml(Path(args.compare), "queue file")
         report, result_a, result_b = compare(scenario, queues_b, source_a=args.scenario,
                                             source_b=args.compare)

@@ -113,3 +113,16 @@ def test_gen_backlog_writes_the_benchmarks_backlog(tmp_path: Path) -> None:
     c = make_cluster(200)
     assert a.workloads == b.workloads == make_backlog(c, 600)
     assert a.cluster.nodes == c.nodes and a.cluster.config.leaves() == c.config.leaves()
+
+
+def test_compare_reads_the_workloads_file_next_to_the_scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from scheduler.cli import simulate_main
+
+    p = _scenario(tmp_path, [GOOD, '{"id": "z", "queue": "b", "duration": 3, "submit": 1}'])
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({"queues": {"a": {"guaranteed": {"gpu": 4}},
+                                                                "b": {"guaranteed": {"gpu": 12}}}}))
+    monkeypatch.chdir("/")
+    assert simulate_main([str(p), "--compare", str(tmp_path / "b.yaml"), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["queues"]["b"]["admitted"] == {"a": 1, "b": 1, "delta": 0}
