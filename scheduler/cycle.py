@@ -111,7 +111,7 @@ class _Cycle:
             rec = walked.get(q)
             if (rec is not None and rec[1] == used and rec[2] == preemption
                     and (rec[0] is lst or rec[0] == lst) and all_full.keys() >= rec[3]):
-                self.waiting[q] = _Replay(q, rec, all_full, _facts(cluster, q).why_not)
+                self.waiting[q] = _Replay(q, rec, all_full, _facts(cluster, q).why_not, known)
                 return len(lst)
             entries = []
             rooms: set[int] = set()
@@ -342,27 +342,38 @@ class _Replay:
     messages come from the cycle's all_full as it was at the replay (a preemption later in the
     cycle starts a new one, and entries are never changed once set)."""
 
-    __slots__ = ("all_full", "entries", "n", "parts", "queue", "used")
+    __slots__ = ("all_full", "entries", "known", "n", "parts", "queue", "used")
 
-    def __init__(self, queue: str, rec: Walked, all_full: dict[int, str], parts: tuple[str, str]) -> None:
+    def __init__(self, queue: str, rec: Walked, all_full: dict[int, str], parts: tuple[str, str],
+                 known: dict[str, Seen]) -> None:
         self.queue, self.used, self.entries, self.n = queue, rec[1], rec[4], len(rec[0])
-        self.all_full, self.parts = all_full, parts
+        self.all_full, self.parts, self.known = all_full, parts, known
 
     def __len__(self) -> int:
         return self.n
 
     def __call__(self) -> list[PendingReason]:
-        q, used, all_full = self.queue, self.used, self.all_full
+        q, used, all_full, known = self.queue, self.used, self.all_full, self.known
         head, tail = self.parts
         no_fit = ReasonCode.NO_FIT
         out: list[PendingReason] = []
         for pos, (kind, w, x) in enumerate(self.entries, 1):
             if kind == 0:
                 out.append(x)  # type: ignore[arg-type]
-            elif kind == 1:
-                out.append(pending_reason(w.id, q, no_fit, all_full[x], pos))  # type: ignore[index]
+                continue
+            if kind == 1:
+                msg = all_full[x]  # type: ignore[index]
             else:
                 msg = f"{all_full[x]}; {head}{used + w.pods * w.gpus_per_pod}{tail}"  # type: ignore[index]
+            # the workload's last reason when equal (as the walk does): no new object, no garbage
+            seen = known.get(w.id)
+            if seen is not None and seen[0] is w:
+                last = seen[2]
+                if last.position != pos or last.code is not no_fit or last.message != msg:
+                    last = pending_reason(w.id, q, no_fit, msg, pos)
+                    known[w.id] = (w, seen[1], last)
+                out.append(last)
+            else:
                 out.append(pending_reason(w.id, q, no_fit, msg, pos))
         return out
 
