@@ -26,6 +26,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 from accounting.queues import parse_queue_config
 from scheduler.cycle import schedule
@@ -39,10 +40,11 @@ from scheduler.snapshot import Cluster, Settings, Snapshot, build_cluster, deman
 TYPES = ("H100", "A100", "L40S", "T4")
 
 
-def make_cluster(n_nodes: int, n_parents: int = 20, leaves_per: int = 50) -> Cluster:
-    gpus = n_nodes * 8
-    leaf_g = gpus * 4 // 5 // (n_parents * leaves_per)          # 80% of the cluster guaranteed
-    queues = {
+def backlog_queues(gpus: int, n_parents: int = 20, leaves_per: int = 50) -> dict[str, Any]:
+    """The queue tree of the benchmark's clusters: ``n_parents`` orgs of ``leaves_per`` teams, 80%
+    of the ``gpus`` guaranteed, each org may grow to a quarter of the cluster, each team to 1/40."""
+    leaf_g = gpus * 4 // 5 // (n_parents * leaves_per)
+    return {
         f"org{i}": {
             "guaranteed": {"gpu": leaf_g * leaves_per}, "max": {"gpu": gpus // 4},
             "queues": {f"team{j}": {"guaranteed": {"gpu": leaf_g}, "max": {"gpu": gpus // 40}}
@@ -50,6 +52,10 @@ def make_cluster(n_nodes: int, n_parents: int = 20, leaves_per: int = 50) -> Clu
         }
         for i in range(n_parents)
     }
+
+
+def make_cluster(n_nodes: int, n_parents: int = 20, leaves_per: int = 50) -> Cluster:
+    queues = backlog_queues(n_nodes * 8, n_parents, leaves_per)
     nodes = [Node(f"{t.lower()}-{i}", t, 8) for t in TYPES for i in range(n_nodes // len(TYPES))]
     return build_cluster(parse_queue_config({"queues": queues}), nodes)
 

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from accounting.queues import parse_queue_config
+from benchmarks.bench_scheduler import backlog_queues
 
 TYPES = ("H100", "A100", "L40S", "T4")
 
@@ -32,15 +33,7 @@ def backlog(n: int = 50_000, n_nodes: int = 5_000, seed: int = 11, within_s: flo
             n_parents: int = 20, leaves_per: int = 50) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(scenario head without workloads, workloads) of the backlog shape."""
     gpus = n_nodes // len(TYPES) * len(TYPES) * 8
-    leaf_g = gpus * 4 // 5 // (n_parents * leaves_per)
-    queues = {
-        f"org{i}": {
-            "guaranteed": {"gpu": leaf_g * leaves_per}, "max": {"gpu": gpus // 4},
-            "queues": {f"team{j}": {"guaranteed": {"gpu": leaf_g}, "max": {"gpu": gpus // 40}}
-                       for j in range(leaves_per)},
-        }
-        for i in range(n_parents)
-    }
+    queues = backlog_queues(gpus, n_parents, leaves_per)
     leaves = parse_queue_config({"queues": queues}).leaves()      # the order bench_scheduler draws from
     head: dict[str, Any] = {
         "name": f"backlog-{n}",
