@@ -49,6 +49,7 @@ from accounting.rollup import closed_until, prune_open_allocations
 from accounting.service import now_view, usage_report
 from accounting.usage import usage_rows
 from gpuq.store import open_store
+from gpuq.store.schema import COLUMNS
 
 NODES, PARENTS, LEAVES_PER = 1250, 30, 10
 GPUS = NODES * 8
@@ -102,10 +103,11 @@ def generate_fleet(store: Any, now_s: float) -> None:
     pods = f"""SELECT *, toFloat64({start} - phase + k * period + cityHash64(n, lane, k) % 360) AS s,
                       s + period * (0.5 + (cityHash64(n, lane, k, 'd') % 400) / 1000) AS e, {pod_name('k')} AS pod
                FROM ({lanes(f'numbers({NODES})')}) ARRAY JOIN range(toUInt32(30 * {DAY} / period) + 1) AS k"""
-    store.command(f"""INSERT INTO {db}.gpu_allocations
+    # the ledger's pod rows (source pod, no gpuq workload id: every one counts, as foreign pods do)
+    store.command(f"""INSERT INTO {db}.gpu_allocations ({", ".join(COLUMNS["gpu_allocations"])})
         SELECT 'prod', concat('ns', toString(q % 40)), pod, pod, concat('q', toString(q)), concat('node-', toString(n)),
                model, 'nvidia.com/gpu', size, 0, '', toDateTime64(s, 3, 'UTC'),
-               if(e > {now_s}, NULL, toDateTime64(e, 3, 'UTC')), 1
+               if(e > {now_s}, NULL, toDateTime64(e, 3, 'UTC')), 1, 'pod', '', 'Pod', pod
         FROM ({pods}) WHERE s < {now_s}""", settings={"max_partitions_per_insert_block": 1000})
     # the month's closed hours as accounting.rollup.materialize_hours would have stored them
     closed = int(closed_until(now_s, IdleParams()))
@@ -162,9 +164,10 @@ def generate_raw(store: Any, rows: int, now_s: float, block_rows: int = 10_000_0
                       settings={"max_partitions_per_insert_block": 1000, "min_insert_block_size_rows": block_rows,
                                 "min_insert_block_size_bytes": 0, "max_insert_block_size": block_rows,
                                 "max_block_size": 65536})
-    store.command(f"""INSERT INTO {db}.gpu_allocations
+    store.command(f"""INSERT INTO {db}.gpu_allocations ({", ".join(COLUMNS["gpu_allocations"])})
         SELECT 'prod', concat('ns', toString(q % 40)), pod, pod, concat('q', toString(q)), concat('node-', toString(n)),
-               model, 'nvidia.com/gpu', size, 0, '', toDateTime64(s, 3, 'UTC'), if(e > {now_s}, NULL, toDateTime64(e, 3, 'UTC')), 1
+               model, 'nvidia.com/gpu', size, 0, '', toDateTime64(s, 3, 'UTC'), if(e > {now_s}, NULL, toDateTime64(e, 3, 'UTC')), 1,
+               'pod', '', 'Pod', pod
         FROM (SELECT *, {t0} - phase + k * period AS s, s + period * (0.5 + (cityHash64(n, lane, k, 'd') % 400) / 1000) AS e,
                      {pod_name('k')} AS pod
               FROM ({lanes(f'numbers({NODES})')}) ARRAY JOIN range(toUInt32({steps * 15} / period) + 2) AS k)
