@@ -84,22 +84,24 @@ class LeaderElector:
         from kubernetes.client.exceptions import ApiException
 
         cfg, now = self.cfg, self.clock()
+        where, timeout = f"lease {cfg.namespace}/{cfg.name}", cfg.retry_period_s * 2
         try:
-            lease = self.api.read_namespaced_lease(cfg.name, cfg.namespace, _request_timeout=cfg.retry_period_s * 2)
+            lease = self.api.read_namespaced_lease(cfg.name, cfg.namespace, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status != 404:
-                return self._failed(f"read lease {cfg.namespace}/{cfg.name}: HTTP {exc.status} {exc.reason}")
-            body = V1Lease(api_version="coordination.k8s.io/v1", kind="Lease", metadata=V1ObjectMeta(name=cfg.name, namespace=cfg.namespace),
-                           spec=self._spec(V1LeaseSpec, transitions=0, acquired=True))
+                return self._failed(f"read {where}: {_why(exc)}")
+            lease = None
+        except Exception as exc:  # noqa: BLE001 - connection errors of every kind: try again later
+            return self._failed(f"read {where}: {_why(exc)}")
+        if lease is None:                                        # none yet: create it, holding it
+            body = V1Lease(api_version="coordination.k8s.io/v1", kind="Lease",
+                           metadata=V1ObjectMeta(name=cfg.name, namespace=cfg.namespace),
+                           spec=self._spec(V1LeaseSpec, transitions=0))
             try:
-                self.api.create_namespaced_lease(cfg.namespace, body, _request_timeout=cfg.retry_period_s * 2)
-            except ApiException as exc2:
-                return self._failed(f"create lease {cfg.namespace}/{cfg.name}: HTTP {exc2.status} {exc2.reason}")
-            except Exception as exc2:  # noqa: BLE001 - connection errors of every kind: try again later
-                return self._failed(f"create lease {cfg.namespace}/{cfg.name}: {exc2}")
+                self.api.create_namespaced_lease(cfg.namespace, body, _request_timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - a 409 (another candidate created it) included
+                return self._failed(f"create {where}: {_why(exc)}")
             return self._took(now, acquired=True)
-        except Exception as exc:  # noqa: BLE001
-            return self._failed(f"read lease {cfg.namespace}/{cfg.name}: {exc}")
 
         spec = lease.spec or V1LeaseSpec()
         record = (spec.holder_identity or "", spec.renew_time, spec.lease_transitions, spec.lease_duration_seconds)
@@ -112,25 +114,21 @@ class LeaderElector:
             self._renewed_at = None                              # someone else leads
             return False
         transitions = int(spec.lease_transitions or 0) + (0 if mine else 1)
-        lease.spec = self._spec(V1LeaseSpec, transitions=transitions, acquired=not mine,
-                                acquire_time=spec.acquire_time if mine else None)
+        lease.spec = self._spec(V1LeaseSpec, transitions=transitions, acquired_at=spec.acquire_time if mine else None)
         try:
-            self.api.replace_namespaced_lease(cfg.name, cfg.namespace, lease, _request_timeout=cfg.retry_period_s * 2)
-        except ApiException as exc:
-            return self._failed(f"{'renew' if mine else 'take'} lease {cfg.namespace}/{cfg.name}: "
-                                f"HTTP {exc.status} {exc.reason}")
-        except Exception as exc:  # noqa: BLE001
-            return self._failed(f"{'renew' if mine else 'take'} lease {cfg.namespace}/{cfg.name}: {exc}")
+            self.api.replace_namespaced_lease(cfg.name, cfg.namespace, lease, _request_timeout=timeout)
+        except Exception as exc:  # noqa: BLE001 - a 409 (lost a race) included
+            return self._failed(f"{'renew' if mine else 'take'} {where}: {_why(exc)}")
         if not mine:
             log.info("took the lease %s/%s from %r (transition %d)", cfg.namespace, cfg.name, holder or "nobody",
                      transitions)
         return self._took(now, acquired=not mine)
 
-    def _spec(self, cls: Any, *, transitions: int, acquired: bool, acquire_time: Any = None) -> Any:
+    def _spec(self, cls: Any, *, transitions: int, acquired_at: Any = None) -> Any:
+        """This candidate's record, renewed now; acquired now unless ``acquired_at`` is kept."""
         t = _now()
         return cls(holder_identity=self.cfg.identity, lease_duration_seconds=max(1, round(self.cfg.lease_duration_s)),
-                   acquire_time=t if acquired or acquire_time is None else acquire_time, renew_time=t,
-                   lease_transitions=transitions)
+                   acquire_time=acquired_at or t, renew_time=t, lease_transitions=transitions)
 
     def _took(self, now: float, acquired: bool) -> bool:
         if acquired:
@@ -149,8 +147,6 @@ class LeaderElector:
     def release(self) -> bool:
         """Give the Lease up (holder cleared, 1 s duration) if this candidate holds it; True when
         released. Call after this process has stopped acting."""
-        from kubernetes.client.exceptions import ApiException
-
         self.stop()
         cfg = self.cfg
         try:
@@ -161,11 +157,8 @@ class LeaderElector:
             lease.spec.lease_duration_seconds = 1
             lease.spec.renew_time = _now()
             self.api.replace_namespaced_lease(cfg.name, cfg.namespace, lease, _request_timeout=2)
-        except (ApiException, OSError, ValueError) as exc:
-            log.warning("leader election: could not release lease %s/%s: %s", cfg.namespace, cfg.name, exc)
-            return False
-        except Exception as exc:  # noqa: BLE001 - urllib3 errors: the lease then expires by itself
-            log.warning("leader election: could not release lease %s/%s: %s", cfg.namespace, cfg.name, exc)
+        except Exception as exc:  # noqa: BLE001 - API and connection errors: the lease then expires by itself
+            log.warning("leader election: could not release lease %s/%s: %s", cfg.namespace, cfg.name, _why(exc))
             return False
         finally:
             self._renewed_at = None
@@ -201,6 +194,12 @@ class LeaderElector:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(self.cfg.retry_period_s * 3 + 5)
+
+
+def _why(exc: Exception) -> str:
+    """An API error as its status and reason (not the whole response), anything else as itself."""
+    status = getattr(exc, "status", None)
+    return f"HTTP {status} {getattr(exc, 'reason', '')}".rstrip() if status else str(exc)
 
 
 def coordination_api(kubeconfig: str = "", context: str | None = None, in_cluster: bool = False) -> Any:
