@@ -18,8 +18,11 @@ import itertools
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,6 +168,19 @@ def long_store(store_dsn: str) -> Iterator["object"]:
     finally:
         s.command(f"DROP DATABASE IF EXISTS {s.database}")
         s.close()
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` on a threaded loopback HTTP server; yields ``http://127.0.0.1:PORT``."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def free_port() -> int:

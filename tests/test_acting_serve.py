@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.k8s_api_server import ApiServer, Recorded, load
-from tests.test_serve import TOKEN, Server
+from tests.test_serve import TOKEN, Server, two_queues_two_nodes
 
 NS = "team-a"
 
@@ -54,10 +54,7 @@ def k8s() -> Iterator[ApiServer]:
 def serve_cfg(tmp_path: Path, k8s: ApiServer) -> tuple[Path, str]:
     from tests.conftest import free_port
 
-    (tmp_path / "queues.yaml").write_text(yaml.safe_dump({"queues": {
-        "a": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}},
-        "b": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}}}}))
-    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump([{"name": "h", "gpu_type": "H100", "gpus": 8, "count": 2}]))
+    two_queues_two_nodes(tmp_path)
     port = free_port()
     cfg = tmp_path / "gpuq.yaml"
     cfg.write_text(yaml.safe_dump({

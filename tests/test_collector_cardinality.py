@@ -9,7 +9,7 @@ import datetime as dt
 import logging
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from collector.http import HttpClient
 from collector.runner import CollectorRunner, spans_tracer
 from gpuq.settings import CollectorSettings
 from gpuq.store.writer import BatchWriter
+from tests.conftest import serving
 from tests.ray_fixtures import Canned, http_server_fixture  # noqa: F401
 
 NORMAL = "".join(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{g}",UUID="GPU-{g}",modelName="H100"}} {g}\n' for g in range(8))
@@ -133,13 +134,8 @@ def endless_url() -> Iterator[str]:
         def log_message(self, *a: object) -> None:
             pass
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
-    srv.daemon_threads = True
-    th = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
-    th.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
-    srv.shutdown()
-    srv.server_close()
+    with serving(Endless) as url:
+        yield f"{url}/metrics"
 
 
 def test_a_page_over_max_page_bytes_is_refused_unread(http_server: Canned, endless_url: str,

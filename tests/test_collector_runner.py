@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from collector.health import CollectorMetrics
 from collector.http import HttpClient
 from collector.runner import CollectorRunner, spans_tracer
 from gpuq.store.writer import BatchWriter
-from tests.conftest import closed_port, data_path
+from tests.conftest import closed_port, data_path, serving
 from tests.ray_fixtures import Canned, http_server_fixture  # noqa: F401
 
 
@@ -33,13 +33,8 @@ def slow_url() -> Iterator[str]:
         def log_message(self, *a: object) -> None:
             pass
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    srv.daemon_threads = True
-    th = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
-    th.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
-    srv.shutdown()
-    srv.server_close()
+    with serving(Slow) as url:
+        yield f"{url}/metrics"
 
 
 def test_round_isolates_targets_and_records_health(http_server: Canned, slow_url: str, tmp_path: Path) -> None:

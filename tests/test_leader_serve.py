@@ -31,7 +31,7 @@ import yaml
 from tests.conftest import die_with_parent, free_port
 from tests.k8s_api_server import ApiServer
 from tests.test_acting_serve import NS, key, path, rayjob
-from tests.test_serve import TOKEN, _env
+from tests.test_serve import TOKEN, _env, two_queues_two_nodes
 
 LEASE_S, RENEW_S, RETRY_S = 3.0, 2.0, 0.5
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/gpuq-system/leases/gpuq-test"
@@ -118,10 +118,7 @@ class Watch:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[Path, ApiServer, list[Replica]]]:
-    (tmp_path / "queues.yaml").write_text(yaml.safe_dump({"queues": {
-        "a": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}},
-        "b": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}}}}))
-    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump([{"name": "h", "gpu_type": "H100", "gpus": 8, "count": 2}]))
+    two_queues_two_nodes(tmp_path)
     started: list[Replica] = []
     with ApiServer([rayjob(n) for n in ("b1", "b2", "a1")]) as k8s:
         k8s.kubeconfig(tmp_path / "kubeconfig")

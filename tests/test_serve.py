@@ -39,12 +39,17 @@ def _env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def setup(tmp_path: Path) -> tuple[Path, str]:
+def two_queues_two_nodes(tmp_path: Path) -> None:
+    """queues.yaml (a and b, each guaranteed 8 and max 16) and nodes.yaml (2 x 8 H100) in tmp_path."""
     (tmp_path / "queues.yaml").write_text(yaml.safe_dump({"queues": {
         "a": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}},
         "b": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}}}}))
     (tmp_path / "nodes.yaml").write_text(yaml.safe_dump([{"name": "h", "gpu_type": "H100", "gpus": 8, "count": 2}]))
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, str]:
+    two_queues_two_nodes(tmp_path)
     port = free_port()
     cfg = tmp_path / "gpuq.yaml"
     cfg.write_text(yaml.safe_dump({

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import data_path, die_with_parent, free_port
+from tests.conftest import data_path, die_with_parent, free_port, serving
 from tests.test_serve import TOKEN, _env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,16 +68,10 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.handler, self.url = Handler, ""          # the url once served (the fixture)
 
     def names(self) -> set[str]:
         return {s["name"] for s in self.spans}
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def _value(v: Any) -> Any:
@@ -87,6 +81,8 @@ def _value(v: Any) -> Any:
 
 class PageServer:
     def __init__(self, page: bytes) -> None:
+        self.url = ""                                  # the page's url once served (the fixture)
+
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -98,24 +94,22 @@ class PageServer:
                 self.end_headers()
                 self.wfile.write(page)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        self.handler = Handler
 
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     r = Receiver()
-    yield r
-    r.close()
+    with serving(r.handler) as r.url:
+        yield r
 
 
 @pytest.fixture
 def page() -> Iterator[PageServer]:
     p = PageServer(data_path("dcgm", "datadog-integrations-core-metrics.txt").read_bytes())
-    yield p
-    p.httpd.shutdown()
-    p.httpd.server_close()
+    with serving(p.handler) as url:
+        p.url = f"{url}/metrics"
+        yield p
 
 
 def otel_env(receiver: Receiver) -> dict[str, str]:
