@@ -47,7 +47,7 @@ Verdict = tuple[ReasonCode, str]
 
 def schedule(snap: Snapshot, now: float) -> Decisions:
     cycle = _Cycle(snap, now)
-    groups = grouped(snap.cluster.memo, snap.pending)
+    groups = grouped(snap.cluster.memo, snap.pending, snap.changes)
     cycle.check_queues(groups)
     heap = [(queue_key(cycle.cluster, cycle.ledger, q), q) for q in groups]
     heapq.heapify(heap)
@@ -72,17 +72,18 @@ class _Cycle:
         self.index = FreeIndex(snap.cluster, snap.occupancy.node_free, snap.occupancy.levels)
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
-        # queue -> its waiting ones, in order (or a :class:`_Replay` that builds them)
-        self.waiting: dict[str, list[PendingReason] | _Replay] = {}
+        # queue -> its waiting ones (their verdicts; the reasons are built when first read)
+        self.parts: dict[str, _Part] = {}
         memo = self.cluster.memo
         self.walked: dict[str, Walked] = memo.setdefault(("walked",), {})  # type: ignore[assignment]
+        self.fit_lists: dict[str, tuple[list[Workload], list[Fit]]] = memo.setdefault(  # type: ignore[assignment]
+            ("fits",), {})
         self.known = _known(snap.cluster, len(snap.pending))
         self.preemption = snap.settings.preemption
         self.pool: Pool | None = None        # victim candidates, built on first need
         # a gang shape that found no room stays without room until capacity is freed (admissions
         # only take): (type, gpus per pod, pods) -> its message; cleared by every preemption
         self.no_room: dict[tuple[str, int, int], str] = {}
-        self.rooms_seen = 0                  # changes of no_room so far
         # Fit.room (types, gpus per pod, pods) whose every type is in no_room -> the joined message
         self.all_full: dict[int, str] = {}
         self.no_plan: dict[tuple[str, tuple[str, ...], int, int, int], NoPlan] = {}
@@ -98,86 +99,111 @@ class _Cycle:
 
     def walk(self, q: str, lst: list[Workload], i: int) -> int:
         """Nominate ``lst[i:]`` (queue ``q``'s pending, in order) until one starts; return the index
-        after it, or ``len(lst)`` when none does. Nothing the queue's verdicts read changes until one
-        starts, so the common verdict "no room for the shape anywhere, and the queue is above its
-        guarantee" comes from memos, and so does the free-capacity verdict of a gang shape met
-        before in this walk (the same steps as :meth:`free_capacity`, without the work)."""
-        cluster, all_full, known, preemption = self.cluster, self.all_full, self.known, self.preemption
+        after it, or ``len(lst)`` when none does.
+
+        Nothing a verdict reads changes until one starts (the ledger, the free index; what a walk
+        adds to the memos only names what it found), so a gang shape's verdict (:class:`Fit`) is
+        found once per walk and every later workload of the shape takes it: the loop over the
+        waiting ones stores a verdict per workload (:data:`Verdict`) and builds no reason; the
+        reasons are built from the verdicts when first read (:class:`_Part`). The common verdict
+        "no room for the shape anywhere, and the queue is above its guarantee" comes from the
+        cycle's ``all_full`` without a call. A queue's first walk of a cycle may replay its last
+        one (:data:`Walked`)."""
+        cluster, all_full, preemption = self.cluster, self.all_full, self.preemption
         used, g = self.ledger.used(q, "gpu"), cluster.guarantee[q]["gpu"]
-        walked = self.walked
-        # the queue's first walk this cycle may replay its last one (see :data:`Walked`)
-        entries: list[Entry] | None = None
-        if i == 0 and q not in self.waiting:
-            rec = walked.get(q)
+        fits = self.fits_of(q, lst)
+        part = self.parts.get(q)
+        record = False
+        if part is None:
+            rec = self.walked.get(q)
             if (rec is not None and rec[1] == used and rec[2] == preemption
                     and (rec[0] is lst or rec[0] == lst) and all_full.keys() >= rec[3]):
-                self.waiting[q] = _Replay(q, rec, all_full, _facts(cluster, q).why_not, known)
+                self.parts[q] = _Part(self, q, lst, rec[4], [(0, len(lst), all_full, used)])
                 return len(lst)
-            entries = []
-            rooms: set[int] = set()
-        out = self.waiting.setdefault(q, [])
-        assert isinstance(out, list)
+            part = self.parts[q] = _Part(self, q, lst, [], [])
+            record = True
+        vs = part.verdicts
+        start, n = i, len(lst)
+        seen: dict[int, object] = {}            # Fit.key -> its verdict in this walk
         strict = cluster.config.queues[q].strict_fifo
-        head, tail = _facts(cluster, q).why_not
-        met: dict[int, tuple[int, ReasonCode, str]] = {}     # id(fit) -> (rooms_seen, its verdict)
-        no_fit, n = ReasonCode.NO_FIT, len(lst)
         while i < n:
-            w = lst[i]
+            fit = fits[i]
             i += 1
-            seen = known.get(w.id)
-            if seen is not None and seen[0] is w:
-                _, fit, last = seen
-            else:
-                fit, last = static_fit(cluster, w), None
-            never, _, room = fit
-            miss = None if never is not None else all_full.get(room)
-            gpus = w.pods * w.gpus_per_pod
-            kind = 0
-            if never is not None:
-                code, msg = ReasonCode.NEVER_FITS, never
-            elif miss is not None and not preemption:
-                code, msg, kind = no_fit, miss, 1
-            elif miss is not None and used + gpus > g:      # as in _preempt: the quick no
-                code, msg, kind = no_fit, f"{miss}; {head}{used + gpus}{tail}", 2
-            else:
-                if entries is not None:
-                    entries = None
-                    walked.pop(q, None)
-                before = met.get(id(fit))
-                if before is not None and before[0] == self.rooms_seen:
-                    _, code, msg = before
-                else:
+            v: object = fit.never_v
+            if v is None:
+                room = fit.room
+                if room in all_full:
+                    if not preemption:
+                        vs.append(room)
+                        if strict:
+                            break
+                        continue
+                    if used + fit.gpus > g:      # as in _pre_class: the quick no
+                        vs.append(~room)
+                        if strict:
+                            break
+                        continue
+                v = seen.get(fit.key)
+                if v is None:
+                    record = False
+                    w = lst[i - 1]
                     verdict = self.free_capacity(w, fit)
                     if verdict is None:
-                        walked.pop(q, None)
-                        return i
-                    code, msg = verdict
-                    met[id(fit)] = (self.rooms_seen, code, msg)
-                if preemption:
-                    verdict = self._preempt(w, fit.types, code, msg)
-                    if verdict is None:
-                        walked.pop(q, None)
-                        return i
-                    code, msg = verdict
-            pos = len(out) + 1
-            if last is None or last.position != pos or last.code is not code or last.message != msg:
-                last = pending_reason(w.id, q, code, msg, pos)
-                known[w.id] = (w, fit, last)
-            out.append(last)
-            if entries is not None:
-                if kind:
-                    rooms.add(room)
-                    entries.append((kind, w, room))
-                else:
-                    entries.append((0, w, last))
+                        return self._started(q, part, start, i, all_full, used)
+                    v = seen[fit.key] = self._pre_class(w, fit, *verdict) if preemption else verdict
+                if type(v) is _Pre:
+                    record = False
+                    w = lst[i - 1]
+                    if self.now - w.submit_s < v.delay_s:
+                        v = v.waiting
+                    else:
+                        pv = v.plans.get(w.priority)
+                        if pv is None:
+                            pv = self._plan_verdict(w, v)
+                            if pv is None:
+                                return self._started(q, part, start, i, all_full, used)
+                            v.plans[w.priority] = pv
+                        v = pv
+            vs.append(v)
             if strict:
-                self.block_behind(w, lst[i:], out)
-                if entries is not None:
-                    entries.extend((0, w, r) for w, r in zip(lst[i:], out[len(entries):]))
                 break
-        if entries is not None:
-            walked[q] = (lst, used, preemption, frozenset(rooms), entries)
+        if strict and i < n:
+            head = lst[i - 1]
+            msg = reasons.strict_fifo(head, q)
+            behind, fifo = (ReasonCode.BEHIND_HIGHER_PRIORITY, msg), (ReasonCode.STRICT_FIFO, msg)
+            vs.extend(behind if head.priority > w.priority else fifo for w in lst[i:])
+        part.segments.append((start, n, all_full, used))
+        if record:
+            rooms = frozenset(v if v >= 0 else ~v for v in vs if type(v) is int)
+            self.walked[q] = (lst, used, preemption, rooms, vs)
+        else:
+            self.walked.pop(q, None)
         return n
+
+    def _started(self, q: str, part: _Part, start: int, i: int, all_full: dict[int, str], used: int) -> int:
+        """``lst[i - 1]`` started: the walk's waiting ones are ``lst[start:i - 1]``."""
+        part.segments.append((start, i - 1, all_full, used))
+        self.walked.pop(q, None)
+        return i
+
+    def fits_of(self, q: str, lst: list[Workload]) -> list[Fit]:
+        """The :class:`Fit` of each of ``lst`` (``q``'s pending), kept per queue across cycles while
+        the list is the same object; a new list finds each workload's fit by id (:func:`_known`)."""
+        fl = self.fit_lists.get(q)
+        if fl is not None and fl[0] is lst:
+            return fl[1]
+        known, cluster = self.known, self.cluster
+        fits: list[Fit] = []
+        for w in lst:
+            seen = known.get(w.id)
+            if seen is not None and seen[0] is w:
+                fits.append(seen[1])
+            else:
+                fit = static_fit(cluster, w)
+                known[w.id] = (w, fit, None)
+                fits.append(fit)
+        self.fit_lists[q] = (lst, fits)
+        return fits
 
     def free_capacity(self, w: Workload, fit: Fit) -> Verdict | None:
         """Start ``w`` on free capacity of one of its types (``None``), or say why not. Until it
@@ -203,7 +229,6 @@ class _Cycle:
                     return None
                 miss = self.no_room[(t, k, pods)] = reasons.no_fit(
                     w, t, index.slots(t, k, pods), index.largest_free(t))
-                self.rooms_seen += 1
             code = ReasonCode.NO_FIT
             misses.append(miss)
         message = misses[0] if len(misses) == 1 else "; ".join(dict.fromkeys(misses))
@@ -218,27 +243,32 @@ class _Cycle:
                 Shortfall(queue, "gpu", g, used, gpus))
         return why
 
-    def _preempt(self, w: Workload, types: tuple[str, ...], code: ReasonCode, message: str) -> Verdict | None:
+    def _pre_class(self, w: Workload, fit: Fit, code: ReasonCode, message: str) -> Verdict | _Pre:
+        """What preemption says for ``w``'s gang shape in this walk, ``code``/``message`` being its
+        free-capacity verdict: a final verdict (the queue would go above its guarantee), or a
+        :class:`_Pre` whose workloads wait for the preemption delay or search for victims."""
         cluster, ledger = self.cluster, self.ledger
         used, g = ledger.used(w.queue, "gpu"), cluster.guarantee[w.queue]["gpu"]
         if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no
             return code, f"{message}; {self._not_eligible(w.queue, used, w.gpus, g)}"
+        types = fit.types
         eligible = [t for t in types if over_guarantee(cluster, ledger, w.queue, demand(w, t)) is None]
         if not eligible:
             short = over_guarantee(cluster, ledger, w.queue, demand(w, types[0]))
             assert short is not None
             return code, f"{message}; {reasons.not_eligible(short)}"
-        delay = self.snap.settings.preemption_delay_s
-        if self.now - w.submit_s < delay:
-            at = w.submit_s + delay
-            return ReasonCode.WAITING_PREEMPTION_DELAY, f"{message}; {reasons.delay(self.now, at, delay)}"
+        return _Pre(message, tuple(eligible), self.snap.settings.preemption_delay_s)
+
+    def _plan_verdict(self, w: Workload, pre: _Pre) -> Verdict | None:
+        """Preempt for ``w`` (past its delay) and start it (``None``), or say why not."""
+        cluster, ledger = self.cluster, self.ledger
         key = (w.queue, w.gpu_types, w.gpus_per_pod, w.pods, w.priority)
-        result = self.no_plan.get(key) or self._plan(w, tuple(eligible))
+        result = self.no_plan.get(key) or self._plan(w, pre.eligible)
         if isinstance(result, NoPlan):
             self.no_plan[key] = result
             if result.fenced:
-                return ReasonCode.FENCED, f"{message}; {reasons.fenced(result.fenced)}"
-            return ReasonCode.NO_VICTIMS, f"{message}; {reasons.no_victims(result.considered)}"
+                return ReasonCode.FENCED, f"{pre.message}; {reasons.fenced(result.fenced)}"
+            return ReasonCode.NO_VICTIMS, f"{pre.message}; {reasons.no_victims(result.considered)}"
         vec = demand(w, result.gpu_type)
         placement = self.index.place(result.gpu_type, w.gpus_per_pod, w.pods)
         assert placement is not None, "a preemption plan always leaves room for its preemptor"
@@ -246,8 +276,7 @@ class _Cycle:
         ledger.add(cluster.chains[w.queue], vec)
         victims = tuple(r.workload.id for r in result.victims)
         self.no_room.clear()
-        self.rooms_seen += 1
-        self.all_full = {}               # a new one: a _Replay keeps reading the old one
+        self.all_full = {}               # a new one: parts built earlier keep reading the old one
         self.preemptions.append(
             Preemption(w.id, w.queue, victims, reasons.preempted(w.queue, holds, w.gpus, g))
         )
@@ -256,34 +285,31 @@ class _Cycle:
 
     def _plan(self, w: Workload, types: tuple[str, ...]) -> Plan | NoPlan:
         if self.pool is None:
-            self.pool = Pool(candidates(self.cluster, self.ledger, self.snap.running), self.cluster.fences)
+            self.pool = Pool(candidates(self.cluster, self.ledger, self.snap.running, self.cluster.memo),
+                             self.cluster.fences)
         result = plan(self.cluster, self.ledger, self.index, self.pool, w, types)
         self.pool.compact()
         return result
 
-    def block_behind(self, head: Workload, rest: list[Workload], out: list[PendingReason]) -> None:
-        msg = reasons.strict_fifo(head, head.queue)
-        for w in rest:
-            code = ReasonCode.BEHIND_HIGHER_PRIORITY if head.priority > w.priority else ReasonCode.STRICT_FIFO
-            out.append(pending_reason(w.id, head.queue, code, msg, len(out) + 1))
-
-    def requeue(self, groups: dict[str, list[Workload]]) -> tuple[PendingReason, ...]:
-        """The waiting workloads, queue by queue (each one's position counts the waiting ones)."""
-        waiting = self.waiting
-        parts = [waiting[q] for q in groups if q in waiting]
-        if not any(type(p) is _Replay for p in parts):
-            return tuple(chain.from_iterable(parts))  # type: ignore[arg-type]
+    def requeue(self, groups: dict[str, list[Workload]]) -> PendingReasons:
+        """The waiting workloads, queue by queue (each one's position counts the waiting ones),
+        built when first read."""
+        parts = [self.parts[q] for q in groups if q in self.parts]
         return PendingReasons(parts, sum(map(len, parts)))  # type: ignore[arg-type]
 
 
 class Fit(NamedTuple):
     """What a gang shape allows whatever the cluster's state: why it never fits (or ``None``), its
     acceptable types in order, and a number for ``(types, gpus per pod, pods)``: the shapes
-    that look for the same room (:attr:`_Cycle.all_full`)."""
+    that look for the same room (:attr:`_Cycle.all_full`); also a number for the shape itself
+    (``key``), its GPUs, and its verdict when it never fits."""
 
     never: str | None
     types: tuple[str, ...]
     room: int
+    key: int
+    gpus: int
+    never_v: Verdict | None
 
 
 def acceptable_types(cluster: Cluster, w: Workload) -> tuple[str, ...]:
@@ -319,62 +345,97 @@ def _facts(cluster: Cluster, queue: str) -> QueueFacts:
     return facts
 
 
-Seen = tuple[Workload, Fit, PendingReason]
+Seen = tuple[Workload, Fit, PendingReason | None]
 
-# One waiting workload of a walk that read nothing but memos: (0, workload, its reason) when that
-# reason reads nothing that changes (never fits; strict FIFO behind the head); (1, workload,
-# Fit.room): the room's no-room message; (2, workload, Fit.room): that message and the quick "no
-# preemption: above its guarantee" (preemption on, the queue at or above its guarantee).
-Entry = tuple[int, Workload, object]
+# A waiting workload's verdict, as a walk stores it: (code, message); an int r >= 0: no room for
+# its shape (Fit.room r), the message all_full[r]; ~r: that message and the quick "no preemption:
+# above its guarantee" (preemption on, the queue at or above its guarantee); a _Delay: waiting for
+# the preemption delay. :class:`_Part` turns them into reasons.
+Segment = tuple[int, int, dict[int, str], int]     # lst[a:b] waiting, the walk's all_full and usage
 
 # queue -> its last first-walk of a cycle, kept across cycles (in the cluster's memo) only for a walk
-# that read nothing but memos (every workload an Entry): (its pending list, its gpu usage, whether
-# preemption was on, the rooms it read, its entries). Such a walk starts nothing, and while its
-# pending list, usage and preemption setting are equal and every room it read has found no room
-# again this cycle (the cycle's all_full), each workload takes the same branch with this cycle's
-# message: the cycle replays it without walking the workloads (:class:`_Replay`), so a cycle's cost
-# follows the queues that changed, not the depth of the backlog.
-Walked = tuple[list[Workload], int, bool, frozenset[int], list[Entry]]
+# whose every verdict came from memos (never fits, no room, strict FIFO): (its pending list, its gpu
+# usage, whether preemption was on, the rooms it read, its verdicts). Such a walk starts nothing,
+# and while its pending list, usage and preemption setting are equal and every room it read has
+# found no room again this cycle (the cycle's all_full), each workload takes the same verdict: the
+# cycle replays it without walking the workloads, so a cycle's cost follows the queues that
+# changed, not the depth of the backlog.
+Walked = tuple[list[Workload], int, bool, frozenset[int], list[object]]
 
 
-class _Replay:
-    """A replayed queue's waiting list, built when :attr:`Decisions.pending` is first read: the
-    messages come from the cycle's all_full as it was at the replay (a preemption later in the
-    cycle starts a new one, and entries are never changed once set)."""
+class _Delay:
+    """The verdict of a shape's workloads that may preempt once their delay has passed."""
 
-    __slots__ = ("all_full", "entries", "known", "n", "parts", "queue", "used")
+    __slots__ = ("message",)
 
-    def __init__(self, queue: str, rec: Walked, all_full: dict[int, str], parts: tuple[str, str],
-                 known: dict[str, Seen]) -> None:
-        self.queue, self.used, self.entries, self.n = queue, rec[1], rec[4], len(rec[0])
-        self.all_full, self.parts, self.known = all_full, parts, known
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+class _Pre:
+    """A shape whose workloads may preempt in this walk (:meth:`_Cycle._pre_class`): its
+    free-capacity message, its types where it stays within its guarantee, the delay, the verdict
+    of those still within it, and the verdicts of the victim search per priority."""
+
+    __slots__ = ("delay_s", "eligible", "message", "plans", "waiting")
+
+    def __init__(self, message: str, eligible: tuple[str, ...], delay_s: float) -> None:
+        self.message, self.eligible, self.delay_s = message, eligible, delay_s
+        self.waiting = _Delay(message)
+        self.plans: dict[int, Verdict] = {}
+
+
+class _Part:
+    """A queue's waiting workloads of one cycle: ``lst`` (its pending list), the walks' segments
+    (:data:`Segment`) and one verdict each. Called, it builds their reasons (positions counted
+    over the segments in order); the segments' all_full dicts only ever gain rooms, so what it
+    builds does not depend on when it is called."""
+
+    __slots__ = ("delay_s", "known", "lst", "now", "parts", "queue", "segments", "verdicts")
+
+    def __init__(self, cycle: _Cycle, queue: str, lst: list[Workload], verdicts: list[object],
+                 segments: list[Segment]) -> None:
+        self.queue, self.lst, self.verdicts, self.segments = queue, lst, verdicts, segments
+        self.now, self.delay_s, self.known = cycle.now, cycle.snap.settings.preemption_delay_s, cycle.known
+        self.parts = _facts(cycle.cluster, queue).why_not
 
     def __len__(self) -> int:
-        return self.n
+        return sum(b - a for a, b, _, _ in self.segments)
 
     def __call__(self) -> list[PendingReason]:
-        q, used, all_full, known = self.queue, self.used, self.all_full, self.known
+        q, lst, vs, known = self.queue, self.lst, self.verdicts, self.known
         head, tail = self.parts
         no_fit = ReasonCode.NO_FIT
         out: list[PendingReason] = []
-        for pos, (kind, w, x) in enumerate(self.entries, 1):
-            if kind == 0:
-                out.append(x)  # type: ignore[arg-type]
-                continue
-            if kind == 1:
-                msg = all_full[x]  # type: ignore[index]
-            else:
-                msg = f"{all_full[x]}; {head}{used + w.pods * w.gpus_per_pod}{tail}"  # type: ignore[index]
-            # the workload's last reason when equal (as the walk does): no new object, no garbage
-            seen = known.get(w.id)
-            if seen is not None and seen[0] is w:
-                last = seen[2]
-                if last.position != pos or last.code is not no_fit or last.message != msg:
-                    last = pending_reason(w.id, q, no_fit, msg, pos)
-                    known[w.id] = (w, seen[1], last)
-                out.append(last)
-            else:
-                out.append(pending_reason(w.id, q, no_fit, msg, pos))
+        j = 0
+        for a, b, all_full, used in self.segments:
+            for k in range(a, b):
+                w, v = lst[k], vs[j]
+                j += 1
+                t = type(v)
+                if t is tuple:
+                    code, msg = v  # type: ignore[misc]
+                elif t is int:
+                    code = no_fit
+                    if v >= 0:  # type: ignore[operator]
+                        msg = all_full[v]  # type: ignore[index]
+                    else:
+                        msg = f"{all_full[~v]}; {head}{used + w.pods * w.gpus_per_pod}{tail}"  # type: ignore[operator]
+                else:
+                    code = ReasonCode.WAITING_PREEMPTION_DELAY
+                    at = w.submit_s + self.delay_s
+                    msg = f"{v.message}; {reasons.delay(self.now, at, self.delay_s)}"  # type: ignore[attr-defined]
+                pos = len(out) + 1
+                # the workload's last reason when equal: no new object, no garbage
+                seen = known.get(w.id)
+                if seen is not None and seen[0] is w:
+                    last = seen[2]
+                    if last is None or last.position != pos or last.code is not code or last.message != msg:
+                        last = pending_reason(w.id, q, code, msg, pos)
+                        known[w.id] = (w, seen[1], last)
+                    out.append(last)
+                else:
+                    out.append(pending_reason(w.id, q, code, msg, pos))
         return out
 
 
@@ -399,7 +460,11 @@ def static_fit(cluster: Cluster, w: Workload) -> Fit:
         types = acceptable_types(cluster, w)
         rooms: dict[object, int] = cluster.memo.setdefault(("rooms",), {})  # type: ignore[assignment]
         room = rooms.setdefault((types, w.gpus_per_pod, w.pods), len(rooms))
-        hit = facts.fits[shape] = Fit(_never_fits(cluster, w, types, facts.caps), types, room)
+        keys: dict[object, int] = cluster.memo.setdefault(("fit keys",), {})  # type: ignore[assignment]
+        key = keys.setdefault((w.queue, shape), len(keys))
+        never = _never_fits(cluster, w, types, facts.caps)
+        hit = facts.fits[shape] = Fit(never, types, room, key, w.pods * w.gpus_per_pod,
+                                      None if never is None else (ReasonCode.NEVER_FITS, never))
     return hit
 
 

@@ -20,9 +20,11 @@ unless it succeeds (explicit undo); the snapshot is never touched.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import NamedTuple
 
 from scheduler.model import Running, Workload
@@ -45,15 +47,60 @@ class Candidate(NamedTuple):
     running: Running
 
 
-def candidates(cluster: Cluster, ledger: Ledger, running: Iterable[Running]) -> list[Candidate]:
+def candidates(cluster: Cluster, ledger: Ledger, running: Sequence[Running],
+               memo: dict[object, object] | None = None) -> list[Candidate]:
     """Running workloads that could ever be victims this cycle (preemptible, in a queue above
-    its gpu guarantee), in candidate order."""
+    its gpu guarantee), in candidate order. With ``memo`` (the cluster's), every preemptible
+    running workload is kept in candidate order from one call to the next and only what started
+    or stopped since is placed (:func:`_in_order`)."""
     g = cluster.guarantee
     over = {q for q in cluster.chains if ledger.used(q, "gpu") > g[q]["gpu"]}
+    if memo is not None:
+        return [c for c in _in_order(memo, running) if c.queue in over]
     rs = [r for r in running if r.workload.preemptible and r.workload.queue in over]
     rs.sort(key=candidate_key)
-    return [Candidate(r.workload.id, r.workload.queue, r.workload.priority, r.placement.gpu_type,
-                      demand(r.workload, r.placement.gpu_type), r) for r in rs]
+    return [_candidate(r) for r in rs]
+
+
+def _candidate(r: Running) -> Candidate:
+    w = r.workload
+    return Candidate(w.id, w.queue, w.priority, r.placement.gpu_type, demand(w, r.placement.gpu_type), r)
+
+
+# (the running sequence of the last call: it holds its objects, so their ids are not reused; their
+# ids; the candidate keys in order; the candidates in the same order)
+_Ordered = tuple[Sequence[Running], set[int], list[tuple[bool, int, float, bool, str]], list[Candidate]]
+
+
+def _in_order(memo: dict[object, object], running: Sequence[Running]) -> list[Candidate]:
+    """Every preemptible one of ``running`` as a :class:`Candidate`, in candidate order, kept in
+    ``memo`` and updated by the ids that came and went (a set difference at C speed, then a
+    bisection per change): the same list as sorting them all, at a cost that follows the change."""
+    prev: _Ordered | None = memo.get(("candidates",))  # type: ignore[assignment]
+    ids = set(map(id, running))
+    if prev is not None and len(ids) == len(running):
+        _, old_ids, keys, cands = prev
+        gone, came = old_ids - ids, ids - old_ids
+        if len(gone) + len(came) <= len(running) // 4 + 64:
+            by_id = {id(c.running): c for c in cands} if gone else {}
+            for i in gone:
+                c = by_id.get(i)
+                if c is not None:
+                    k = bisect_left(keys, candidate_key(c.running))
+                    del keys[k], cands[k]
+            for r in compress(running, map(came.__contains__, map(id, running))):
+                if r.workload.preemptible:
+                    key = candidate_key(r)
+                    k = bisect_left(keys, key)
+                    keys.insert(k, key)
+                    cands.insert(k, _candidate(r))
+            memo[("candidates",)] = (running, ids, keys, cands)
+            return cands
+    rs = sorted((r for r in running if r.workload.preemptible), key=candidate_key)
+    cands = [_candidate(r) for r in rs]
+    if len(ids) == len(running):
+        memo[("candidates",)] = (running, ids, [candidate_key(r) for r in rs], cands)
+    return cands
 
 
 class Pool:

@@ -193,12 +193,27 @@ def occupancy_after(
 
 
 @dataclass(frozen=True, slots=True)
+class PendingChanges:
+    """How a snapshot's ``pending`` differs from an earlier snapshot's: ``base`` is that earlier
+    ``pending`` (the same object), and ``pending`` holds exactly its workloads less ``removed``
+    plus ``added`` (the same objects; one removed and added again is in both). A caller that
+    keeps its pending workloads between cycles (the simulator) passes it so the cycle regroups
+    only what changed (:func:`scheduler.ordering.grouped`); without it the cycle compares the
+    whole pending list with the last one it saw."""
+
+    base: tuple[Workload, ...]
+    removed: tuple[Workload, ...]
+    added: tuple[Workload, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     cluster: Cluster
     running: tuple[Running, ...]
     pending: tuple[Workload, ...]
     occupancy: Occupancy
     settings: Settings = field(default_factory=Settings)
+    changes: PendingChanges | None = field(default=None, compare=False, repr=False)
 
 
 def snapshot(

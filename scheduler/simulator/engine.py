@@ -21,7 +21,7 @@ from scheduler.model import Decisions, Running, Workload
 from scheduler.progress import Progress
 from scheduler.simulator.report import QueueStats, SimResult, summarize
 from scheduler.simulator.scenario import Scenario
-from scheduler.snapshot import Occupancy, Snapshot, occupancy_after, occupancy_of
+from scheduler.snapshot import Occupancy, PendingChanges, Snapshot, occupancy_after, occupancy_of
 
 EPS = 1e-9
 
@@ -33,6 +33,10 @@ class _Sim:
         self.cluster = sc.cluster
         self.events: list[dict[str, Any]] = []
         self.pending: dict[str, Workload] = {}
+        # what the last snapshot's pending was, and what left and joined it since (in that order)
+        self.last_pending: tuple[Workload, ...] | None = None
+        self.removed: list[Workload] = []
+        self.added: list[Workload] = []
         self.running: dict[str, Running] = {}
         self.ends: dict[str, tuple[float, int]] = {}
         self.heap: list[tuple[float, int, str]] = []
@@ -77,6 +81,7 @@ class _Sim:
                     self.stats[w.queue].rejected += 1
                 else:
                     self.pending[w.id] = w
+                    self.added.append(w)
                     self.left[w.id] = w.duration_s
                     heapq.heappush(self.expiry, (w.submit_s + self.sc.settings.preemption_delay_s, w.id))
 
@@ -98,8 +103,13 @@ class _Sim:
     def cycle(self, now: float) -> Decisions:
         self.occ = occupancy_after(self.cluster, self.occ, self.stopped, ())
         self.stopped = []
-        snap = Snapshot(self.cluster, tuple(self.running.values()), tuple(self.pending.values()),
-                        self.occ, self.sc.settings)
+        pending = tuple(self.pending.values())
+        changes = None
+        if self.last_pending is not None:
+            changes = PendingChanges(self.last_pending, tuple(self.removed), tuple(self.added))
+        self.last_pending, self.removed, self.added = pending, [], []
+        snap = Snapshot(self.cluster, tuple(self.running.values()), pending, self.occ, self.sc.settings,
+                        changes)
         t0 = time.perf_counter()
         decisions = self.schedule_fn(snap, now)
         self.core_s += time.perf_counter() - t0
@@ -120,8 +130,10 @@ class _Sim:
                 self.stats[vw.queue].preempted += 1
                 self.left[vid] = self.left[vid] - (now - v.start_s) if vw.checkpoint else vw.duration_s
                 self.pending[vid] = vw
+                self.added.append(vw)
                 heapq.heappush(self.expiry, (vw.submit_s + self.sc.settings.preemption_delay_s, vid))
             del self.pending[w.id]
+            self.removed.append(w)
             self.emit(now, "admit", w, gpu_type=a.placement.gpu_type, placement=a.placement.as_dict())
             if w.id not in self.first_admit:
                 self.first_admit[w.id] = now
