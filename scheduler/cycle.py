@@ -20,8 +20,10 @@ reasons' text but allocates next to nothing, so it also triggers next to no garb
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from itertools import chain
 from operator import attrgetter
+from types import MappingProxyType
 from typing import NamedTuple
 
 from scheduler import reasons
@@ -36,7 +38,7 @@ from scheduler.model import (
     Workload,
     pending_reason,
 )
-from scheduler.ordering import grouped, queue_key
+from scheduler.ordering import QueueKey, grouped, queue_key
 from scheduler.placement import FreeIndex, node_slots
 from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
 from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_max
@@ -49,7 +51,8 @@ def schedule(snap: Snapshot, now: float) -> Decisions:
     cycle = _Cycle(snap, now)
     groups = grouped(snap.cluster.memo, snap.pending, snap.changes)
     cycle.check_queues(groups)
-    heap = [(queue_key(cycle.cluster, cycle.ledger, q), q) for q in groups]
+    key = cycle.queue_key
+    heap = [(key(q), q) for q in groups]
     heapq.heapify(heap)
     cursor = dict.fromkeys(groups, 0)
     while heap:
@@ -57,7 +60,7 @@ def schedule(snap: Snapshot, now: float) -> Decisions:
         lst = groups[q]
         cursor[q] = i = cycle.walk(q, lst, cursor[q])
         if i < len(lst):                  # one started and work waits behind it
-            heapq.heappush(heap, (queue_key(cycle.cluster, cycle.ledger, q), q))
+            heapq.heappush(heap, (key(q), q))
     return Decisions(now, tuple(cycle.admissions), tuple(cycle.preemptions), cycle.requeue(groups))
 
 
@@ -79,6 +82,9 @@ class _Cycle:
         self.fit_lists: dict[str, tuple[list[Workload], list[Fit]]] = memo.setdefault(  # type: ignore[assignment]
             ("fits",), {})
         self.known = _known(snap.cluster, len(snap.pending))
+        self.qkeys: dict[str, tuple[Mapping[str, int], QueueKey]] = memo.setdefault(  # type: ignore[assignment]
+            ("queue keys",), {})
+        self.ctx: _Context = (self.cluster, now, snap.settings.preemption_delay_s, self.known)
         self.preemption = snap.settings.preemption
         self.pool: Pool | None = None        # victim candidates, built on first need
         # a gang shape that found no room stays without room until capacity is freed (admissions
@@ -88,6 +94,19 @@ class _Cycle:
         self.all_full: dict[int, str] = {}
         self.no_plan: dict[tuple[str, tuple[str, ...], int, int, int], NoPlan] = {}
         self.ineligible: dict[tuple[str, int, int], str] = {}
+
+    def queue_key(self, q: str) -> QueueKey:
+        """:func:`scheduler.ordering.queue_key`, kept across cycles per queue while the queue's
+        usage is the snapshot's same (immutable) mapping."""
+        used = self.ledger.of(q)
+        if type(used) is not MappingProxyType:             # the cycle's own copy: it changes
+            return queue_key(self.cluster, self.ledger, q)
+        rec = self.qkeys.get(q)
+        if rec is not None and rec[0] is used:
+            return rec[1]
+        k = queue_key(self.cluster, self.ledger, q)
+        self.qkeys[q] = (used, k)
+        return k
 
     def check_queues(self, groups: dict[str, list[Workload]]) -> None:
         leaves: frozenset[str] | None = self.cluster.memo.get(("leaves",))  # type: ignore[assignment]
@@ -111,17 +130,17 @@ class _Cycle:
         one (:data:`Walked`)."""
         cluster, all_full, preemption = self.cluster, self.all_full, self.preemption
         used, g = self.ledger.used(q, "gpu"), cluster.guarantee[q]["gpu"]
-        fits = self.fits_of(q, lst)
         part = self.parts.get(q)
         record = False
         if part is None:
             rec = self.walked.get(q)
             if (rec is not None and rec[1] == used and rec[2] == preemption
                     and (rec[0] is lst or rec[0] == lst) and all_full.keys() >= rec[3]):
-                self.parts[q] = _Part(self, q, lst, rec[4], [(0, len(lst), all_full, used)])
+                self.parts[q] = _Part(self.ctx, q, lst, rec[4], [(0, len(lst), all_full, used)])
                 return len(lst)
-            part = self.parts[q] = _Part(self, q, lst, [], [])
+            part = self.parts[q] = _Part(self.ctx, q, lst, [], [])
             record = True
+        fits = self.fits_of(q, lst)
         vs = part.verdicts
         start, n = i, len(lst)
         seen: dict[int, object] = {}            # Fit.key -> its verdict in this walk
@@ -147,9 +166,13 @@ class _Cycle:
                 if v is None:
                     record = False
                     w = lst[i - 1]
-                    verdict = self.free_capacity(w, fit)
-                    if verdict is None:
-                        return self._started(q, part, start, i, all_full, used)
+                    miss = all_full.get(room)
+                    if miss is not None:            # what free_capacity would say, from the memo
+                        verdict: Verdict | None = (ReasonCode.NO_FIT, miss)
+                    else:
+                        verdict = self.free_capacity(w, fit)
+                        if verdict is None:
+                            return self._started(q, part, start, i, all_full, used)
                     v = seen[fit.key] = self._pre_class(w, fit, *verdict) if preemption else verdict
                 if type(v) is _Pre:
                     record = False
@@ -252,6 +275,8 @@ class _Cycle:
         if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no
             return code, f"{message}; {self._not_eligible(w.queue, used, w.gpus, g)}"
         types = fit.types
+        if len(cluster.guarantee[w.queue]) == 1:     # a gpu guarantee only: just checked, on every type
+            return _Pre(message, types, self.snap.settings.preemption_delay_s)
         eligible = [t for t in types if over_guarantee(cluster, ledger, w.queue, demand(w, t)) is None]
         if not eligible:
             short = over_guarantee(cluster, ledger, w.queue, demand(w, types[0]))
@@ -385,26 +410,29 @@ class _Pre:
         self.plans: dict[int, Verdict] = {}
 
 
+# what a queue's reasons read of their cycle: the cluster, now, the preemption delay, _known
+_Context = tuple[Cluster, float, float, dict[str, "Seen"]]
+
+
 class _Part:
     """A queue's waiting workloads of one cycle: ``lst`` (its pending list), the walks' segments
     (:data:`Segment`) and one verdict each. Called, it builds their reasons (positions counted
     over the segments in order); the segments' all_full dicts only ever gain rooms, so what it
     builds does not depend on when it is called."""
 
-    __slots__ = ("delay_s", "known", "lst", "now", "parts", "queue", "segments", "verdicts")
+    __slots__ = ("ctx", "lst", "queue", "segments", "verdicts")
 
-    def __init__(self, cycle: _Cycle, queue: str, lst: list[Workload], verdicts: list[object],
+    def __init__(self, ctx: _Context, queue: str, lst: list[Workload], verdicts: list[object],
                  segments: list[Segment]) -> None:
-        self.queue, self.lst, self.verdicts, self.segments = queue, lst, verdicts, segments
-        self.now, self.delay_s, self.known = cycle.now, cycle.snap.settings.preemption_delay_s, cycle.known
-        self.parts = _facts(cycle.cluster, queue).why_not
+        self.ctx, self.queue, self.lst, self.verdicts, self.segments = ctx, queue, lst, verdicts, segments
 
     def __len__(self) -> int:
         return sum(b - a for a, b, _, _ in self.segments)
 
     def __call__(self) -> list[PendingReason]:
-        q, lst, vs, known = self.queue, self.lst, self.verdicts, self.known
-        head, tail = self.parts
+        q, lst, vs = self.queue, self.lst, self.verdicts
+        cluster, now, delay_s, known = self.ctx
+        head, tail = _facts(cluster, q).why_not
         no_fit = ReasonCode.NO_FIT
         out: list[PendingReason] = []
         j = 0
@@ -423,8 +451,8 @@ class _Part:
                         msg = f"{all_full[~v]}; {head}{used + w.pods * w.gpus_per_pod}{tail}"  # type: ignore[operator]
                 else:
                     code = ReasonCode.WAITING_PREEMPTION_DELAY
-                    at = w.submit_s + self.delay_s
-                    msg = f"{v.message}; {reasons.delay(self.now, at, self.delay_s)}"  # type: ignore[attr-defined]
+                    at = w.submit_s + delay_s
+                    msg = f"{v.message}; {reasons.delay(now, at, delay_s)}"  # type: ignore[attr-defined]
                 pos = len(out) + 1
                 # the workload's last reason when equal: no new object, no garbage
                 seen = known.get(w.id)

@@ -121,9 +121,13 @@ class Pool:
         self._dropped = 0
         self._fences = fences
         self._by_fence = Counter((fences[c.queue], c.priority) for c in cands)
-        self._by_queue: dict[str, Counter[int]] = {}
+        by_queue: dict[str, Counter[int]] = {}
         for c in cands:
-            self._by_queue.setdefault(c.queue, Counter())[c.priority] += 1
+            n = by_queue.get(c.queue)
+            if n is None:
+                n = by_queue[c.queue] = Counter()
+            n[c.priority] += 1
+        self._by_queue = by_queue
 
     def kill(self, vid: str, queue: str, priority: int) -> None:
         """``vid`` (of ``queue``, at ``priority``) can no longer be a victim this cycle."""
