@@ -128,18 +128,21 @@ class _Cycle:
         "no room for the shape anywhere, and the queue is above its guarantee" comes from the
         cycle's ``all_full`` without a call. A queue's first walk of a cycle may replay its last
         one (:data:`Walked`)."""
-        cluster, all_full, preemption = self.cluster, self.all_full, self.preemption
-        used, g = self.ledger.used(q, "gpu"), cluster.guarantee[q]["gpu"]
+        all_full, preemption = self.all_full, self.preemption
+        used = self.ledger.used(q, "gpu")
         part = self.parts.get(q)
         record = False
         if part is None:
             rec = self.walked.get(q)
             if (rec is not None and rec[1] == used and rec[2] == preemption
                     and (rec[0] is lst or rec[0] == lst) and all_full.keys() >= rec[3]):
-                self.parts[q] = _Part(self.ctx, q, lst, rec[4], [(0, len(lst), all_full, used)])
-                return len(lst)
+                n = len(lst)
+                self.parts[q] = _Part(self.ctx, q, lst, rec[4], [(0, n, all_full, used)])
+                return n
             part = self.parts[q] = _Part(self.ctx, q, lst, [], [])
             record = True
+        cluster = self.cluster
+        g = cluster.guarantee[q]["gpu"]
         fits = self.fits_of(q, lst)
         vs = part.verdicts
         start, n = i, len(lst)

@@ -68,8 +68,9 @@ def _candidate(r: Running) -> Candidate:
 
 
 # (the running sequence of the last call: it holds its objects, so their ids are not reused; their
-# ids; the candidate keys in order; the candidates in the same order)
-_Ordered = tuple[Sequence[Running], set[int], list[tuple[bool, int, float, bool, str]], list[Candidate]]
+# ids; the candidate keys in order; the candidates in the same order; id of a running -> its candidate)
+_Ordered = tuple[Sequence[Running], set[int], list[tuple[bool, int, float, bool, str]], list[Candidate],
+                 dict[int, Candidate]]
 
 
 def _in_order(memo: dict[object, object], running: Sequence[Running]) -> list[Candidate]:
@@ -79,12 +80,11 @@ def _in_order(memo: dict[object, object], running: Sequence[Running]) -> list[Ca
     prev: _Ordered | None = memo.get(("candidates",))  # type: ignore[assignment]
     ids = set(map(id, running))
     if prev is not None and len(ids) == len(running):
-        _, old_ids, keys, cands = prev
+        _, old_ids, keys, cands, by_id = prev
         gone, came = old_ids - ids, ids - old_ids
         if len(gone) + len(came) <= len(running) // 4 + 64:
-            by_id = {id(c.running): c for c in cands} if gone else {}
             for i in gone:
-                c = by_id.get(i)
+                c = by_id.pop(i, None)
                 if c is not None:
                     k = bisect_left(keys, candidate_key(c.running))
                     del keys[k], cands[k]
@@ -93,13 +93,16 @@ def _in_order(memo: dict[object, object], running: Sequence[Running]) -> list[Ca
                     key = candidate_key(r)
                     k = bisect_left(keys, key)
                     keys.insert(k, key)
-                    cands.insert(k, _candidate(r))
-            memo[("candidates",)] = (running, ids, keys, cands)
+                    c = _candidate(r)
+                    cands.insert(k, c)
+                    by_id[id(r)] = c
+            memo[("candidates",)] = (running, ids, keys, cands, by_id)
             return cands
     rs = sorted((r for r in running if r.workload.preemptible), key=candidate_key)
     cands = [_candidate(r) for r in rs]
     if len(ids) == len(running):
-        memo[("candidates",)] = (running, ids, [candidate_key(r) for r in rs], cands)
+        memo[("candidates",)] = (running, ids, [candidate_key(r) for r in rs], cands,
+                                 {id(c.running): c for c in cands})
     return cands
 
 
@@ -114,19 +117,29 @@ class Pool:
 
     def __init__(self, cands: list[Candidate], fences: Mapping[str, frozenset[str]]) -> None:
         self.all = cands
-        self.by_type: dict[str, list[Candidate]] = {}
-        for c in cands:
-            self.by_type.setdefault(c.gpu_type, []).append(c)
+        by_type: dict[str, list[Candidate]] = {}
+        by_queue: dict[str, dict[int, int]] = {}
+        for c in cands:                              # one pass: by type, and counted by queue
+            lst = by_type.get(c.gpu_type)
+            if lst is None:
+                by_type[c.gpu_type] = [c]
+            else:
+                lst.append(c)
+            n = by_queue.get(c.queue)
+            if n is None:
+                by_queue[c.queue] = {c.priority: 1}
+            else:
+                n[c.priority] = n.get(c.priority, 0) + 1
+        by_fence: Counter[tuple[frozenset[str], int]] = Counter()
+        for q, n in by_queue.items():
+            f = fences[q]
+            for prio, k in n.items():
+                by_fence[(f, prio)] += k
+        self.by_type = by_type
         self.dead: set[str] = set()
         self._dropped = 0
         self._fences = fences
-        self._by_fence = Counter((fences[c.queue], c.priority) for c in cands)
-        by_queue: dict[str, Counter[int]] = {}
-        for c in cands:
-            n = by_queue.get(c.queue)
-            if n is None:
-                n = by_queue[c.queue] = Counter()
-            n[c.priority] += 1
+        self._by_fence = by_fence
         self._by_queue = by_queue
 
     def kill(self, vid: str, queue: str, priority: int) -> None:
