@@ -4,8 +4,11 @@ benchmarks/_core_baseline), reasons and positions included, on random scenarios 
 backlog drain (benchmarks/bench_scheduler.py --backlog)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
+
+import pytest
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,7 +22,7 @@ from scheduler.simulator.engine import simulate
 from scheduler.simulator.scenario import Scenario
 from accounting.queues import parse_queue_config
 from scheduler.model import Node
-from scheduler.snapshot import Cluster, Settings, build_cluster
+from scheduler.snapshot import Cluster, PendingChanges, Settings, build_cluster
 
 
 def small_cluster(n_nodes: int, strict: bool) -> Cluster:
@@ -90,11 +93,108 @@ def test_reduced_backlog_drain_same_decisions_and_replays() -> None:
     """The benchmark's backlog shape at a reduced size (1,500 workloads, 100 nodes, 1,000 queues,
     the first 200 simulated seconds): the same cycle by cycle, and the replay path is taken (the
     test would pass vacuously otherwise)."""
+    replays = _count_replays()
     ra, reca = drain(1_500, 100, Keep(schedule_before), until_s=200.0)
     rb, recb = drain(1_500, 100, Keep(schedule), until_s=200.0)
     assert ra["admissions"] == rb["admissions"] > 300
     lazy = same_cycles(reca.fn, recb.fn)
-    assert lazy > len(recb.cycles) // 4, lazy
+    assert lazy == len(recb.cycles)                   # every cycle's reasons are built when read
+    assert replays["queues"] > 1_000 * len(recb.cycles) // 4, replays
+
+
+def _count_replays() -> dict[str, int]:
+    """Counts the queues a cycle replays (a part built from a recorded walk) from now until the
+    test ends (the patch is undone by the caller's monkeypatch-free cleanup below)."""
+    import scheduler.cycle as cy
+    counts = {"queues": 0}
+    init = cy._Part.__init__
+
+    def counting(self, ctx, queue, lst, verdicts, segments):  # type: ignore[no-untyped-def]
+        counts["queues"] += bool(segments)
+        init(self, ctx, queue, lst, verdicts, segments)
+
+    cy._Part.__init__ = counting  # type: ignore[method-assign]
+    _UNDO.append(lambda: setattr(cy._Part, "__init__", init))
+    return counts
+
+
+_UNDO: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _undo_patches() -> Any:
+    yield
+    while _UNDO:
+        _UNDO.pop()()
+
+
+def test_grouped_follows_the_callers_changes() -> None:
+    """With PendingChanges from the caller (what the simulator passes), the grouping is by_queue's,
+    call after call, without comparing the whole pending list; changes that do not match (a removed
+    workload not there, a count that does not add up, another base) fall back to the full path."""
+    c = small_cluster(40, False)
+    rng = random.Random(11)
+    pool = list(make_backlog(c, 400, seed=9))
+    memo: dict[object, object] = {}
+    pending = tuple(pool[:200])
+    grouped(memo, pending)
+    for step in range(80):
+        gone = rng.sample(pending, min(len(pending), rng.randint(0, 12)))
+        left = [w for w in pending if w not in set(gone)]
+        came = [w for w in rng.sample(pool, rng.randint(0, 10)) if w not in set(left)]
+        new = tuple(left + came)
+        changes = PendingChanges(pending, tuple(gone), tuple(came))
+        if step % 19 == 18:                               # a wrong account of the changes
+            changes = PendingChanges(pending, tuple(gone[:-1]) + (pool[-1],), tuple(came))
+        if step % 23 == 22:
+            changes = PendingChanges(tuple(pending), tuple(gone), tuple(came))   # not the base seen
+        got = grouped(memo, new, changes)
+        want = by_queue(new)
+        assert list(got) == list(want), step
+        assert all(got[q] == want[q] for q in want), step
+        pending = new
+
+
+def test_candidates_kept_in_order_equal_a_full_sort() -> None:
+    """The victim candidates kept between cycles (started and stopped ones placed by bisection)
+    are the list a full sort gives, as the running set changes."""
+    from scheduler.model import Placement, Running
+    from scheduler.preemption import candidates
+    from scheduler.quota import Ledger
+    c = small_cluster(40, False)
+    rng = random.Random(4)
+    ws = make_backlog(c, 600, seed=2)
+    runs = [Running(w, Placement(rng.choice(TYPES), ()), float(rng.randint(0, 50)), rng.random() < 0.3)
+            for w in ws]
+    runs = [r if i % 7 else Running(dataclasses.replace(r.workload, preemptible=False), r.placement,
+                                    r.start_s) for i, r in enumerate(runs)]
+    ledger = Ledger({q: {"gpu": 10**6} for q in c.chains})      # every queue above its guarantee
+    memo: dict[object, object] = {}
+    running = runs[:300]
+    for step in range(40):
+        assert candidates(c, ledger, tuple(running), memo) == candidates(c, ledger, tuple(running))
+        for _ in range(rng.randint(0, 15)):
+            running.pop(rng.randrange(len(running)))
+        running += [r for r in rng.sample(runs, rng.randint(0, 15)) if r not in running]
+
+
+def test_large_replay_freezes_and_gives_back_the_heap() -> None:
+    """A replay of 5,000 workloads or more keeps what survives each cycle out of the collector's
+    full passes and gives it back at the end (no object stays frozen); the events are the same as
+    with the collector left alone."""
+    import gc
+    c = small_cluster(40, False)
+    sc = Scenario("freeze", 120.0, 1.0, Settings(), c, make_backlog(c, 5_000, seed=3, within_s=20.0))
+    gc.unfreeze()                    # a test before may have frozen its heap (gpuq serve in process)
+    frozen = simulate(sc).events_jsonl()
+    assert gc.get_freeze_count() == 0
+    gc.freeze()                                            # someone froze already: left alone
+    try:
+        plain = simulate(sc).events_jsonl()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    assert frozen == plain
 
 
 def test_grouped_equals_by_queue_as_pending_changes() -> None:
