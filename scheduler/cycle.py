@@ -38,7 +38,7 @@ from scheduler.model import (
     Workload,
     pending_reason,
 )
-from scheduler.ordering import QueueKey, grouped, queue_key
+from scheduler.ordering import QueueChanges, QueueKey, grouped, queue_changes, queue_key
 from scheduler.placement import FreeIndex, node_slots
 from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
 from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_max
@@ -50,6 +50,7 @@ Verdict = tuple[ReasonCode, str]
 def schedule(snap: Snapshot, now: float) -> Decisions:
     cycle = _Cycle(snap, now)
     groups = grouped(snap.cluster.memo, snap.pending, snap.changes)
+    cycle.qchanges = queue_changes(snap.cluster.memo)
     cycle.check_queues(groups)
     key = cycle.queue_key
     heap = [(key(q), q) for q in groups]
@@ -78,7 +79,15 @@ class _Cycle:
         # queue -> its waiting ones (their verdicts; the reasons are built when first read)
         self.parts: dict[str, _Part] = {}
         memo = self.cluster.memo
-        self.walked: dict[str, Walked] = memo.setdefault(("walked",), {})  # type: ignore[assignment]
+        self.aggs: dict[str, _Agg] = memo.setdefault(("aggs",), {})  # type: ignore[assignment]
+        statics: tuple[frozenset[str], dict[str, int]] | None = memo.get(("strict, gpu guarantee",))  # type: ignore[assignment]
+        if statics is None:
+            c = self.cluster
+            statics = memo[("strict, gpu guarantee",)] = (
+                frozenset(q for q, cfg in c.config.queues.items() if cfg.strict_fifo),
+                {q: g["gpu"] for q, g in c.guarantee.items()})
+        self.strict, self.guarantees = statics
+        self.qchanges: QueueChanges = {}        # what this cycle's grouping changed (schedule sets it)
         self.fit_lists: dict[str, tuple[list[Workload], list[Fit]]] = memo.setdefault(  # type: ignore[assignment]
             ("fits",), {})
         self.known = _known(snap.cluster, len(snap.pending))
@@ -126,28 +135,33 @@ class _Cycle:
         waiting ones stores a verdict per workload (:data:`Verdict`) and builds no reason; the
         reasons are built from the verdicts when first read (:class:`_Part`). The common verdict
         "no room for the shape anywhere, and the queue is above its guarantee" comes from the
-        cycle's ``all_full`` without a call. A queue's first walk of a cycle may replay its last
-        one (:data:`Walked`)."""
+        cycle's ``all_full`` without a call.
+
+        A queue's first walk of a cycle is skipped when the queue is quiet: every one of its
+        workloads would take a verdict from memos now (it never fits, or its room has found no
+        room this cycle and either preemption is off or the queue would go above its guarantee).
+        That is read from the queue's :class:`_Agg` (its rooms, its smallest gang), not workload
+        by workload; such a walk starts nothing and reads nothing that changes, and the queue's
+        reasons derive from each workload's :class:`Fit` when read."""
         all_full, preemption = self.all_full, self.preemption
         used = self.ledger.used(q, "gpu")
+        g = self.guarantees[q]
+        strict = q in self.strict
         part = self.parts.get(q)
-        record = False
         if part is None:
-            rec = self.walked.get(q)
-            if (rec is not None and rec[1] == used and rec[2] == preemption
-                    and (rec[0] is lst or rec[0] == lst) and all_full.keys() >= rec[3]):
-                n = len(lst)
-                self.parts[q] = _Part(self.ctx, q, lst, rec[4], [(0, n, all_full, used)])
-                return n
+            if not strict:                   # quiet? (every queue, every cycle: kept inline)
+                a = self.aggs.get(q)
+                if a is None or a.lst is not lst:
+                    a = self.agg_of(q, lst)
+                if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > g):
+                    n = len(lst)
+                    self.parts[q] = _Part(self.ctx, q, lst, preemption, [(0, n, all_full, used)])
+                    return n
             part = self.parts[q] = _Part(self.ctx, q, lst, [], [])
-            record = True
-        cluster = self.cluster
-        g = cluster.guarantee[q]["gpu"]
         fits = self.fits_of(q, lst)
         vs = part.verdicts
         start, n = i, len(lst)
         seen: dict[int, object] = {}            # Fit.key -> its verdict in this walk
-        strict = cluster.config.queues[q].strict_fifo
         while i < n:
             fit = fits[i]
             i += 1
@@ -167,7 +181,6 @@ class _Cycle:
                         continue
                 v = seen.get(fit.key)
                 if v is None:
-                    record = False
                     w = lst[i - 1]
                     miss = all_full.get(room)
                     if miss is not None:            # what free_capacity would say, from the memo
@@ -178,7 +191,6 @@ class _Cycle:
                             return self._started(q, part, start, i, all_full, used)
                     v = seen[fit.key] = self._pre_class(w, fit, *verdict) if preemption else verdict
                 if type(v) is _Pre:
-                    record = False
                     w = lst[i - 1]
                     if self.now - w.submit_s < v.delay_s:
                         v = v.waiting
@@ -199,18 +211,59 @@ class _Cycle:
             behind, fifo = (ReasonCode.BEHIND_HIGHER_PRIORITY, msg), (ReasonCode.STRICT_FIFO, msg)
             vs.extend(behind if head.priority > w.priority else fifo for w in lst[i:])
         part.segments.append((start, n, all_full, used))
-        if record:
-            rooms = frozenset(v if v >= 0 else ~v for v in vs if type(v) is int)
-            self.walked[q] = (lst, used, preemption, rooms, vs)
-        else:
-            self.walked.pop(q, None)
         return n
 
     def _started(self, q: str, part: _Part, start: int, i: int, all_full: dict[int, str], used: int) -> int:
         """``lst[i - 1]`` started: the walk's waiting ones are ``lst[start:i - 1]``."""
         part.segments.append((start, i - 1, all_full, used))
-        self.walked.pop(q, None)
         return i
+
+    def agg_of(self, q: str, lst: list[Workload]) -> _Agg:
+        """``q``'s :class:`_Agg` for ``lst``, kept across cycles and updated from the workloads
+        that left and joined the queue (:func:`scheduler.ordering.queue_changes`), else counted
+        anew."""
+        a = self.aggs.get(q)
+        if a is not None and a.lst is lst:
+            return a
+        ch = self.qchanges.get(q)
+        fit_of = self.fit_of
+        if a is not None and ch is not None and ch[0] is a.lst and len(ch[1]) + len(ch[2]) <= len(lst):
+            rooms, gpus = a.rooms, a.gpus
+            for w in ch[1]:
+                fit = fit_of(w)
+                if fit.never is None:
+                    if rooms[fit.room] == 1:
+                        del rooms[fit.room]
+                    else:
+                        rooms[fit.room] -= 1
+                    if gpus[fit.gpus] == 1:
+                        del gpus[fit.gpus]
+                    else:
+                        gpus[fit.gpus] -= 1
+            for w in ch[2]:
+                fit = fit_of(w)
+                if fit.never is None:
+                    rooms[fit.room] = rooms.get(fit.room, 0) + 1
+                    gpus[fit.gpus] = gpus.get(fit.gpus, 0) + 1
+            a.lst = lst
+            return a
+        a = self.aggs[q] = _Agg(lst)
+        rooms, gpus = a.rooms, a.gpus
+        for w in lst:
+            fit = fit_of(w)
+            if fit.never is None:
+                rooms[fit.room] = rooms.get(fit.room, 0) + 1
+                gpus[fit.gpus] = gpus.get(fit.gpus, 0) + 1
+        return a
+
+    def fit_of(self, w: Workload) -> Fit:
+        """:func:`static_fit` of ``w``, found by id (:func:`_known`)."""
+        seen = self.known.get(w.id)
+        if seen is not None and seen[0] is w:
+            return seen[1]
+        fit = static_fit(self.cluster, w)
+        self.known[w.id] = (w, fit, None)
+        return fit
 
     def fits_of(self, q: str, lst: list[Workload]) -> list[Fit]:
         """The :class:`Fit` of each of ``lst`` (``q``'s pending), kept per queue across cycles while
@@ -381,14 +434,17 @@ Seen = tuple[Workload, Fit, PendingReason | None]
 # the preemption delay. :class:`_Part` turns them into reasons.
 Segment = tuple[int, int, dict[int, str], int]     # lst[a:b] waiting, the walk's all_full and usage
 
-# queue -> its last first-walk of a cycle, kept across cycles (in the cluster's memo) only for a walk
-# whose every verdict came from memos (never fits, no room, strict FIFO): (its pending list, its gpu
-# usage, whether preemption was on, the rooms it read, its verdicts). Such a walk starts nothing,
-# and while its pending list, usage and preemption setting are equal and every room it read has
-# found no room again this cycle (the cycle's all_full), each workload takes the same verdict: the
-# cycle replays it without walking the workloads, so a cycle's cost follows the queues that
-# changed, not the depth of the backlog.
-Walked = tuple[list[Workload], int, bool, frozenset[int], list[object]]
+class _Agg:
+    """What :meth:`_Cycle.walk` reads of a queue's pending list ``lst``, kept across cycles: how
+    many of its workloads that can fit at all look for each room (:attr:`Fit.room`), and how many
+    ask for each GPU count."""
+
+    __slots__ = ("gpus", "lst", "rooms")
+
+    def __init__(self, lst: list[Workload]) -> None:
+        self.lst = lst
+        self.rooms: dict[int, int] = {}
+        self.gpus: dict[int, int] = {}
 
 
 class _Delay:
@@ -419,13 +475,14 @@ _Context = tuple[Cluster, float, float, dict[str, "Seen"]]
 
 class _Part:
     """A queue's waiting workloads of one cycle: ``lst`` (its pending list), the walks' segments
-    (:data:`Segment`) and one verdict each. Called, it builds their reasons (positions counted
+    (:data:`Segment`) and one verdict each (or, for a quiet queue, whether preemption was on: each
+    verdict then follows from the workload's fit). Called, it builds their reasons (positions counted
     over the segments in order); the segments' all_full dicts only ever gain rooms, so what it
     builds does not depend on when it is called."""
 
     __slots__ = ("ctx", "lst", "queue", "segments", "verdicts")
 
-    def __init__(self, ctx: _Context, queue: str, lst: list[Workload], verdicts: list[object],
+    def __init__(self, ctx: _Context, queue: str, lst: list[Workload], verdicts: list[object] | bool,
                  segments: list[Segment]) -> None:
         self.ctx, self.queue, self.lst, self.verdicts, self.segments = ctx, queue, lst, verdicts, segments
 
@@ -436,6 +493,13 @@ class _Part:
         q, lst, vs = self.queue, self.lst, self.verdicts
         cluster, now, delay_s, known = self.ctx
         head, tail = _facts(cluster, q).why_not
+        if type(vs) is bool:                 # a quiet queue (_Cycle.walk): verdicts from the fits
+            vs = []
+            for w in lst:
+                seen = known.get(w.id)
+                fit = seen[1] if seen is not None and seen[0] is w else static_fit(cluster, w)
+                v = fit.never_v
+                vs.append(v if v is not None else ~fit.room if self.verdicts else fit.room)
         no_fit = ReasonCode.NO_FIT
         out: list[PendingReason] = []
         j = 0

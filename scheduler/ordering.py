@@ -64,7 +64,7 @@ def grouped(memo: dict[object, object], pending: Sequence[Workload],
         if (len(changes.removed) + len(changes.added) > len(pending) // 4 + 64
                 or len(changes.base) - len(changes.removed) + len(changes.added) != len(pending)):
             return _regroup(memo, pending, None)
-        out = _apply(prev[3], changes.removed, changes.added)
+        out = _apply(prev[3], changes.removed, changes.added, memo)
         if out is None:
             return _regroup(memo, pending, None)
         memo[("grouped",)] = (pending, None, None, out)
@@ -81,25 +81,38 @@ def grouped(memo: dict[object, object], pending: Sequence[Workload],
     removed = [by_id.pop(i) for i in gone]
     for w in added:
         by_id[id(w)] = w
-    out = _apply(groups, removed, added)
+    out = _apply(groups, removed, added, memo)
     if out is None:
         return _regroup(memo, pending, ids)
     memo[("grouped",)] = (pending, ids, by_id, out)
     return out
 
 
+# queue -> (its list before, the workloads that left it, those that joined it) of the last call
+QueueChanges = dict[str, tuple[list[Workload], list[Workload], list[Workload]]]
+
+
+def queue_changes(memo: dict[object, object]) -> QueueChanges:
+    """What the last :func:`grouped` call changed, per queue whose list it rebuilt (its list before,
+    the workloads that left, those that joined); empty after a full regroup (every list new)."""
+    return memo.get(("grouped changes",), {})  # type: ignore[return-value]
+
+
 def _apply(groups: dict[str, list[Workload]], removed: Iterable[Workload],
-           added: Iterable[Workload]) -> dict[str, list[Workload]] | None:
+           added: Iterable[Workload], memo: dict[object, object]) -> dict[str, list[Workload]] | None:
     """``groups`` less ``removed`` plus ``added``, as new lists for the queues that changed (the
     others are the same objects); ``None`` when two workloads have equal keys (only
     :func:`by_queue` knows their input order)."""
     fresh: dict[str, list[Workload]] = {}
+    changed: QueueChanges = {}
     for w in removed:
         lst = fresh.get(w.queue)
         if lst is None:
             if w.queue not in groups:
                 return None
             lst = fresh[w.queue] = list(groups[w.queue])
+            changed[w.queue] = (groups[w.queue], [], [])
+        changed[w.queue][1].append(w)
         k, n = bisect_left(lst, w.order_key, key=_ORDER), len(lst)
         while k < n and lst[k] is not w:
             k += 1
@@ -110,10 +123,13 @@ def _apply(groups: dict[str, list[Workload]], removed: Iterable[Workload],
         lst = fresh.get(w.queue)
         if lst is None:
             lst = fresh[w.queue] = list(groups.get(w.queue, ()))
+            changed[w.queue] = (groups.get(w.queue, []), [], [])
+        changed[w.queue][2].append(w)
         k = bisect_right(lst, w.order_key, key=_ORDER)
         if k and lst[k - 1].order_key == w.order_key:      # equal keys: keep by_queue's input order
             return None
         lst.insert(k, w)
+    memo[("grouped changes",)] = changed
     if not fresh:
         return groups
     out = dict(groups)
@@ -130,6 +146,7 @@ def _apply(groups: dict[str, list[Workload]], removed: Iterable[Workload],
 def _regroup(memo: dict[object, object], pending: Sequence[Workload],
              ids: set[int] | None) -> dict[str, list[Workload]]:
     groups = by_queue(pending)
+    memo[("grouped changes",)] = {}
     if ids is None:
         ids = set(map(id, pending))
     if len(ids) == len(pending):
