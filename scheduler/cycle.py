@@ -9,13 +9,16 @@ As many workloads are admitted per cycle as fit. After an admission the queue's 
 recomputed and the queue goes back into the heap; a workload that cannot start does not stop the
 ones behind it unless its queue is ``strict_fifo``.
 
-Cost (docs/PERFORMANCE.md): a cycle touches each pending workload once, and most of them cannot
-start, so that path is kept short. Within a cycle, a gang shape that found no room keeps its
-message until a preemption frees capacity, so a workload whose every type is such a shape, in a
-queue above its guarantee, gets its reason from memos. Across cycles the cluster's ``memo`` holds
-what never changes (each queue's and gang shape's static fit) and each pending workload's last
-reason, reused as the same immutable object while it is unchanged: a steady cycle builds its
-reasons' text but allocates next to nothing, so it also triggers next to no garbage collection.
+Cost (docs/PERFORMANCE.md, "Scheduler at depth"): a cycle's cost follows what changed, not the
+depth of the backlog. A walk stores a verdict per waiting workload, found once per gang shape, and
+the reasons are built from the verdicts only when read (:class:`_Part`); a queue whose every
+workload would take a verdict from memos is not walked at all, which is read from counts kept per
+queue (:class:`_Agg`). Within a cycle, a gang shape that found no room keeps its message until a
+preemption frees capacity. Across cycles the cluster's ``memo`` holds what never changes (each
+queue's and gang shape's static fit), what is updated from the changes (the pending grouped by
+queue, the per-queue counts, the victim candidates in order) and each pending workload's last
+reason, reused as the same immutable object while it is unchanged. Nothing there is a decision:
+each is a function of the snapshot, kept because recomputing it would cost a pass over the backlog.
 """
 from __future__ import annotations
 

@@ -286,6 +286,7 @@ class SchedulerService:
                 snap = self._snapshot()
                 entries = dict(self._entries)
             decisions = schedule(snap, now)
+            tuple(decisions.pending)        # the reasons are built on first read: here, not under the lock
             with self._lock:
                 if self._cluster is snap.cluster:
                     jobs, held = self._plan(decisions, now, entries)
