@@ -14,6 +14,10 @@
     the simulator by today's core and by the frozen pre-issue-11 core
     (:mod:`benchmarks._core_baseline`) in the same run: admissions per second of core time, cycle
     p50/p99 while 50,000 are pending; then the curve of cycle cost from 1,000 to 100,000 pending.
+(e) ``--service``: the same backlog submitted to a ``SchedulerService`` (what ``gpuq serve`` runs:
+    snapshot of its entries, ``schedule()`` outside the lock, every reason read and kept for the
+    API), steady cycles with ~43,000 pending, with today's core and with the frozen pre-issue-11
+    core in the same service code: the whole cycle and the core's share of it.
 Peak RSS at the end. Final lines start with ``RESULT``.
 """
 from __future__ import annotations
@@ -179,6 +183,54 @@ def backlog_main(quick: bool) -> None:
     print(f"RESULT peak_rss_mib={rss_mib:.0f}")
 
 
+def service_main(quick: bool) -> None:
+    """(e): a service's steady cycle at depth, today's core against the frozen one."""
+    import scheduler.service.core as service_core
+    from benchmarks._core_baseline.cycle import schedule as schedule_before
+    from scheduler.actuators.base import DryRunActuator, Target
+    from scheduler.service.core import SchedulerService
+    n, n_nodes, reps = (5_000, 500, 5) if quick else (50_000, 5_000, 10)
+    print(f"(e) service cycle: {n} workloads submitted (the backlog shape), {n_nodes} nodes; "
+          f"{reps} steady cycles after the first")
+    rows = {}
+    for name, fn in (("before", schedule_before), ("now", schedule)):
+        c = make_cluster(n_nodes)
+        svc = SchedulerService(parse_queue_config({"queues": backlog_queues(n_nodes * 8)}), DryRunActuator(),
+                               nodes=list(c.nodes), settings=Settings(True, 30.0))
+        for w in make_backlog(c, n):
+            svc.submit(w, Target(), w.submit_s)
+        core = [0.0]
+
+        def timed_core(snap: Snapshot, now: float, fn: Callable[[Snapshot, float], Decisions] = fn) -> Decisions:
+            t0 = time.perf_counter()
+            d = fn(snap, now)
+            core[0] += time.perf_counter() - t0
+            return d
+
+        service_core.schedule = timed_core  # type: ignore[assignment]
+        try:
+            gc.collect()
+            svc.cycle(61.0)
+            cycles, cores = [], []
+            for k in range(reps):
+                core[0] = 0.0
+                t0 = time.perf_counter()
+                svc.cycle(62.0 + k)
+                cycles.append((time.perf_counter() - t0) * 1000)
+                cores.append(core[0] * 1000)
+        finally:
+            service_core.schedule = schedule  # type: ignore[assignment]
+        pending = len(svc.workloads(state="pending", limit=n))
+        cycles.sort()
+        cores.sort()
+        rows[name] = cycles
+        print(f"RESULT service_{name} pending={pending} cycle_p50_ms={pct(cycles, 50):.1f} "
+              f"cycle_max_ms={cycles[-1]:.1f} core_p50_ms={pct(cores, 50):.1f}")
+    print(f"RESULT service_ratio before/now cycle p50={pct(rows['before'], 50) / pct(rows['now'], 50):.1f}x")
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"RESULT peak_rss_mib={rss_mib:.0f}")
+
+
 def naive_schedule(snap: Snapshot, now: float) -> Decisions:
     """Kueue-like baseline: rebuild usage from the running list, one head per queue per cycle,
     first fit over every node of a type."""
@@ -308,9 +360,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about a tenth)")
     ap.add_argument("--backlog", action="store_true", help="only (d): the backlog drain and the depth curve")
+    ap.add_argument("--service", action="store_true", help="only (e): a service's cycle at the backlog's depth")
     args = ap.parse_args()
     if args.backlog:
         backlog_main(args.quick)
+        return
+    if args.service:
+        service_main(args.quick)
         return
     n_work, n_nodes, n_pending, reps = (5_000, 500, 1_000, 10) if args.quick else (50_000, 5_000, 10_000, 30)
     n_base = n_work // 5

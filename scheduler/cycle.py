@@ -158,7 +158,7 @@ class _Cycle:
                     a = self.agg_of(q, lst)
                 if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > g):
                     n = len(lst)
-                    self.parts[q] = _Part(self.ctx, q, lst, preemption, [(0, n, all_full, used)])
+                    self.parts[q] = _Part(self.ctx, q, lst, preemption, [(0, n, all_full, used)], a)
                     return n
             part = self.parts[q] = _Part(self.ctx, q, lst, [], [])
         fits = self.fits_of(q, lst)
@@ -483,26 +483,51 @@ class _Part:
     over the segments in order); the segments' all_full dicts only ever gain rooms, so what it
     builds does not depend on when it is called."""
 
-    __slots__ = ("ctx", "lst", "queue", "segments", "verdicts")
+    __slots__ = ("agg", "ctx", "lst", "queue", "segments", "verdicts")
 
     def __init__(self, ctx: _Context, queue: str, lst: list[Workload], verdicts: list[object] | bool,
-                 segments: list[Segment]) -> None:
+                 segments: list[Segment], agg: _Agg | None = None) -> None:
         self.ctx, self.queue, self.lst, self.verdicts, self.segments = ctx, queue, lst, verdicts, segments
+        self.agg = agg
 
     def __len__(self) -> int:
         return sum(b - a for a, b, _, _ in self.segments)
 
     def __call__(self) -> list[PendingReason]:
         q, lst, vs = self.queue, self.lst, self.verdicts
+        cluster, _, _, known = self.ctx
+        if type(vs) is bool:                 # a quiet queue (_Cycle.walk): verdicts from the fits
+            # Its reasons follow from its list, the preemption setting, its usage and the message of
+            # each room it reads: when all are as when they were last built, they are that list
+            # (what the service reads every cycle; the agg is this list's only while unchanged).
+            agg, (_, _, all_full, used) = self.agg, self.segments[0]
+            built: dict[str, tuple[object, ...]] = cluster.memo.setdefault(("built",), {})  # type: ignore[assignment]
+            sig = None
+            if agg is not None and agg.lst is lst:
+                sig = (lst, vs, used, tuple([all_full[r] for r in agg.rooms]))
+                rec = built.get(q)
+                if rec is not None and rec[0] is lst and rec[1:4] == sig[1:]:
+                    return rec[4]  # type: ignore[return-value]
+            out = self._build(self._derived(lst, vs, cluster, known))
+            if sig is not None:
+                built[q] = (*sig, out)
+            return out
+        return self._build(vs)
+
+    @staticmethod
+    def _derived(lst: list[Workload], pre: bool, cluster: Cluster, known: dict[str, Seen]) -> list[object]:
+        vs: list[object] = []
+        for w in lst:
+            seen = known.get(w.id)
+            fit = seen[1] if seen is not None and seen[0] is w else static_fit(cluster, w)
+            v = fit.never_v
+            vs.append(v if v is not None else ~fit.room if pre else fit.room)
+        return vs
+
+    def _build(self, vs: list[object]) -> list[PendingReason]:
+        q, lst = self.queue, self.lst
         cluster, now, delay_s, known = self.ctx
         head, tail = _facts(cluster, q).why_not
-        if type(vs) is bool:                 # a quiet queue (_Cycle.walk): verdicts from the fits
-            vs = []
-            for w in lst:
-                seen = known.get(w.id)
-                fit = seen[1] if seen is not None and seen[0] is w else static_fit(cluster, w)
-                v = fit.never_v
-                vs.append(v if v is not None else ~fit.room if self.verdicts else fit.room)
         no_fit = ReasonCode.NO_FIT
         out: list[PendingReason] = []
         j = 0

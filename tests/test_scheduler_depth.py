@@ -102,16 +102,46 @@ def test_reduced_backlog_drain_same_decisions_and_replays() -> None:
     assert replays["queues"] > 1_000 * len(recb.cycles) // 4, replays
 
 
+class ReadNow(Keep):
+    """Keep, reading every reason right after each cycle (as the service does): a quiet queue whose
+    reasons are as last built gets that same list back."""
+
+    def __call__(self, snap: Any, now: float) -> Decisions:
+        d = super().__call__(snap, now)
+        tuple(d.pending)
+        return d
+
+
+def test_reasons_read_every_cycle_equal_the_core_before() -> None:
+    """The reduced drain with every reason read after each cycle, as the service does (the reuse
+    of a quiet queue's last built reasons is then taken): the same reasons, cycle by cycle."""
+    import scheduler.cycle as cy
+    hits = {"n": 0}
+    build = cy._Part._build
+
+    def counting(self, vs):  # type: ignore[no-untyped-def]
+        hits["n"] += 1
+        return build(self, vs)
+
+    cy._Part._build = counting  # type: ignore[method-assign]
+    _UNDO.append(lambda: setattr(cy._Part, "_build", build))
+    parts = _count_replays()
+    _, reca = drain(1_500, 100, Keep(schedule_before), until_s=120.0)
+    _, recb = drain(1_500, 100, ReadNow(schedule), until_s=120.0)
+    same_cycles(reca.fn, recb.fn)
+    assert hits["n"] < parts["queues"] // 2, (hits, parts)     # most quiet parts were not rebuilt
+
+
 def _count_replays() -> dict[str, int]:
-    """Counts the queues a cycle replays (a part built from a recorded walk) from now until the
-    test ends (the patch is undone by the caller's monkeypatch-free cleanup below)."""
+    """Counts the queues cycles skip (quiet: a part built without a walk) from now until the test
+    ends (the patch is undone by the autouse fixture below)."""
     import scheduler.cycle as cy
     counts = {"queues": 0}
     init = cy._Part.__init__
 
-    def counting(self, ctx, queue, lst, verdicts, segments):  # type: ignore[no-untyped-def]
+    def counting(self, ctx, queue, lst, verdicts, segments, agg=None):  # type: ignore[no-untyped-def]
         counts["queues"] += bool(segments)
-        init(self, ctx, queue, lst, verdicts, segments)
+        init(self, ctx, queue, lst, verdicts, segments, agg)
 
     cy._Part.__init__ = counting  # type: ignore[method-assign]
     _UNDO.append(lambda: setattr(cy._Part, "__init__", init))
