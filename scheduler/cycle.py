@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
-from itertools import chain
 from operator import attrgetter
 from types import MappingProxyType
 from typing import NamedTuple
@@ -229,61 +228,39 @@ class _Cycle:
         if a is not None and a.lst is lst:
             return a
         ch = self.qchanges.get(q)
-        fit_of = self.fit_of
         if a is not None and ch is not None and ch[0] is a.lst and len(ch[1]) + len(ch[2]) <= len(lst):
-            rooms, gpus = a.rooms, a.gpus
-            for w in ch[1]:
-                fit = fit_of(w)
-                if fit.never is None:
-                    if rooms[fit.room] == 1:
-                        del rooms[fit.room]
-                    else:
-                        rooms[fit.room] -= 1
-                    if gpus[fit.gpus] == 1:
-                        del gpus[fit.gpus]
-                    else:
-                        gpus[fit.gpus] -= 1
-            for w in ch[2]:
-                fit = fit_of(w)
-                if fit.never is None:
-                    rooms[fit.room] = rooms.get(fit.room, 0) + 1
-                    gpus[fit.gpus] = gpus.get(fit.gpus, 0) + 1
-            a.lst = lst
-            return a
-        a = self.aggs[q] = _Agg(lst)
-        rooms, gpus = a.rooms, a.gpus
-        for w in lst:
-            fit = fit_of(w)
+            left, came = ch[1], ch[2]
+        else:
+            a, left, came = _Agg(lst), (), lst
+            self.aggs[q] = a
+        rooms, gpus, cluster, known = a.rooms, a.gpus, self.cluster, self.known
+        for w in left:
+            fit = fit_of(cluster, known, w)
+            if fit.never is None:
+                if rooms[fit.room] == 1:
+                    del rooms[fit.room]
+                else:
+                    rooms[fit.room] -= 1
+                if gpus[fit.gpus] == 1:
+                    del gpus[fit.gpus]
+                else:
+                    gpus[fit.gpus] -= 1
+        for w in came:
+            fit = fit_of(cluster, known, w)
             if fit.never is None:
                 rooms[fit.room] = rooms.get(fit.room, 0) + 1
                 gpus[fit.gpus] = gpus.get(fit.gpus, 0) + 1
+        a.lst = lst
         return a
-
-    def fit_of(self, w: Workload) -> Fit:
-        """:func:`static_fit` of ``w``, found by id (:func:`_known`)."""
-        seen = self.known.get(w.id)
-        if seen is not None and seen[0] is w:
-            return seen[1]
-        fit = static_fit(self.cluster, w)
-        self.known[w.id] = (w, fit, None)
-        return fit
 
     def fits_of(self, q: str, lst: list[Workload]) -> list[Fit]:
         """The :class:`Fit` of each of ``lst`` (``q``'s pending), kept per queue across cycles while
-        the list is the same object; a new list finds each workload's fit by id (:func:`_known`)."""
+        the list is the same object; a new list finds each workload's fit by id (:func:`fit_of`)."""
         fl = self.fit_lists.get(q)
         if fl is not None and fl[0] is lst:
             return fl[1]
-        known, cluster = self.known, self.cluster
-        fits: list[Fit] = []
-        for w in lst:
-            seen = known.get(w.id)
-            if seen is not None and seen[0] is w:
-                fits.append(seen[1])
-            else:
-                fit = static_fit(cluster, w)
-                known[w.id] = (w, fit, None)
-                fits.append(fit)
+        cluster, known = self.cluster, self.known
+        fits = [fit_of(cluster, known, w) for w in lst]
         self.fit_lists[q] = (lst, fits)
         return fits
 
@@ -518,8 +495,7 @@ class _Part:
     def _derived(lst: list[Workload], pre: bool, cluster: Cluster, known: dict[str, Seen]) -> list[object]:
         vs: list[object] = []
         for w in lst:
-            seen = known.get(w.id)
-            fit = seen[1] if seen is not None and seen[0] is w else static_fit(cluster, w)
+            fit = fit_of(cluster, known, w)
             v = fit.never_v
             vs.append(v if v is not None else ~fit.room if pre else fit.room)
         return vs
@@ -571,6 +547,16 @@ def _known(cluster: Cluster, pending: int) -> dict[str, Seen]:
     if len(known) > 4 * pending + 4096:
         known.clear()
     return known
+
+
+def fit_of(cluster: Cluster, known: dict[str, Seen], w: Workload) -> Fit:
+    """:func:`static_fit` of ``w``, found by id in ``known`` (:func:`_known`) and noted there."""
+    seen = known.get(w.id)
+    if seen is not None and seen[0] is w:
+        return seen[1]
+    fit = static_fit(cluster, w)
+    known[w.id] = (w, fit, None)
+    return fit
 
 
 def static_fit(cluster: Cluster, w: Workload) -> Fit:
