@@ -111,14 +111,15 @@ def attribute_idle(runs: Iterable[IdleRun], allocs: Iterable[Allocation], window
                    now_s: float) -> tuple[UsageAgg, ...]:
     """Idle GPU-seconds inside the window, grouped like :func:`accounting.intervals.to_aggs`.
 
-    A run counts where it overlaps an allocation of the same (cluster, namespace, pod); a run of
-    a pod with no allocation (DCGM saw it, Kubernetes did not) is not counted."""
-    spans: dict[tuple[str, str, str], list[tuple[Allocation, float]]] = {}
+    A run counts where it overlaps an allocation of the same (cluster, namespace, pod) on the
+    run's node (a gang's row on another node is another GPU); a run of a pod with no allocation
+    (DCGM saw it, Kubernetes did not) is not counted."""
+    spans: dict[tuple[str, str, str, str], list[tuple[Allocation, float]]] = {}
     for a, end in effective_ends(allocs, now_s):
-        spans.setdefault((a.cluster, a.namespace, a.pod), []).append((a, end))
+        spans.setdefault((a.cluster, a.namespace, a.pod, a.node), []).append((a, end))
     sums: dict[tuple[str, str, str, str, str, str], float] = {}
     for r in runs:
-        for a, end in spans.get((r.cluster, r.namespace, r.pod), ()):
+        for a, end in spans.get((r.cluster, r.namespace, r.pod, r.node), ()):
             s = max(r.start_s, a.start_s, window.start_s)
             e = min(r.end_s, end, window.end_s)
             if e > s:

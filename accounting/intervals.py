@@ -3,9 +3,11 @@
 Rules (each has a test):
 
 * a pod still running (``end_s`` None) counts up to ``now_s``;
-* a restart is a new ``uid`` for the same ``(cluster, namespace, pod)``: both rows count, and an
-  earlier row left open or overlapping (the collector missed the end, e.g. during a gap) is cut
-  at the next row's start, since Kubernetes runs one pod of a name at a time;
+* a restart is a new ``uid`` in the same slot (:func:`accounting.ledger.slot`: a pod's
+  ``(cluster, namespace, pod)``; for the rows of other sources, which name one node of a gang
+  each, also the node): both rows count, and an earlier row left open or overlapping (the
+  collector missed the end, e.g. during a gap) is cut at the next row's start, since Kubernetes
+  runs one pod of a name at a time;
 * an allocation crossing a window boundary counts only its part inside ``[start_s, end_s)``;
 * nothing counts after ``now_s`` (an end in the future is cut there).
 """
@@ -16,6 +18,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from accounting.ledger import slot
 from accounting.model import Allocation, UsageAgg, Window
 
 K = TypeVar("K", bound=Hashable)
@@ -34,14 +37,14 @@ class Interval:
 
 def effective_ends(allocs: Iterable[Allocation], now_s: float) -> list[tuple[Allocation, float]]:
     """Each allocation with the end it really had (see the module rules), in a stable order:
-    ``(cluster, namespace, pod, start_s, uid)``."""
-    ordered = sorted(allocs, key=lambda a: (a.cluster, a.namespace, a.pod, a.start_s, a.uid))
+    ``(slot, start_s, uid)``."""
+    ordered = sorted(allocs, key=lambda a: (slot(a), a.start_s, a.uid))
     out: list[tuple[Allocation, float]] = []
     for i, a in enumerate(ordered):
         end = now_s if a.end_s is None else min(a.end_s, now_s)
         if i + 1 < len(ordered):
             nxt = ordered[i + 1]
-            if (nxt.cluster, nxt.namespace, nxt.pod) == (a.cluster, a.namespace, a.pod):
+            if slot(nxt) == slot(a):
                 end = min(end, nxt.start_s)
         out.append((a, max(end, a.start_s)))
     return out

@@ -11,11 +11,19 @@ Sources, in order of precedence (:data:`SOURCES`):
 ``admission``
     what gpuq admitted and has not been seen yet by any of the above (the scheduler).
 
-Rows that carry a gpuq ``workload_id`` are one allocation per workload: only the rows of its
-best source count (an admitted RayJob's pods, not also its admission; a Ray gang's placement
-group, not also its admission). A row with no queue of its own (a placement group) takes its
-workload's queue from the other rows (the admission). Rows without a workload id (work gpuq did
-not admit: pods of other schedulers, jobs started before gpuq) always count: they are *foreign*.
+The ledger counts per **(workload, node)**: a workload on several nodes (a gang) is counted on
+each of them, and the precedence of sources is applied per workload and node. On each node a
+workload holds, only the rows of its best source there count (an admitted RayJob's pods, not
+also its admission; a Ray gang's placement group, not also its admission), so a gang whose pods
+are seen on one node and not yet on the other counts the pods on the first and the admission on
+the second. A row with no queue of its own (a placement group) takes its workload's queue from
+the other rows (the admission). Rows without a workload id (work gpuq did not admit: pods of
+other schedulers, jobs started before gpuq) always count: they are *foreign*.
+
+Restarts (:func:`slot`): a Kubernetes pod runs on one node at a time, so a pod's rows are one
+*slot* per ``(cluster, namespace, pod)`` and a later row of the same pod ends an earlier one left
+open; the rows of the other sources name one node of a multi-node allocation each, so their slot
+also holds the node (a gang's two nodes are two slots, never one cutting the other).
 
 ``accounting.sql.LEDGER`` is the same rule in SQL; ``tests/test_ledger.py`` checks the two agree.
 """
@@ -35,23 +43,30 @@ def rank(source: str) -> int:
     return _RANK.get(source, len(SOURCES) - 1)
 
 
+def slot(a: Allocation) -> tuple[str, str, str, str]:
+    """The rows of one slot run one at a time (see the module's *Restarts*); the same rule in SQL
+    is :data:`accounting.sql.SLOT`."""
+    return (a.cluster, a.namespace, a.pod, "" if a.source == "pod" else a.node)
+
+
 def dedup(allocations: Iterable[Allocation]) -> list[Allocation]:
-    """The allocations that count, in their input order."""
+    """The allocations that count, in their input order: per (workload, node), the rows of the
+    best source there; every foreign row."""
     allocs = list(allocations)
-    best: dict[str, int] = {}
+    best: dict[tuple[str, str], int] = {}
     queue: dict[str, str] = {}
     for a in allocs:
         if a.workload_id:
-            r = rank(a.source)
-            if r < best.get(a.workload_id, len(SOURCES)):
-                best[a.workload_id] = r
+            r, k = rank(a.source), (a.workload_id, a.node)
+            if r < best.get(k, len(SOURCES)):
+                best[k] = r
             if a.queue > queue.get(a.workload_id, ""):
                 queue[a.workload_id] = a.queue
     out = []
     for a in allocs:
         if not a.workload_id:
             out.append(a)
-        elif rank(a.source) == best[a.workload_id]:
+        elif rank(a.source) == best[(a.workload_id, a.node)]:
             out.append(a if a.queue else replace(a, queue=queue[a.workload_id]))
     return out
 
@@ -62,12 +77,24 @@ def combine(observed: Iterable[Allocation], admitted: Iterable[Allocation]) -> l
     return dedup([*(a for a in observed if a.source != ADMISSION), *admitted])
 
 
+def node_of(name: str, cluster: str) -> tuple[str, str]:
+    """A scheduler node name (``node``, ``cluster/node``, ``node:type`` for a node's MIG slices;
+    see ``scheduler.service.accounting._nodes``) as the collectors name it: (cluster, node).
+    Kubernetes and Ray node names hold neither ``/`` nor ``:``."""
+    name = name.split(":", 1)[0]
+    c, _, node = name.rpartition("/")
+    return (c or cluster, node)
+
+
 def admission_rows(workload_id: str, queue: str, *, cluster: str, namespace: str, gpu_type: str,
                    placement: Mapping[str, int] | Iterable[tuple[str, int]], start_s: float,
                    end_s: float | None = None, priority: int = 0) -> list[Allocation]:
-    """The ledger rows of one admission: one per node of its placement."""
+    """The ledger rows of one admission: one per node of its placement. The uid holds the start, so
+    a workload admitted again on the same node after a preemption is a new row, not a new version
+    of the one that billed its first run."""
     nodes = placement.items() if isinstance(placement, Mapping) else placement
-    return [Allocation(cluster, namespace, workload_id, f"{workload_id}/{node}", queue, node, gpu_type,
+    return [Allocation(cluster, namespace, workload_id, f"{workload_id}/{node}@{round(start_s * 1000)}", queue, node,
+                       gpu_type,
                        float(gpus), start_s, end_s, "nvidia.com/gpu", priority, "", ADMISSION, workload_id)
             for node, gpus in nodes if gpus > 0]
 

@@ -81,7 +81,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
     pend: dict[str, dict[str, float]] = {}
     resv: dict[str, dict[str, float]] = {}
     idle_q: dict[tuple[str, str], float] = {}
-    owner = {(a.cluster, a.namespace, a.pod): a for a in live}
+    owner = {(a.cluster, a.namespace, a.pod, a.node): a for a in live}
     for al in live:
         key = (resolver.queue(al.queue, al.namespace), resolver.gpu_type(al.gpu_model, al.gpu_resource))
         _add(alloc, *key, al.gpus)
@@ -91,7 +91,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
         _add(pend, resolver.queue(dem.queue, dem.namespace), resolver.gpu_type(dem.gpu_model) if dem.gpu_model else None,
              dem.gpus)
     for run in current(snap.idle_runs, now, idle):
-        held = owner.get((run.cluster, run.namespace, run.pod))
+        held = owner.get((run.cluster, run.namespace, run.pod, run.node))
         if held is not None:
             k = (resolver.queue(held.queue, held.namespace), resolver.gpu_type(held.gpu_model, held.gpu_resource))
             idle_q[k] = idle_q.get(k, 0.0) + 1.0

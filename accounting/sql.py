@@ -14,13 +14,14 @@ _W = ("fromUnixTimestamp64Milli({f:Int64}, 'UTC') AS wf, fromUnixTimestamp64Mill
       "fromUnixTimestamp64Milli({n:Int64}, 'UTC') AS wn")
 
 # The ledger (accounting.ledger.dedup): the allocations overlapping [wf, wt), each gpuq workload
-# counted once, from its best source (pod, then placement group, then Ray job, then the admission),
-# a row with no queue of its own taking its workload's (a placement group's queue is the admission's).
+# counted once on each node it holds, from its best source there (pod, then placement group, then
+# Ray job, then the admission), a row with no queue of its own taking its workload's (a placement
+# group's queue is the admission's).
 LEDGER = """(
   SELECT * EXCEPT (rank, best, wq) REPLACE (if(queue = '', wq, queue) AS queue)
   FROM (
     SELECT *, multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, 3) AS rank,
-           if(workload_id = '', rank, min(rank) OVER (PARTITION BY workload_id)) AS best,
+           if(workload_id = '', rank, min(rank) OVER (PARTITION BY workload_id, node)) AS best,
            if(workload_id = '', '', max(queue) OVER (PARTITION BY workload_id)) AS wq
     FROM {db}.@ALLOC@ FINAL
     WHERE start < wt AND (end IS NULL OR end > wf)
@@ -28,13 +29,17 @@ LEDGER = """(
   WHERE rank = best
 )"""
 
+# A row's slot (accounting.ledger.slot): a pod's rows run one at a time; the rows of the other
+# sources name one node of a multi-node allocation each, so their slot also holds the node.
+SLOT = "cluster, namespace, pod, if(source = 'pod', '', node)"
+
 # Allocations overlapping [wf, wt) with the end they really had (accounting.intervals.effective_ends):
-# open rows count to now, and a row is cut at the start of the next uid of the same pod.
-ALLOC_SPANS = """
+# open rows count to now, and a row is cut at the start of the next uid of the same slot.
+ALLOC_SPANS = f"""
 SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpu_resource, gpus, priority, ray_cluster, start,
        end, least(coalesce(end, wn), wn, coalesce(next_start, wn)) AS eff_end
 FROM (
-  SELECT *, leadInFrame(toNullable(start)) OVER (PARTITION BY cluster, namespace, pod ORDER BY start, uid
+  SELECT *, leadInFrame(toNullable(start)) OVER (PARTITION BY {SLOT} ORDER BY start, uid
                                                  ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_start
   FROM @LEDGER@
 )"""
@@ -159,8 +164,8 @@ SCAN = ("fromUnixTimestamp64Milli({scan:Int64}, 'UTC') AS wscan, "
 
 # GPU-seconds and idle GPU-seconds per UsageAgg key in one pass over the allocations
 # (accounting.intervals.clip + to_aggs, accounting.idle.attribute_idle): each allocation, cut to
-# the window and to its effective end, takes the idle runs of its (cluster, namespace, pod)
-# (joined by POD_HASH), each clipped the same way. The runs come from a scan a window's worth
+# the window and to its effective end, takes the idle runs of its (cluster, namespace, pod) on its
+# node (joined by POD_HASH and the node), each clipped the same way. The runs come from a scan a window's worth
 # wider on each side ({scan}, {scan_end}), so that a run crossing an edge is idle by its whole
 # length.
 USAGE_IDLE = f"""
@@ -173,8 +178,8 @@ SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, if(a.ray_clust
                                           - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))),
                     r.ss, r.es)) / 1000 AS idle_gpu_seconds
 FROM ({ALLOC_SPANS}) AS a
-LEFT JOIN (SELECT hp, groupArray(s) AS ss, groupArray(e) AS es FROM (@SUB@) GROUP BY hp) AS r
-  ON {POD_HASH.format(p='a.')} = r.hp
+LEFT JOIN (SELECT hp, node, groupArray(s) AS ss, groupArray(e) AS es FROM (@SUB@) GROUP BY hp, node) AS r
+  ON {POD_HASH.format(p='a.')} = r.hp AND a.node = r.node
 GROUP BY a.cluster, a.queue, a.namespace, workload, a.gpu_model, a.gpu_resource
 HAVING gpu_seconds > 0 OR idle_gpu_seconds > 0
 ORDER BY a.cluster, a.queue, a.namespace, workload, a.gpu_model, a.gpu_resource"""

@@ -84,3 +84,66 @@ def test_only_sources_filter(store: Any) -> None:
     now = T0 + 60
     got = read_allocations(store, Window(now, now + 1e-3), now, sources=("pod",))
     assert [a.pod for a in got] == ["f"]
+
+
+# -- per (workload, node): a gang on two nodes is counted on both (issue 16) ------------------------
+
+def _gang(source: str, wid: str = "g", gpus: float = 4, start: float = 0.0, end: float | None = None,
+          nodes: tuple[str, ...] = ("n1", "n2"), pod: str = "gpuq-g") -> list[Allocation]:
+    """One multi-node allocation as the placement-group and admission sources write it: the same
+    pod name (the group's, the workload's) on every node."""
+    return [led(pod, source, wid, node=n, gpus=gpus, start=start, end=end) for n in nodes]
+
+
+@pytest.mark.parametrize("rows, want", [
+    pytest.param(_gang("placement_group"), {"n1": 4, "n2": 4}, id="placement-group-on-two-nodes"),
+    pytest.param(_gang("admission"), {"n1": 4, "n2": 4}, id="admission-on-two-nodes"),
+    pytest.param([*_gang("admission"), led("p1", "pod", "g", node="n1")], {"n1": 4, "n2": 4},
+                 id="pod-seen-on-one-node-admission-on-the-other"),
+    pytest.param([*_gang("admission"), *_gang("placement_group", pod="pg")], {"n1": 4, "n2": 4},
+                 id="placement-group-over-admission-per-node"),
+])
+def test_a_gang_is_counted_on_every_node(rows: list[Allocation], want: dict[str, float]) -> None:
+    from accounting.intervals import running
+    live = running(dedup(rows), T0 + 10)
+    got: dict[str, float] = {}
+    for a in live:
+        got[a.node] = got.get(a.node, 0.0) + a.gpus
+    assert got == want
+
+
+def test_a_gang_is_billed_for_every_node_in_sql_and_python(store: Any) -> None:
+    from accounting.intervals import clip, to_aggs
+    rows = [*_gang("placement_group", "g1", start=0, end=100.0, pod="gpuq-g1"),
+            *_gang("admission", "g1", start=0, end=100.0, pod="g1"),
+            *_gang("admission", "g2", gpus=2, start=50, end=None, pod="g2")]
+    store.insert("gpu_allocations", [_row(a) for a in rows], COLUMNS["gpu_allocations"])
+    now = T0 + 200
+    window = Window(T0, now)
+    sql = {u.workload: u.gpu_seconds for u in read_usage(store, window, now)}
+    py = {u.workload: u.gpu_seconds for u in to_aggs(clip(dedup(rows), window, now))}
+    # g1: 2 nodes x 4 GPUs x 100 s, billed from its placement group; g2: 2 x 2 x 150 s, still open
+    assert sql == pytest.approx({"gpuq-g1": 800.0, "g2": 600.0})
+    assert py == pytest.approx(sql)
+
+
+def test_admitted_again_on_the_same_node_bills_both_runs(store: Any) -> None:
+    from accounting.ledger import admission_rows
+    first = admission_rows("w", "prod", cluster="c", namespace="ns", gpu_type="H100", placement={"n1": 8},
+                           start_s=T0, end_s=T0 + 100)
+    again = admission_rows("w", "prod", cluster="c", namespace="ns", gpu_type="H100", placement={"n1": 8},
+                           start_s=T0 + 300, end_s=T0 + 400)
+    assert first[0].uid != again[0].uid
+    store.insert("gpu_allocations", [admission_store_row(a) for a in (*first, *again)], COLUMNS["gpu_allocations"])
+    now = T0 + 1000
+    (u,) = read_usage(store, Window(T0, now), now)
+    assert u.gpu_seconds == pytest.approx(8 * 200)
+
+
+def test_idle_runs_count_on_their_own_node_only() -> None:
+    from accounting.idle import attribute_idle
+    from accounting.model import IdleRun
+    rows = _gang("placement_group", start=0, end=100.0)
+    run = IdleRun("c", "n2", "GPU-1", "ns", "gpuq-g", T0 + 10, T0 + 40)
+    (agg,) = attribute_idle([run], dedup(rows), Window(T0, T0 + 100), T0 + 100)
+    assert agg.idle_gpu_seconds == pytest.approx(30)

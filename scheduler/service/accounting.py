@@ -188,26 +188,24 @@ def _nodes(view: NowView) -> tuple[Node, ...]:
 
 
 def _on_capacity_nodes(admitted: Sequence[Allocation], capacity: Sequence[Any]) -> tuple[Allocation, ...]:
-    """Admission rows carry the scheduler's node names (``node``, ``cluster/node``, ``node:type``,
-    see :func:`_nodes`) and its cluster name: put them on the accounting's (cluster, node)."""
+    """Admission rows carry the node names the collectors use (:func:`accounting.ledger.node_of`)
+    and the scheduler's cluster name: a node the inventory knows in one cluster only is put there."""
     clusters: dict[str, set[str]] = {}
     for n in capacity:
         clusters.setdefault(n.node, set()).add(n.cluster)
     out = []
     for a in admitted:
-        name = a.node.split(":", 1)[0]
-        cluster, _, node = name.rpartition("/")
-        if not cluster:
-            cluster, node = next(iter(clusters[name])) if len(clusters.get(name, ())) == 1 else a.cluster, name
-        out.append(a if (cluster, node) == (a.cluster, a.node) else replace(a, cluster=cluster, node=node))
+        known = clusters.get(a.node, set())
+        cluster = next(iter(known)) if len(known) == 1 else a.cluster
+        out.append(a if cluster == a.cluster else replace(a, cluster=cluster))
     return tuple(out)
 
 
 def _idle(snap: NowSnapshot, now_s: float, params: IdleParams) -> frozenset[tuple[str, str]]:
-    owner = {(a.cluster, a.namespace, a.pod): a.workload for a in snap.allocations}
+    owner = {(a.cluster, a.namespace, a.pod, a.node): a.workload for a in snap.allocations}
     out = set()
     for r in current(snap.idle_runs, now_s, params):
-        w = owner.get((r.cluster, r.namespace, r.pod))
+        w = owner.get((r.cluster, r.namespace, r.pod, r.node))
         if w is not None:
             out.add((r.namespace, w))
     return frozenset(out)

@@ -51,12 +51,12 @@ def idle(live: Any, now_s: float) -> dict[str, Any]:
     hold them: per workload (idle GPUs, since when) and per node."""
     snap = acc.now_snapshot(live.store, now_s, live.params, pending=())
     resolver = Resolver(live.config)
-    owner = {(a.cluster, a.namespace, a.pod): a for a in snap.allocations
+    owner = {(a.cluster, a.namespace, a.pod, a.node): a for a in snap.allocations
              if a.start_s <= now_s and (a.end_s is None or a.end_s > now_s)}
     work: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     nodes: dict[tuple[str, str], float] = {}
     for run in current(snap.idle_runs, now_s, live.params):
-        a = owner.get((run.cluster, run.namespace, run.pod))
+        a = owner.get((run.cluster, run.namespace, run.pod, run.node))
         if a is None:                       # DCGM saw a pod the allocations do not hold: not counted
             continue
         key = (a.cluster, resolver.queue(a.queue, a.namespace), a.namespace, a.workload)
