@@ -7,7 +7,8 @@ from pathlib import Path
 
 from accounting import store_adapter as sa
 from accounting.idle import DEFAULT_PARAMS, IdleParams
-from accounting.model import PendingDemand, Window
+from accounting.inventory import inventory
+from accounting.model import NodeCapacity, PendingDemand, Window
 from accounting.now import NowSnapshot, NowView, compute_now
 from accounting.queues import QueueConfig, load_queue_config, parse_queue_config
 from accounting.resolve import Resolver
@@ -57,13 +58,15 @@ def usage_report(store: Store, config: QueueConfig, window: Window, now_s: float
 
 
 def now_snapshot(store: Store, now_s: float, params: IdleParams = DEFAULT_PARAMS,
-                 pending: Sequence[PendingDemand] | None = None) -> NowSnapshot:
-    """``pending``: demand the caller knows (the scheduler's queue); else Pending pods."""
+                 pending: Sequence[PendingDemand] | None = None,
+                 declared: Sequence[NodeCapacity] = ()) -> NowSnapshot:
+    """``pending``: demand the caller knows (the scheduler's queue); else Pending pods.
+    ``declared``: the scheduler's nodes file, merged into the one inventory (:mod:`accounting.inventory`)."""
     trailing = Window(now_s - params.window_s - params.max_gap_s, now_s)
     return NowSnapshot(
         at_s=now_s,
         allocations=tuple(sa.read_allocations(store, Window(now_s, now_s + 1e-3), now_s)),
-        nodes=tuple(sa.read_nodes(store, now_s)),
+        nodes=inventory(sa.read_nodes(store, now_s), declared),
         pending=tuple(sa.read_pending(store, now_s) if pending is None else pending),
         idle_runs=tuple(sa.read_idle_runs(store, trailing, now_s, params, "1m")),
     )

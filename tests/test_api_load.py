@@ -251,19 +251,22 @@ def test_the_accounting_now_view_is_computed_again_only_when_its_inputs_change(s
     acc = LiveAccounting(store, queues_file=str(qf))
     svc = SchedulerService(acc.config, DryRunActuator(), nodes=nodes(("h", "H100", 8, 2)),
                            settings=Settings(True, 0.0))
-    acc.admitted = svc.admitted_allocations
+    acc.admitted, acc.pending = svc.admitted_allocations, svc.pending_demand
     now = time.time()
     for i in range(50):
         svc.submit(Workload(f"p{i}", "a", gpus_per_pod=8, submit_s=now - 100 + i), Target("RayJob", "ns", f"p{i}"), now)
-    acc.refresh(now, svc.pending_demand())
+    acc.refresh(now)
     first = acc.live_view()
     assert first is not None and acc.live_view() is first            # nothing changed: the same view
     svc.cycle(now + 1)                                                 # two admitted: the view follows
     second = acc.live_view()
     assert second is not first and second == acc._compute(acc._snap)
     a = next(r for r in second.rows if r.queue == "a" and r.gpu_type == "*")
-    assert a.allocated == 16.0 and a.pending == 400.0                  # pending as refreshed (50 x 8)
+    assert a.allocated == 16.0 and a.pending == 384.0                  # pending is live too (48 x 8)
     assert acc.live_view() is second
-    acc.refresh(now + 2, svc.pending_demand())                         # a new snapshot: computed again
+    svc.submit(Workload("late", "a", gpus_per_pod=8, submit_s=now + 1), Target("RayJob", "ns", "late"), now + 1)
+    late = acc.live_view()                                             # a submission: the view follows
+    assert late is not second and next(r for r in late.rows if r.queue == "a" and r.gpu_type == "*").pending == 392.0
+    acc.refresh(now + 2)                                               # a new snapshot: computed again
     third = acc.live_view()
-    assert third is not second and next(r for r in third.rows if r.queue == "a" and r.gpu_type == "*").pending == 384.0
+    assert third is not late and next(r for r in third.rows if r.queue == "a" and r.gpu_type == "*").pending == 392.0

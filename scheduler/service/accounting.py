@@ -17,7 +17,7 @@ from accounting import service as acc
 from accounting.idle import IdleParams, current
 from accounting.ledger import ADMISSION, combine
 from accounting.metrics import AccountingCollector
-from accounting.model import Allocation, PendingDemand, Window
+from accounting.model import Allocation, NodeCapacity, PendingDemand, Window
 from accounting.now import NowSnapshot, NowView, compute_now
 from accounting.queues import QueueConfig
 from accounting.resolve import Resolver
@@ -42,8 +42,9 @@ class Refresh:
 class LiveAccounting:
     def __init__(self, store: Any, *, queues_file: str | None = None, params: IdleParams | None = None,
                  starvation_s: float = 600.0, config: QueueConfig | None = None,
-                 collector: AccountingCollector | None = None) -> None:
+                 collector: AccountingCollector | None = None, declared: Sequence[NodeCapacity] = ()) -> None:
         self.store = store
+        self.declared = tuple(declared)           # scheduler.nodes_file, in the one inventory
         self.params = params or IdleParams()
         self.starvation_s = starvation_s
         self.collector = collector or AccountingCollector()
@@ -53,10 +54,16 @@ class LiveAccounting:
         self.view: NowView | None = None
         self._snap: NowSnapshot | None = None
         # the last live view and what it was computed from (snapshot, configuration, admissions)
-        self._live: tuple[NowSnapshot, QueueConfig, tuple[Allocation, ...], NowView] | None = None
+        self._live: tuple[NowSnapshot, QueueConfig, tuple[Allocation, ...], Sequence[PendingDemand] | None,
+                          NowView] | None = None
         # what gpuq admitted now, as ledger rows (SchedulerService.admitted_allocations): every view
         # adds them to what the collectors observed (accounting.ledger.combine)
         self.admitted: Callable[[], Sequence[Allocation]] = lambda: ()
+        # the scheduler's pending work now (SchedulerService.pending_demand: the same tuple while it
+        # is unchanged) and which observed pending pods are its own (SchedulerService.owns): every
+        # view counts the scheduler's pending plus the observed pending pods that are not gpuq's
+        self.pending: Callable[[], Sequence[PendingDemand]] | None = None
+        self.owns: Callable[[str, str], bool] = lambda namespace, name: False
         self.error: str | None = None             # the last reload's problem, while the old config stays
         if self.watcher is not None:
             self.collector.watch_config(lambda: self.error is not None)
@@ -64,6 +71,11 @@ class LiveAccounting:
             self.reload()
             if self.watcher.config is None:
                 raise self.watcher.error or RuntimeError(f"cannot load {queues_file}")
+
+    def follow(self, service: Any) -> None:
+        """Every view from now on adds ``service``'s live state (a ``SchedulerService``): what it
+        admitted, what it has pending, and which observed pending pods are its own."""
+        self.admitted, self.pending, self.owns = service.admitted_allocations, service.pending_demand, service.owns
 
     @property
     def config(self) -> QueueConfig:
@@ -100,8 +112,12 @@ class LiveAccounting:
         return Reload.LOADED
 
     def refresh(self, now_s: float, pending: Sequence[PendingDemand] | None = None) -> Refresh:
-        """Compute the "now" view (the scheduler's pending demand when given) and update the gauges."""
-        snap = acc.now_snapshot(self.store, now_s, self.params, pending)
+        """Compute the "now" view and update the gauges. Pending is the observed pending pods that
+        are not gpuq's plus the scheduler's pending (:attr:`pending`, else ``pending`` when given)."""
+        snap = acc.now_snapshot(self.store, now_s, self.params, None, self.declared)
+        if pending is not None and self.pending is None:
+            fixed = tuple(pending)
+            self.pending = lambda: fixed
         observed = tuple(a for a in snap.allocations if a.source != ADMISSION)
         view = self._compute(snap)
         with self._lock:
@@ -112,11 +128,21 @@ class LiveAccounting:
         return Refresh(view, nodes, _idle(snap, now_s, self.params), observed,
                        (lambda a: f"{a.cluster}/{a.node}") if many else (lambda a: a.node))
 
-    def _compute(self, snap: NowSnapshot, admitted: tuple[Allocation, ...] | None = None) -> NowView:
+    def _demand(self, snap: NowSnapshot, scheduled: Sequence[PendingDemand] | None) -> tuple[PendingDemand, ...]:
+        """Observed pending pods that are not gpuq's, then the scheduler's pending: each once."""
+        if scheduled is None:
+            return snap.pending
+        return (*(d for d in snap.pending if not self.owns(d.namespace, d.workload)), *scheduled)
+
+    def _compute(self, snap: NowSnapshot, admitted: tuple[Allocation, ...] | None = None,
+                 scheduled: Sequence[PendingDemand] | None = None) -> NowView:
         if admitted is None:
             admitted = _on_capacity_nodes(self.admitted(), snap.nodes)
+        if scheduled is None and self.pending is not None:
+            scheduled = self.pending()
         at = max([snap.at_s, *(a.start_s for a in admitted)])    # an admission after the snapshot is now
-        live = replace(snap, at_s=at, allocations=tuple(combine(snap.allocations, admitted)))
+        live = replace(snap, at_s=at, allocations=tuple(combine(snap.allocations, admitted)),
+                       pending=self._demand(snap, scheduled))
         return compute_now(live, Resolver(self._config), self.params, self.starvation_s)
 
     def queue_of(self, a: Allocation) -> str:
@@ -137,18 +163,22 @@ class LiveAccounting:
         first refresh): what the API's "now" routes serve. Computed again only when the snapshot,
         the configuration or the admissions changed: the view is a function of those three, and
         with 10,000 pending workloads in the snapshot each computation took milliseconds of the
-        one interpreter that every API request shares (issue 9: the API under load)."""
+        one interpreter that every API request shares (issue 9: the API under load). The
+        scheduler's pending is live too, compared by identity (the service hands back the same
+        tuple while it is unchanged)."""
         with self._lock:
             snap, live, config = self._snap, self._live, self._config
         if snap is None:
             return None
         admitted = _on_capacity_nodes(self.admitted(), snap.nodes)
-        if live is not None and live[0] is snap and live[1] is config and live[2] == admitted:
-            return live[3]
-        view = self._compute(snap, admitted)
+        scheduled = self.pending() if self.pending is not None else None
+        if live is not None and live[0] is snap and live[1] is config and live[2] == admitted \
+                and live[3] is scheduled:
+            return live[4]
+        view = self._compute(snap, admitted, scheduled)
         with self._lock:
             if self._snap is snap:
-                self._live = (snap, config, admitted, view)
+                self._live = (snap, config, admitted, scheduled, view)
         return view
 
     def usage(self, start_s: float, end_s: float, by: Sequence[str], now_s: float,

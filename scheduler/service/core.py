@@ -79,7 +79,8 @@ from scheduler.service.views import (
     bump,
 )
 from scheduler.service.positions import Positions
-from scheduler.service.ledger import DRIFT, MISPLACED, Foreign, Mismatch, admission_store_row, foreign, reconcile
+from scheduler.service.ledger import (DRIFT, MISPLACED, Foreign, Mismatch, admission_store_row, foreign, owner_of_name,
+                                      reconcile)
 from scheduler.service.dryrun import dry_run
 from scheduler.service.replay import STATE_TABLE, Journal
 from scheduler.snapshot import Cluster, Settings, build_cluster, snapshot
@@ -126,6 +127,9 @@ class SchedulerService:
         self._paused: Pause | None = None
         self._refused_backoff_s = refused_backoff_s
         self._pos = Positions()                   # queue positions of the pending, kept at each transition
+        # pending_demand's last answer, by (events emitted, active workloads): every change of the
+        # pending set is an event (submit, admit, preempt, cancel), so an unchanged key is the same answer
+        self._pending_memo: tuple[tuple[int, int], tuple[PendingDemand, ...]] | None = None
 
     # -- inputs from the world ---------------------------------------------------------------
     @property
@@ -737,15 +741,30 @@ class SchedulerService:
         with self._lock:
             return list(reversed(self._history))[:limit]
 
-    def pending_demand(self) -> list[PendingDemand]:
+    def pending_demand(self) -> tuple[PendingDemand, ...]:
         """The pending workloads as the accounting's demand (its "now" view's ``pending``): which
         they are is read under the lock, the rows are built after it (10,000 rows took 10 ms of
-        lock that every API answer waits for)."""
+        lock that every API answer waits for), and the same tuple comes back while nothing changed
+        (the live view compares it by identity)."""
         with self._lock:
+            key = (self._seq, len(self._entries))
+            memo = self._pending_memo
+            if memo is not None and memo[0] == key:
+                return memo[1]
             pending = [(e.target.namespace, e.workload) for e in self._entries.values() if e.state == PENDING]
         c = self.cluster_name
-        return [PendingDemand(c, ns, w.id, w.queue, float(w.gpus), w.submit_s,
-                              w.gpu_types[0] if len(w.gpu_types) == 1 else "") for ns, w in pending]
+        rows = tuple(PendingDemand(c, ns, w.id, w.queue, float(w.gpus), w.submit_s,
+                                   w.gpu_types[0] if len(w.gpu_types) == 1 else "") for ns, w in pending)
+        with self._lock:
+            self._pending_memo = (key, rows)
+        return rows
+
+    def owns(self, namespace: str, name: str) -> bool:
+        """Whether a pod's workload (its Ray cluster or its own name) is the target of a gpuq
+        workload, as :func:`scheduler.service.ledger.owner_of` decides for allocations."""
+        with self._lock:
+            targets = self._targets()
+        return owner_of_name(namespace, name, targets) is not None
 
     def counts(self) -> dict[tuple[str, str], int]:
         """(queue, state) -> active workloads, for the gauges."""

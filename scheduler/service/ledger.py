@@ -45,15 +45,19 @@ def owner_of(a: Allocation, targets: Mapping[tuple[str, str], str]) -> str | Non
     if a.workload_id:
         return a.workload_id
     for name in (a.owner, a.ray_cluster):
-        if name:
-            wid = targets.get((a.namespace, name))
-            if wid is not None:
-                return wid
-            head = name.rsplit("-", 1)[0]
-            wid = targets.get((a.namespace, head))
-            if wid is not None:
-                return wid
+        wid = owner_of_name(a.namespace, name, targets)
+        if wid is not None:
+            return wid
     return None
+
+
+def owner_of_name(namespace: str, name: str, targets: Mapping[tuple[str, str], str]) -> str | None:
+    """The gpuq workload whose target is ``name`` in ``namespace``, or the RayJob that created the
+    Ray cluster ``name`` (``<rayjob>-<suffix>``)."""
+    if not name:
+        return None
+    wid = targets.get((namespace, name))
+    return wid if wid is not None else targets.get((namespace, name.rsplit("-", 1)[0]))
 
 
 @dataclass(frozen=True, slots=True)

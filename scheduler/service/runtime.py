@@ -69,6 +69,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     from scheduler.service.replay import read_restart
     from scheduler.service.core import SchedulerService
     from scheduler.service.accounting import LiveAccounting
+    from accounting.inventory import declared
     from scheduler.service.sources import world_sync
 
     st = settings.store
@@ -88,7 +89,9 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     sc: Any = None
     try:
         accounting = LiveAccounting(store, queues_file=settings.queues_file, params=idle_params(settings),
-                                    starvation_s=settings.accounting.starvation_s)
+                                    starvation_s=settings.accounting.starvation_s,
+                                    declared=declared([(n.name, n.gpu_type, n.gpus) for n in nodes or ()],
+                                                      cluster))
         sc = settings.scheduler
         actuator = make_actuator(settings)
         spans, _ = make_tracer(settings.collector.otel_exporter, "gpuq.scheduler")
@@ -109,19 +112,18 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         if service.paused is not None:
             log.warning("acting is PAUSED since t=%s by %s (%s): POST /admin/resume to act again",
                         service.paused.since_s, service.paused.by or "?", service.paused.reason or "no reason")
-        accounting.admitted = service.admitted_allocations
+        accounting.follow(service)
         # admitted but unseen for this long is actuator drift; the dry-run actuator acts on nothing
         grace = None if sc.actuator == "dry-run" else max(120.0, 4 * settings.accounting.interval_s)
-        if not nodes:
-            log.info("nodes: from the accounting's view of capacity")
+        log.info("nodes: the accounting's inventory (%s)", "the collectors' nodes and %d declared in the nodes file"
+                 % len(nodes) if nodes else "the collectors' nodes")
         state = {"materialized": clock()}             # first after MATERIALIZE_EVERY_S: a quick start
 
         def account() -> None:
             now = clock()
             accounting.reload(accept=service.set_config)
-            r = accounting.refresh(now, service.pending_demand())
-            if not nodes:
-                service.set_nodes(r.nodes)
+            r = accounting.refresh(now)
+            service.set_nodes(r.nodes)              # the one inventory (nodes file included)
             service.set_idle_targets(r.idle)
             service.set_observed(r.observed, accounting.queue_of, r.node_name, now, grace)
             if now - state["materialized"] >= MATERIALIZE_EVERY_S:

@@ -1,0 +1,130 @@
+"""Books that balance with the dry-run actuator and a nodes file (issue 16): ``/queues``,
+``/accounting/capacity``, ``/nodes`` and ``/workloads`` agree on capacity, allocated and pending per
+queue, type and node, gangs spanning nodes included, after every cycle, finish and submission.
+The wiring is serve's own (``LiveAccounting.follow``, the declared nodes in the one inventory)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from accounting.inventory import declared
+from gpuq.settings import load_settings
+from scheduler.actuators.base import DryRunActuator
+from scheduler.api import create_app
+from scheduler.service import SchedulerService
+from scheduler.service.accounting import LiveAccounting
+from scheduler.snapshot import Settings
+from scheduler.testing import nodes
+from tests.test_api import Api, Clock
+
+QUEUES = {"prod": {"guaranteed": {"gpu": 24}, "max": {"gpu": 40}},
+          "speech": {"guaranteed": {"gpu": 8}, "max": {"gpu": 24}},
+          "vision": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}}}
+NODES = nodes(("h", "H100", 8, 3), ("a", "A100", 8, 2))
+WORK = [("speech-1", "speech", 2, ["A100"]), ("prod-1", "prod", 3, ["H100"]), ("vision-1", "vision", 1, ["A100"]),
+        ("vision-2", "vision", 1, []), ("vision-3", "vision", 1, ["H100"]), ("speech-2", "speech", 1, [])]
+
+
+@pytest.fixture
+def books(store: Any, tmp_path: Path) -> tuple[Api, SchedulerService, LiveAccounting, Clock]:
+    qf = tmp_path / "queues.yaml"
+    qf.write_text(yaml.safe_dump({"queues": QUEUES}))
+    acc = LiveAccounting(store, queues_file=str(qf), declared=declared([(n.name, n.gpu_type, n.gpus) for n in NODES],
+                                                                         "default"))
+    svc = SchedulerService(acc.config, DryRunActuator(), nodes=NODES, settings=Settings(False, 0.0), cluster="default")
+    acc.follow(svc)
+    clock = Clock(float(int(time.time())))
+    return Api(create_app(svc, acc, load_settings(None), clock=clock)), svc, acc, clock
+
+
+def balance(api: Api) -> dict[str, Any]:
+    """Every number of the three views against the scheduler's record; returns what it read."""
+    wl = api("GET", "/workloads").json()
+    queues = {(r["queue"], r["gpu_type"]): r for r in api("GET", "/queues").json()}
+    cap = api("GET", "/accounting/capacity").json()
+    placed: dict[tuple[str, str], float] = {}
+    per_node: dict[str, float] = {}
+    waiting: dict[str, float] = {}
+    for w in wl:
+        if w["state"] == "running":
+            for node, n in w["placement"].items():
+                for key in ((w["queue"], "*"), (w["queue"], w["gpu_type"])):
+                    placed[key] = placed.get(key, 0.0) + n
+                per_node[node] = per_node.get(node, 0.0) + n
+        elif w["state"] == "pending":
+            waiting[w["queue"]] = waiting.get(w["queue"], 0.0) + w["gpus"]
+    for q in QUEUES:
+        for t in ("*", "H100", "A100"):
+            assert queues[(q, t)]["allocated"] == placed.get((q, t), 0.0), (q, t)
+        assert queues[(q, "*")]["pending"] == waiting.get(q, 0.0), q
+    assert queues[("root", "*")]["allocated"] == sum(v for (q, t), v in placed.items() if t == "*")
+    # capacity is the inventory: the nodes the scheduler places on
+    assert {n["node"]: n["capacity"] for n in cap["nodes"]} == {n.name: n.gpus for n in NODES}
+    assert {n["name"]: n["gpus"] for n in api("GET", "/nodes").json()} == {n.name: n.gpus for n in NODES}
+    assert cap["total"]["capacity"] == 40 and {t["gpu_type"]: t["capacity"] for t in cap["types"]} == {
+        "A100": 16, "H100": 24}
+    assert {n["node"]: n["allocated"] for n in cap["nodes"]} == {n.name: per_node.get(n.name, 0.0) for n in NODES}
+    assert {n["name"]: n["used"] for n in api("GET", "/nodes").json()} == {
+        n.name: per_node.get(n.name, 0.0) for n in NODES}
+    total = sum(per_node.values())
+    assert (cap["total"]["allocated"], cap["total"]["free"]) == (total, 40 - total)
+    for t in cap["types"]:                                   # per-type rows sum to the totals
+        assert t["allocated"] == sum(v for (q, ty), v in placed.items() if ty == t["gpu_type"])
+    assert sum(t["free"] for t in cap["types"]) == cap["total"]["free"]
+    return {"workloads": wl, "queues": queues, "capacity": cap}
+
+
+def test_queues_capacity_and_workloads_agree_with_gangs(books: tuple[Api, SchedulerService, LiveAccounting, Clock]
+                                                        ) -> None:
+    api, svc, acc, clock = books
+    acc.refresh(clock.t)
+    for wid, queue, pods, types in WORK:
+        r = api("POST", "/workloads", json={"id": wid, "queue": queue, "pods": pods, "gpus_per_pod": 8,
+                                           "gpu_types": types, "duration": 600})
+        assert r.status_code == 201, r.text
+    seen = balance(api)                                      # nothing placed yet: all pending, live
+    assert seen["queues"][("vision", "*")]["pending"] == 24
+    clock.t += 1
+    svc.cycle(clock.t)
+    seen = balance(api)
+    running = {w["id"]: w for w in seen["workloads"] if w["state"] == "running"}
+    assert len(running["speech-1"]["placement"]) == 2            # gangs across two and three nodes
+    assert len(running["prod-1"]["placement"]) == 3
+    assert seen["queues"][("speech", "*")]["allocated"] >= 16
+    assert seen["capacity"]["total"]["allocated"] == 40
+    acc.refresh(clock.t)                                     # the next accounting interval: the same books
+    balance(api)
+    svc.finish("prod-1", clock.t + 10)
+    clock.t += 11
+    svc.cycle(clock.t)
+    balance(api)
+    acc.refresh(clock.t)
+    balance(api)
+
+
+def test_observed_pending_pods_that_are_not_gpuqs_still_count(books: tuple[Api, SchedulerService, LiveAccounting,
+                                                                          Clock], store: Any) -> None:
+    import datetime as dt
+
+    from gpuq.store.schema import COLUMNS
+    api, svc, acc, clock = books
+    cols = COLUMNS["pod_events"]
+
+    def pod(name: str, ns: str, queue: str, gpus: int) -> tuple[Any, ...]:
+        row = {"ts": dt.datetime.fromtimestamp(clock.t - 5, dt.UTC), "cluster": "default", "namespace": ns,
+               "pod": name, "uid": name, "event": "ADDED", "phase": "Pending", "node": "", "gpus": float(gpus),
+               "gpu_resource": "nvidia.com/gpu", "gpu_model": "", "queue": queue, "priority": 0,
+               "ray_cluster": "", "ray_node_type": "", "resource_version": "1"}
+        return tuple(row[c] for c in cols)
+
+    api("POST", "/workloads", json={"id": "vision-1", "queue": "vision", "gpus_per_pod": 8,
+                                    "target": {"kind": "RayJob", "namespace": "team-v", "name": "vision-1"}})
+    store.insert("pod_events", [pod("other-0", "team-v", "vision", 4),                # foreign: counts
+                                pod("vision-1-abcde", "team-v", "vision", 8)], cols)  # gpuq's own: once
+    acc.refresh(clock.t)
+    q = {(r["queue"], r["gpu_type"]): r for r in api("GET", "/queues").json()}
+    assert q[("vision", "*")]["pending"] == 8 + 4
