@@ -93,7 +93,7 @@ def load_migrations() -> list[Migration]:
         m = _NAME.match(entry.name)
         if not m:
             continue
-        text = "\n".join(l for l in entry.read_text().splitlines() if not l.lstrip().startswith("--"))
+        text = "\n".join(ln for ln in entry.read_text().splitlines() if not ln.lstrip().startswith("--"))
         stmts = tuple(s.strip() for s in re.split(r";\s*$", text, flags=re.M) if s.strip())
         out.append(Migration(int(m.group(1)), m.group(2), stmts))
     out.sort(key=lambda m: m.version)
