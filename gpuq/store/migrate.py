@@ -48,9 +48,12 @@ TTL_TABLES = tuple(RETENTION)
 
 
 class RetentionDays(Protocol):
-    raw_days: int
-    rollup_days: int
-    events_days: int
+    @property
+    def raw_days(self) -> int: ...
+    @property
+    def rollup_days(self) -> int: ...
+    @property
+    def events_days(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
