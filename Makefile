@@ -34,8 +34,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) $(DEB_STAMP)
 
-test: setup
+# each fails on any finding: ruff and mypy as pyproject.toml configures them (mypy strict on the
+# pure cores), then the import-linter contracts
+lint: $(STAMP)
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+
+test: setup lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 demo: setup
@@ -57,4 +63,4 @@ helm-template: $(STAMP)
 	print("\n".join("---\n# Source: " + k + "\n" + t.strip() for k, t in sorted(out.items()) if t.strip() and not k.endswith("NOTES.txt")))' "$(VALUES)"
 
 clean:
-	rm -rf $(VENV) $(DEB_STAMP) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(DEB_STAMP) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -248,13 +248,13 @@ def resolve_queue(objects: Iterable[tuple[Mapping[str, str], Mapping[str, str]]]
     """The first queue named by ``(labels, annotations)`` of ``objects`` in order, then the
     namespace map, then the default."""
     label_keys = queue_label_keys(lookup)
-    for labels, annotations in objects:
+    for labels, annots in objects:
         for key in label_keys:
             if labels.get(key):
                 return labels[key]
         for key in lookup.annotations:
-            if annotations.get(key):
-                return annotations[key]
+            if annots.get(key):
+                return annots[key]
     if namespace in lookup.namespaces:
         return lookup.namespaces[namespace]
     return lookup.default or ""

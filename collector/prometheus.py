@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from collector.errors import ParseError
 
@@ -82,7 +82,8 @@ class Sample(NamedTuple):
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    __hash__ = None  # type: ignore[assignment]  # labels is a dict
+
+Sample.__hash__ = None  # type: ignore[assignment]  # labels is a dict
 
 
 class Page(list[Sample]):
@@ -121,7 +122,7 @@ _meta = re.compile(  # the usual # TYPE / # HELP line (no escapes); others go to
 # ---------------------------------------------------------------------------------------------
 # Slow path pieces.
 
-_ws = re.compile(r"[ \t]*").match
+_ws = cast("Callable[..., re.Match[str]]", re.compile(r"[ \t]*").match)  # matches anywhere (maybe empty)
 _legacy_name = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*").match
 _label_name = re.compile(_LNAME).match
 _quoted = re.compile(r'"((?:[^"\\]|\\.)*)"').match

@@ -51,7 +51,7 @@ def gpu_models(nodes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
 def _created(pg: Mapping[str, Any]) -> dt.datetime | None:
     ns = (pg.get("stats") or {}).get("creation_request_received_ns")
     try:
-        value = int(ns)
+        value = int(ns)  # type: ignore[arg-type]  # a missing one raises TypeError, caught
     except (TypeError, ValueError):
         return None
     return dt.datetime.fromtimestamp(value / 1e9, dt.UTC) if value > 0 else None

@@ -50,7 +50,7 @@ def install_stop_handlers(stop: threading.Event) -> dict[int, Any]:
         log.info("received %s: stopping", signal.Signals(signum).name)
         stop.set()
 
-    previous = {}
+    previous: dict[int, Any] = {}
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous[sig] = signal.signal(sig, handler)
     return previous

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +105,7 @@ def leaves(queues: Iterable[str]) -> list[str]:
     return [q for q in qs if not any(o.startswith(q + ".") for o in qs) and q != "root"]
 
 
-def metrics_row(items: list[tuple[str, str]] | list[tuple[str, str, str | None]]) -> None:
+def metrics_row(items: Sequence[tuple[str, ...]]) -> None:
     cols = st.columns(len(items))
     for col, item in zip(cols, items):
         label, value, *rest = item

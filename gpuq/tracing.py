@@ -40,10 +40,10 @@ def provider(kind: str) -> tuple[Any, Any]:
             if "otlp" not in _shared:
                 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-                exporter = OTLPSpanExporter()                     # OTEL_EXPORTER_OTLP_* from the SDK
+                otlp = OTLPSpanExporter()                         # OTEL_EXPORTER_OTLP_* from the SDK
                 p = TracerProvider(resource=_resource())
-                p.add_span_processor(BatchSpanProcessor(exporter))
-                _shared["otlp"] = (p, exporter)
+                p.add_span_processor(BatchSpanProcessor(otlp))
+                _shared["otlp"] = (p, otlp)
             return _shared["otlp"]  # type: ignore[no-any-return]
     p = TracerProvider(resource=_resource())
     exporter: Any = None

@@ -23,10 +23,10 @@ each is a function of the snapshot, kept because recomputing it would cost a pas
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from scheduler import reasons
 from scheduler.errors import SnapshotError
@@ -161,9 +161,10 @@ class _Cycle:
                     return n
             part = self.parts[q] = _Part(self.ctx, q, lst, [], [])
         fits = self.fits_of(q, lst)
-        vs = part.verdicts
+        vs = cast("list[object]", part.verdicts)   # a walked (not quiet) queue's: a list
         start, n = i, len(lst)
         seen: dict[int, object] = {}            # Fit.key -> its verdict in this walk
+        verdict: Verdict | None
         while i < n:
             fit = fits[i]
             i += 1
@@ -186,7 +187,7 @@ class _Cycle:
                     w = lst[i - 1]
                     miss = all_full.get(room)
                     if miss is not None:            # what free_capacity would say, from the memo
-                        verdict: Verdict | None = (ReasonCode.NO_FIT, miss)
+                        verdict = (ReasonCode.NO_FIT, miss)
                     else:
                         verdict = self.free_capacity(w, fit)
                         if verdict is None:
@@ -228,6 +229,7 @@ class _Cycle:
         if a is not None and a.lst is lst:
             return a
         ch = self.qchanges.get(q)
+        left: Sequence[Workload]
         if a is not None and ch is not None and ch[0] is a.lst and len(ch[1]) + len(ch[2]) <= len(lst):
             left, came = ch[1], ch[2]
         else:

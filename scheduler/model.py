@@ -147,7 +147,7 @@ class PendingReasons(Sequence[PendingReason]):
     def __len__(self) -> int:
         return self._len
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
         return self._all()[i]
 
     def __iter__(self) -> Iterator[PendingReason]:

@@ -73,7 +73,7 @@ def grouped(memo: dict[object, object], pending: Sequence[Workload],
     if prev is None or prev[1] is None or len(ids) != len(pending):
         return _regroup(memo, pending, ids)
     _, old_ids, by_id, groups = prev
-    assert by_id is not None
+    assert old_ids is not None and by_id is not None
     gone, came = old_ids - ids, ids - old_ids
     if len(gone) + len(came) > len(pending) // 4 + 64:
         return _regroup(memo, pending, ids)

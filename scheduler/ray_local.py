@@ -157,7 +157,7 @@ def _wait_nodes(cluster: LocalCluster, known: set[str], timeout_s: float) -> lis
             if proc.poll() is not None:
                 logs = sorted(cluster.temp_dir.glob("ray-start-*.log"))
                 tail = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in logs)
-                raise RuntimeError(f"ray start exited with {proc.returncode}: {proc.args}\n{tail}")
+                raise RuntimeError(f"ray start exited with {proc.returncode}: {proc.args!r}\n{tail}")
         try:
             r = httpx.get(f"{cluster.dashboard_url}/api/v0/nodes?limit=100&detail=true", timeout=3)
             nodes = r.json()["data"]["result"]["result"] if r.status_code == 200 else []

@@ -274,5 +274,5 @@ SEGMENTS = [
 def test_live_segments(window: tuple[int, int], done: list[int], stored: list, live: list) -> None:
     from accounting.rollup import live_segments
 
-    s, l = live_segments(Window(*window), [float(h) for h in done])
-    assert [(w.start_s, w.end_s) for w in s] == stored and [(w.start_s, w.end_s) for w in l] == live
+    s, lv = live_segments(Window(*window), [float(h) for h in done])
+    assert [(w.start_s, w.end_s) for w in s] == stored and [(w.start_s, w.end_s) for w in lv] == live

@@ -13,7 +13,6 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.models import CoreV1Event, V1PodTemplateSpec
 
-from scheduler.actuators.base import Target
 from scheduler.actuators.k8s_templates import ObjectError, kube_node_names
 from scheduler.actuators.kubernetes import (
     ADMISSION_ANNOTATION,

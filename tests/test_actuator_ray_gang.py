@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from collector.http import HttpClient
-from collector.k8s_alloc import CLOSED_BY_RELIST, ENDED, OPEN, version_of
+from collector.k8s_alloc import ENDED, OPEN, version_of
 from collector.ray import RayDiscoverer, RayStateTarget
 from gpuq.ray_names import placement_group_name, ray_node_name, workload_of_placement_group
 from gpuq.settings import RayTarget, Settings

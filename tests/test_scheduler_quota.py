@@ -114,7 +114,9 @@ def test_occupancy_after_matches_recomputation() -> None:
     inc = occupancy_after(C, occupancy_of(C, rs), [rs[0]], [z])
     full = occupancy_of(C, [rs[1], z])
     assert inc.node_free == full.node_free
-    strip = lambda u: {q: {k: v for k, v in d.items() if v} for q, d in u.items() if any(d.values())}
+    def strip(u):
+        return {q: {k: v for k, v in d.items() if v} for q, d in u.items() if any(d.values())}
+
     assert strip(inc.usage) == strip(full.usage)
 
 

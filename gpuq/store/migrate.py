@@ -48,9 +48,12 @@ TTL_TABLES = tuple(RETENTION)
 
 
 class RetentionDays(Protocol):
-    raw_days: int
-    rollup_days: int
-    events_days: int
+    @property
+    def raw_days(self) -> int: ...
+    @property
+    def rollup_days(self) -> int: ...
+    @property
+    def events_days(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +96,7 @@ def load_migrations() -> list[Migration]:
         m = _NAME.match(entry.name)
         if not m:
             continue
-        text = "\n".join(l for l in entry.read_text().splitlines() if not l.lstrip().startswith("--"))
+        text = "\n".join(ln for ln in entry.read_text().splitlines() if not ln.lstrip().startswith("--"))
         stmts = tuple(s.strip() for s in re.split(r";\s*$", text, flags=re.M) if s.strip())
         out.append(Migration(int(m.group(1)), m.group(2), stmts))
     out.sort(key=lambda m: m.version)

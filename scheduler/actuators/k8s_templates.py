@@ -163,6 +163,7 @@ def _unpin(tmpl: dict[str, Any], nodes: Sequence[str]) -> None:
     if terms:
         required["nodeSelectorTerms"] = terms
         return
+    assert isinstance(affinity, dict) and isinstance(node_aff, dict)   # required came from them
     del node_aff[_REQUIRED]
     if not node_aff:
         del affinity["nodeAffinity"]

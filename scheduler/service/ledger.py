@@ -82,7 +82,8 @@ def foreign(observed: Iterable[Allocation], known: Callable[[str], bool],
         node = node_name(a)
         key = (a.cluster, a.namespace, a.owner or a.ray_cluster or a.pod, queue_of(a), type_of(node, a))
         groups.setdefault(key, []).append((node, a))
-    running, occupied = [], {}
+    running: list[Running] = []
+    occupied: dict[str, tuple[str, int]] = {}
     for (cluster, ns, owner, queue, gpu_type), members in sorted(groups.items()):
         per_node: dict[str, int] = {}
         for node, a in members:
@@ -119,7 +120,7 @@ def reconcile(observed: Sequence[Allocation], running: Mapping[str, tuple[Runnin
     seen: dict[str, dict[str, float]] = {}
     for a in observed:
         wid = owner_of(a, targets)
-        if wid in running:
+        if wid is not None and wid in running:
             nodes = seen.setdefault(wid, {})
             nodes[node_name(a)] = nodes.get(node_name(a), 0.0) + a.gpus
     out = []

@@ -103,8 +103,8 @@ class SchedulerCollector(Collector):
             yield g
         wait = HistogramMetricFamily("gpuq_scheduler_wait_seconds",
                                      "Wait from submission to first admission.", labels=["queue"])
-        for q, counts in sorted(st.wait_buckets.items()):
-            wait.add_metric([q], [(str(b), n) for b, n in zip(WAIT_BUCKETS_S, counts)]
+        for q, per_bucket in sorted(st.wait_buckets.items()):
+            wait.add_metric([q], [(str(b), n) for b, n in zip(WAIT_BUCKETS_S, per_bucket)]
                             + [("+Inf", st.wait_count[q])], sum_value=st.wait_sum_s[q])
         yield wait
         age = GaugeMetricFamily("gpuq_scheduler_oldest_pending_seconds",

@@ -29,6 +29,7 @@ def standby_app(elector: LeaderElector) -> Any:
         if scope["type"] != "http":
             return
         path, leader = scope.get("path", ""), elector.holder()
+        body: str | dict[str, Any]
         if path == "/healthz":
             status, body, ctype = 200, {"status": "ok", "role": "standby", "leader": leader}, "application/json"
         elif path == "/metrics":
