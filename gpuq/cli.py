@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", "scheduler.cli", "serve_main", "the API, collectors, accounting and scheduler"),
         ("workloads", "scheduler.cli", "workloads_main", "the scheduler's workloads"),
         ("explain", "scheduler.cli", "explain_main", "why a workload is pending"),
+        ("check", "scheduler.cli", "check_main", "do the books balance: accounting against the scheduler's placements"),
         ("status", "scheduler.cli", "status_main", "is the scheduler acting; in flight; the preemption brake"),
         ("pause", "scheduler.cli", "pause_main", "stop all acting until gpuq resume (admin)"),
         ("resume", "scheduler.cli", "resume_main", "act again (admin)"),

@@ -264,6 +264,33 @@ def status_text(st: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_main(argv: list[str], settings: Any) -> int:
+    """``gpuq check [--format text|json]``: the last audit of the books of a running ``gpuq serve``
+    (``GET /books``). 0 when they balance, 3 when they do not, 1 when the API failed."""
+    p = _client_parser("gpuq check", "Do the books balance? What the accounting shows against what the "
+                                     "scheduler placed, per queue, GPU type and node.")
+    p.add_argument("--format", "-f", choices=["text", "json"], default="text")
+    args = p.parse_args(argv)
+    try:
+        books = _call(args, settings, "gpuq check", "/books")
+    except SystemExit as exc:
+        return int(exc.code or 1)
+    _show(books, args.format, books_text)
+    return 0 if books["balanced"] else 3
+
+
+def books_text(b: dict[str, Any]) -> str:
+    if b["at"] is None:
+        return "the books have not been audited yet (the first accounting interval has not run)\n"
+    if b["balanced"]:
+        return f"the books balance (audited at {b['at']}): the accounting shows what the scheduler placed\n"
+    lines = [f"the books do NOT balance (audited at {b['at']}): {b['unbalanced_gpus']:g} GPUs differ"]
+    lines += [f"  {d['queue']} {d['gpu_type']} on {d['node']}: accounting {d['accounted']:g}, "
+              f"scheduler {d['placed']:g}" for d in b["differences"]]
+    lines.append("see docs/runbooks/GpuqBooksUnbalanced.md")
+    return "\n".join(lines) + "\n"
+
+
 WORKLOAD_COLUMNS = ("id", "queue", "state", "gpus", "priority", "gpu_type", "reason_code", "position", "message")
 
 

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
+from accounting.audit import Difference
 from accounting.inventory import declared
 from gpuq.settings import load_settings
 from scheduler.actuators.base import DryRunActuator
 from scheduler.api import create_app
 from scheduler.service import SchedulerService
-from scheduler.service.accounting import LiveAccounting
+from scheduler.service.accounting import LiveAccounting, check_books
 from scheduler.snapshot import Settings
 from scheduler.testing import nodes
 from tests.test_api import Api, Clock
@@ -96,14 +97,45 @@ def test_queues_capacity_and_workloads_agree_with_gangs(books: tuple[Api, Schedu
     assert len(running["prod-1"]["placement"]) == 3
     assert seen["queues"][("speech", "*")]["allocated"] >= 16
     assert seen["capacity"]["total"]["allocated"] == 40
-    acc.refresh(clock.t)                                     # the next accounting interval: the same books
+    r = acc.refresh(clock.t)                                 # the next accounting interval: the same books
     balance(api)
+    assert check_books(acc, svc, r, clock.t) == ()           # and the audit finds them balanced
+    books = api("GET", "/books").json()
+    assert books["balanced"] and books["differences"] == [] and books["unbalanced_gpus"] == 0
+    assert "gpuq_books_unbalanced_gpus 0.0" in api("GET", "/metrics").text
     svc.finish("prod-1", clock.t + 10)
     clock.t += 11
     svc.cycle(clock.t)
     balance(api)
-    acc.refresh(clock.t)
+    r = acc.refresh(clock.t)
     balance(api)
+    assert check_books(acc, svc, r, clock.t) == ()
+
+
+def test_the_audit_names_a_workload_seen_on_another_node(books: tuple[Api, SchedulerService, LiveAccounting, Clock],
+                                                         store: Any) -> None:
+    """A gpuq workload whose pod the collector sees on another node than the scheduler chose: the
+    accounting counts the pod there (and the admission where it was not seen): the books differ on
+    the node it ran on, by its GPUs, and ``/books`` and the gauge say so."""
+    import datetime as dt
+
+    from gpuq.store.schema import COLUMNS
+    api, svc, acc, clock = books
+    api("POST", "/workloads", json={"id": "w", "queue": "prod", "gpus_per_pod": 8, "gpu_types": ["H100"],
+                                    "target": {"kind": "RayJob", "namespace": "ns", "name": "w"}})
+    svc.cycle(clock.t)
+    (chosen,) = svc.explain("w").placement
+    other = next(n.name for n in NODES if n.gpu_type == "H100" and n.name != chosen)
+    start = dt.datetime.fromtimestamp(clock.t, dt.UTC)
+    store.insert("gpu_allocations", [("default", "ns", "w-head", "u1", "prod", other, "H100", "nvidia.com/gpu", 8.0, 0,
+                                      "", start, None, 1, "pod", "w", "RayJob", "w")], COLUMNS["gpu_allocations"])
+    clock.t += 1
+    r = acc.refresh(clock.t)
+    diffs = check_books(acc, svc, r, clock.t)
+    assert [(d.queue, d.node, d.accounted, d.placed) for d in diffs] == [("prod", other, 8.0, 0.0)]
+    books = api("GET", "/books").json()
+    assert not books["balanced"] and books["unbalanced_gpus"] == 8
+    assert f'gpuq_books_difference_gpus{{gpu_type="H100",node="{other}",queue="prod"}} 8.0' in api("GET", "/metrics").text
 
 
 def test_observed_pending_pods_that_are_not_gpuqs_still_count(books: tuple[Api, SchedulerService, LiveAccounting,
@@ -128,3 +160,43 @@ def test_observed_pending_pods_that_are_not_gpuqs_still_count(books: tuple[Api, 
     acc.refresh(clock.t)
     q = {(r["queue"], r["gpu_type"]): r for r in api("GET", "/queues").json()}
     assert q[("vision", "*")]["pending"] == 8 + 4
+
+
+def test_gpuq_check_prints_the_audit_and_exits_3_when_unbalanced(books: tuple[Api, SchedulerService, LiveAccounting,
+                                                                             Clock],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpuq check`` prints what ``/books`` answers (here the real app's answer, relayed by a
+    loopback server): 0 when the books balance, 3 with the cells when they do not."""
+    import json
+    from http.server import BaseHTTPRequestHandler
+
+    from scheduler.cli import check_main
+    from tests.conftest import serving
+    api, svc, acc, clock = books
+    answer: dict[str, Any] = {}
+
+    class Books(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    svc.cycle(clock.t)
+    check_books(acc, svc, acc.refresh(clock.t), clock.t)
+    settings = load_settings(None)
+    with serving(Books) as url:
+        answer.update(api("GET", "/books").json())
+        assert check_main(["--api", url], settings) == 0
+        assert "the books balance" in capsys.readouterr().out
+        svc.books = (*svc.books, Difference("prod", "H100", "h-0", 8.0, 0.0))   # as an audit would find it
+        answer.clear()
+        answer.update(api("GET", "/books").json())
+        assert check_main(["--api", url], settings) == 3
+        out = capsys.readouterr().out
+        assert "do NOT balance" in out and "prod H100 on h-0: accounting 8, scheduler 0" in out

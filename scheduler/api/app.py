@@ -7,6 +7,7 @@ answers come from :class:`scheduler.service.SchedulerService`, the accounting's 
 and the OpenAPI pages are open (probes and Prometheus scrape them).
 """
 # no "from __future__ import annotations": FastAPI must see the route annotations (local aliases)
+import datetime as dt
 import logging
 import math
 import re
@@ -201,6 +202,17 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
     @app.get("/queues", tags=["accounting"], summary='The accounting\'s "now" view per queue and GPU type')
     def queues(_: viewer) -> Any:
         return need_accounting().rows()
+
+    @app.get("/books", tags=["accounting"],
+             summary="The last audit of the books: the accounting against what the scheduler placed, per queue, "
+                     "GPU type and node (gpuq check)")
+    def books(_: viewer) -> Any:
+        at = service.books_at_s
+        diffs = service.books
+        return {"at": None if at is None else dt.datetime.fromtimestamp(at, dt.UTC).isoformat(), "balanced": at is not None and not diffs,
+                "unbalanced_gpus": sum(abs(d.gpus) for d in diffs),
+                "differences": [{"queue": d.queue, "gpu_type": d.gpu_type, "node": d.node, "accounted": d.accounted,
+                                 "placed": d.placed, "difference": d.gpus} for d in diffs]}
 
     @app.get("/accounting/usage", tags=["accounting"], summary="GPU-seconds, idle and cost over a window")
     def usage(_: viewer, start: Annotated[str, Query(alias="from")] = "-1d",

@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from accounting import service as acc
+from accounting.audit import Difference, Placed, audit
+from accounting.intervals import running
 from accounting.idle import IdleParams, current
 from accounting.ledger import ADMISSION, combine
 from accounting.metrics import AccountingCollector
@@ -145,6 +147,23 @@ class LiveAccounting:
                        pending=self._demand(snap, scheduled))
         return compute_now(live, Resolver(self._config), self.params, self.starvation_s)
 
+    def audit(self, admitted: Sequence[Allocation], placed: Sequence[Placed], nodes: Sequence[Node],
+              node_name: Callable[[Allocation], str]) -> tuple[Difference, ...]:
+        """The books against the scheduler's record (:func:`accounting.audit.audit`): the last
+        observed snapshot with ``admitted`` (read with ``placed`` at one moment), the ledger's
+        rows running now, against ``placed``; nodes named and typed as the scheduler's ``nodes``."""
+        with self._lock:
+            snap, config = self._snap, self._config
+        if snap is None:
+            return ()
+        on_nodes = _on_capacity_nodes(admitted, snap.nodes)
+        at = max([snap.at_s, *(a.start_s for a in on_nodes)])
+        live = running(combine(snap.allocations, on_nodes), at)
+        resolver = Resolver(config)
+        types = {n.name: n.gpu_type for n in nodes}
+        return audit(live, placed, resolver, node_name,
+                     lambda node, a: types.get(node) or resolver.gpu_type(a.gpu_model, a.gpu_resource))
+
     def queue_of(self, a: Allocation) -> str:
         return Resolver(self._config).queue(a.queue, a.namespace)
 
@@ -200,6 +219,16 @@ class LiveAccounting:
             return bool(self.store.ping())
         except Exception:  # noqa: BLE001 - any failure means "not reachable"
             return False
+
+
+def check_books(live: LiveAccounting, service: Any, refresh: Refresh, now_s: float) -> tuple[Difference, ...]:
+    """Audit the books after a refresh (serve does it every accounting interval): the scheduler's
+    record read at one moment, against the accounting; kept on the service for ``/books``,
+    ``gpuq check`` and the ``gpuq_books_*`` gauges."""
+    admitted, placed = service.record()
+    service.books = live.audit(admitted, placed, refresh.nodes, refresh.node_name)
+    service.books_at_s = now_s
+    return service.books
 
 
 def _nodes(view: NowView) -> tuple[Node, ...]:

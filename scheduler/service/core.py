@@ -39,6 +39,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from functools import partial
 from typing import Any, Protocol
 
+from accounting.audit import OTHER, Difference, Placed
 from accounting.ledger import admission_rows
 from accounting.model import Allocation, PendingDemand
 from accounting.queues import ROOT, QueueConfig
@@ -118,6 +119,8 @@ class SchedulerService:
         self._cluster: Cluster | None = None
         self._foreign = Foreign((), {}, ())           # observed allocations gpuq did not admit
         self.mismatches: tuple[Mismatch, ...] = ()     # the last reconciliation's
+        self.books: tuple[Difference, ...] = ()        # the last audit's (accounting.audit), set by serve
+        self.books_at_s: float | None = None
         self._seq = 0
         self._journal = Journal(cluster)          # scheduler_state: open workloads, for restarts
         self._last_t = float("-inf")
@@ -657,6 +660,17 @@ class SchedulerService:
                     e.reason = Reason(m.kind, m.message)
                 elif e.reason is not None and e.reason.code in (DRIFT, MISPLACED):
                     e.reason = None
+
+    def record(self) -> tuple[list[Allocation], list[Placed]]:
+        """What gpuq holds now, read at one moment: its admissions as ledger rows, and what it
+        placed per (queue, GPU type, node), its own work and the foreign work it counts
+        (:mod:`accounting.audit`)."""
+        with self._lock:
+            own = [e.running for e in self._entries.values() if e.running is not None]
+            placed = [Placed(r.workload.queue, r.placement.gpu_type, node, float(n))
+                      for r in (*own, *self._foreign.running) for node, n in r.placement.nodes]
+            placed += [Placed(OTHER, t, node, float(n)) for node, (t, n) in self._foreign.occupied.items()]
+            return self.admitted_allocations(), placed
 
     def foreign_running(self) -> tuple[Running, ...]:
         with self._lock:

@@ -19,6 +19,9 @@ bookkeeping; register on the serving process's registry next to the accounting's
     gpuq_scheduler_preemption_limit{scope}           the brake's limits per hour (queue, cluster; absent: none)
     gpuq_scheduler_preemptions_limited_total{queue}  admissions the brake held back, by the preemptor's queue
     gpuq_scheduler_actions_in_flight                 actions queued or running on the actuator's workers
+    gpuq_books_unbalanced_gpus                       |accounted - placed| summed at the last audit (accounting.audit)
+    gpuq_books_difference_gpus{queue,gpu_type,node}  accounted - placed, each cell that differs
+    gpuq_books_last_audit_timestamp_seconds          when the books were last audited (absent before)
 
 The alert rules (alerts/gpuq.rules.yml) compare the last two: a queue whose oldest pending wait is
 far over its 7-day p90 wait.
@@ -31,6 +34,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from accounting.audit import unbalanced
 from scheduler.service.core import SchedulerService
 from scheduler.service.views import BUCKETS_S, PENDING, RUNNING, WAIT_BUCKETS_S
 
@@ -119,6 +123,20 @@ class SchedulerCollector(Collector):
         for kind in ("actuator_drift", "misplaced", "foreign"):
             ledger.add_metric([kind], mismatches.get(kind, 0))
         yield ledger
+        books, at = self._service.books, self._service.books_at_s
+        if at is not None:
+            yield GaugeMetricFamily("gpuq_books_unbalanced_gpus",
+                                    "GPUs where the accounting and the scheduler's record differ, summed over "
+                                    "(queue, GPU type, node) at the last audit (0: the books balance).",
+                                    value=unbalanced(books))
+            yield GaugeMetricFamily("gpuq_books_last_audit_timestamp_seconds", "When the books were last audited.",
+                                    value=at)
+        diff = GaugeMetricFamily("gpuq_books_difference_gpus",
+                                 "Accounted minus placed GPUs, per (queue, GPU type, node) cell that differs.",
+                                 labels=["queue", "gpu_type", "node"])
+        for d in books:
+            diff.add_metric([d.queue, d.gpu_type, d.node], d.gpus)
+        yield diff
 
 
 def _counter(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], int]) -> CounterMetricFamily:

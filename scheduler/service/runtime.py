@@ -68,7 +68,8 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     from scheduler.api import create_app
     from scheduler.service.replay import read_restart
     from scheduler.service.core import SchedulerService
-    from scheduler.service.accounting import LiveAccounting
+    from scheduler.service.accounting import LiveAccounting, check_books
+    from accounting.audit import unbalanced
     from accounting.inventory import declared
     from scheduler.service.sources import world_sync
 
@@ -126,6 +127,9 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             service.set_nodes(r.nodes)              # the one inventory (nodes file included)
             service.set_idle_targets(r.idle)
             service.set_observed(r.observed, accounting.queue_of, r.node_name, now, grace)
+            if check_books(accounting, service, r, now):    # the books against the scheduler's record
+                log.warning("the books do not balance: %d cells, %g GPUs (gpuq check)", len(service.books),
+                            unbalanced(service.books))
             if now - state["materialized"] >= MATERIALIZE_EVERY_S:
                 state["materialized"] = now
                 accounting.materialize(now)
