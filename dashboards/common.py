@@ -152,13 +152,23 @@ def when(t: float | None) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
 def readable(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` as a person reads it: a missing value is "–", never None or NaN (those columns become
-    text; the others keep their type)."""
+    """``df`` as a person reads it: a missing value is "–", never None or NaN. A column with a
+    missing value or with text among numbers ("unlimited") becomes text; the others keep their type."""
     out = df.copy()
     for c in out.columns:
-        if out[c].isna().any():
-            out[c] = out[c].astype(object).where(out[c].notna(), "–")
+        col = out[c]
+        mixed = col.dtype == object and len({type(v) for v in col}) > 1
+        if mixed or col.isna().any():
+            out[c] = [_cell(v) for v in col]
     return out
 
 
