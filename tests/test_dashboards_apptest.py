@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import itertools
+import math
 import re
 import threading
 import time
@@ -35,6 +36,7 @@ import yaml
 from streamlit.testing.v1 import AppTest
 
 from accounting.idle import GPU_UTIL, PROF_ACTIVE
+from dashboards.views.cost import COLUMNS as CSV_COLUMNS
 from gpuq.settings import load_settings
 from gpuq.store import COLUMNS, open_store
 from scheduler.actuators.base import DryRunActuator, Target
@@ -42,7 +44,6 @@ from scheduler.api import create_app
 from scheduler.model import Workload
 from scheduler.service import SchedulerService
 from scheduler.service.accounting import LiveAccounting
-from dashboards.views.cost import COLUMNS as CSV_COLUMNS
 from tests.accounting_helpers import BASE_QUEUES
 from tests.conftest import REPO, closed_port, free_port
 
@@ -346,7 +347,7 @@ def shown_texts(at: AppTest) -> list[str]:
     for df in at.dataframe:
         frame = df.value
         out += [str(c) for c in frame.columns]
-        out += ["None" if v is None or (isinstance(v, float) and v != v) else str(v)
+        out += ["None" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
                 for v in frame.to_numpy().ravel()]
     for w in [*at.selectbox, *at.multiselect]:
         out += [w.label, *map(str, w.options)]

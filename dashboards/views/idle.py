@@ -7,8 +7,19 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import Client
-from dashboards.common import (STATE_COLOURS, Range, bar_height, fetch, gpus, hours, metrics_row, pct, queue_scale,
-                               table, when)
+from dashboards.common import (
+    STATE_COLOURS,
+    Range,
+    bar_height,
+    fetch,
+    gpus,
+    hours,
+    metrics_row,
+    pct,
+    queue_scale,
+    table,
+    when,
+)
 from dashboards.views import run
 
 
