@@ -20,6 +20,7 @@ from dashboards.common import (
     when,
 )
 from dashboards.views import run
+from gpuq.timefmt import ago
 
 
 def page() -> None:
@@ -117,7 +118,7 @@ def _health(client: Client) -> None:
     if stale:
         st.warning(f"{len(stale)} source(s) silent for more than {h['stale_after_s']:.0f} s.")
     table(pd.DataFrame([{"source": s["source"], "cluster": s["cluster"], "node": s["node"] or "–",
-                                "last row": when(s["last_s"]), "age (s)": round(s["age_s"], 1),
+                                "last row": when(s["last_s"]), "age": ago(s["age_s"]),
                                 "rows (24 h)": s["rows"], "status": "stale" if s["stale"] else "ok"}
                                for s in src]))
     if h["targets"]:

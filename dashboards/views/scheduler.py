@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import ApiError, Client
-from dashboards.common import Range, bar_height, fetch, fit, gpus, hours, leaves, metrics_row, table, when
+from dashboards.common import Range, bar_height, duration, fetch, fit, gpus, leaves, metrics_row, table, when
 from dashboards.views import run
 
 EVENT_COLOURS = {"admit": "#54a24b", "preempt": "#e45756", "finish": "#4c78a8", "cancel": "#bab0ac",
@@ -44,7 +44,7 @@ def body(client: Client, rng: Range) -> None:
         table(pd.DataFrame([{
             "queue": w["queue"], "position": w["position"], "id": w["id"], "GPUs": w["gpus"],
             "GPU types": ", ".join(w["gpu_types"]) or "any", "priority": w["priority"],
-            "waiting": hours(max(0.0, now - w["submit_s"])), "reason": w["reason_code"], "message": w["message"]}
+            "waiting": duration(max(0.0, now - w["submit_s"])), "reason": w["reason_code"], "message": w["message"]}
             for w in pending]))
     else:
         st.success("Nothing is waiting.")
