@@ -44,9 +44,10 @@ def _glue(argv: Sequence[str], flags: frozenset[str] = frozenset({"--from", "--t
     return out
 
 
-def _common(prog: str) -> _Parser:
-    p = _Parser(prog=prog)
-    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+def _common(prog: str, description: str = "") -> _Parser:
+    p = _Parser(prog=prog, description=description or None)
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table",
+                   help="an aligned table (default), a JSON array of rows, or CSV")
     return p
 
 
@@ -77,12 +78,18 @@ def usage_main(argv: Sequence[str], settings: Any, *, now_s: float | None = None
     out, err = out or sys.stdout, err or sys.stderr
 
     def body() -> int:
-        p = _common("gpuq usage")
-        p.add_argument("--from", dest="start", default="-1d", help="ISO 8601, now, or -7d/-2h/-30m")
-        p.add_argument("--to", dest="end", default="now")
-        p.add_argument("--by", default="queue", help=f"comma-separated: {','.join(BY_KEYS)}")
+        p = _common("gpuq usage", "GPU-hours, idle GPU-hours and their cost over a period, per queue (or "
+                    "per GPU type, namespace, workload, cluster). Idle: allocated GPUs whose utilization stayed "
+                    "under the idle threshold.")
+        p.add_argument("--from", dest="start", metavar="TIME", default="-1d",
+                       help="start: an ISO 8601 time, now, or back from now like -7d, -2h, -30m (default -1d)")
+        p.add_argument("--to", dest="end", metavar="TIME", default="now", help="end, as --from (default now)")
+        p.add_argument("--by", default="queue", help=f"group by, comma-separated: {','.join(BY_KEYS)} "
+                       "(default queue)")
         p.add_argument("--rollup", action="store_true", help="add parent queues (sums of their subtree)")
-        p.add_argument("--idle-source", choices=["auto", "raw", "1m", "1h"], default="auto")
+        p.add_argument("--idle-source", choices=["auto", "raw", "1m", "1h"], default="auto",
+                       help="which utilization samples decide idle: raw, the 1-minute or 1-hour rollups, or "
+                       "auto (raw where kept, rollups before)")
         a = p.parse_args(_glue(argv))
         now = time.time() if now_s is None else now_s
         window = Window(parse_time(a.start, now), parse_time(a.end, now))
@@ -107,9 +114,13 @@ def queues_main(argv: Sequence[str], settings: Any, *, now_s: float | None = Non
     out, err = out or sys.stdout, err or sys.stderr
 
     def body() -> int:
-        p = _common("gpuq queues")
-        p.add_argument("--at", default="now", help="the time to look at (default now)")
-        p.add_argument("--show", choices=["queues", "capacity", "nodes", "types", "starving"], default="queues")
+        p = _common("gpuq queues", "Each queue at one moment: GPUs allocated, guaranteed and at most allowed, "
+                    "waiting, fair share, borrowed from and lent to other queues, idle; or the capacity, "
+                    "nodes, GPU types or starving queues at that moment.")
+        p.add_argument("--at", metavar="TIME", default="now",
+                       help="the moment: an ISO 8601 time, now, or back from now like -2h (default now)")
+        p.add_argument("--show", choices=["queues", "capacity", "nodes", "types", "starving"], default="queues",
+                       help="what to list (default queues)")
         a = p.parse_args(_glue(argv))
         now = time.time() if now_s is None else now_s
         at = parse_time(a.at, now)

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import altair as alt
+import pandas as pd
 import streamlit as st
 
 from dashboards.client import ApiError, Client
@@ -37,13 +39,63 @@ def scale(names: Iterable[str], kind: str = "queue") -> alt.Scale:
 
 @dataclass(frozen=True, slots=True)
 class Range:
+    """The range a page shows: ``key`` is the choice in the URL; ``seconds`` and ``step`` what the
+    API is asked for. :func:`fit` narrows them to a history younger than the range (``fitted``),
+    ``end_s`` is then the API's clock (None: not asked)."""
     key: str
     seconds: int
     step: str
+    fitted: bool = False
+    end_s: float | None = None
 
     @property
     def since(self) -> str:
         return f"-{self.seconds}s"
+
+    @property
+    def label(self) -> str:
+        """"last 24h", or "last 6 min (all the history there is; range 24h)"."""
+        if not self.fitted:
+            return f"last {self.key}"
+        return f"last {duration(self.seconds)} (all the history there is; range {self.key})"
+
+
+# steps (seconds) for a fitted range: the first that gives at most POINTS points
+STEPS_S = (15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+POINTS = 90
+
+
+def step_for(span_s: float) -> int:
+    return next((s for s in STEPS_S if span_s / s <= POINTS), STEPS_S[-1])
+
+
+def fit(client: Client, rng: Range) -> Range:
+    """``rng`` fitted to the data: when the history (``data_since`` of ``/collector/health``) is
+    younger than the range, the range shrinks to it (at least 5 minutes, with a margin before the
+    first row) and the step to one that gives a short history points; ``end_s`` is the API's now.
+    Unchanged when the API cannot say."""
+    try:
+        h = client.get("/collector/health")
+    except ApiError:
+        return rng
+    now, since = h.get("at"), h.get("data_since")
+    if now is None:
+        return rng
+    if since is None or now - since >= rng.seconds:
+        return Range(rng.key, rng.seconds, rng.step, False, float(now))
+    age = max(0.0, float(now) - float(since))
+    span = math.ceil(min(rng.seconds, max(300.0, 1.1 * age + 60.0)))
+    return Range(rng.key, span, f"{step_for(span)}s", True, float(now))
+
+
+def duration(seconds: float) -> str:
+    """A length of time as people say it: "45 s", "6 min", "2.4 h", "3.0 d"."""
+    s = float(seconds)
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 90 * 60:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h" if s < 48 * 3600 else f"{s / 86400:.1f} d"
 
 
 def time_range() -> Range:
@@ -98,6 +150,31 @@ def when(t: float | None) -> str:
     if t is None:
         return "–"
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def readable(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` as a person reads it: a missing value is "–", never None or NaN. A column with a
+    missing value or with text among numbers ("unlimited") becomes text; the others keep their type."""
+    out = df.copy()
+    for c in out.columns:
+        col = out[c]
+        mixed = col.dtype == object and len({type(v) for v in col}) > 1
+        if mixed or col.isna().any():
+            out[c] = [_cell(v) for v in col]
+    return out
+
+
+def table(df: pd.DataFrame, **kw: Any) -> None:
+    """A table without index, full width, missing values shown as "–"."""
+    st.dataframe(readable(df), hide_index=True, width="stretch", **kw)
 
 
 def leaves(queues: Iterable[str]) -> list[str]:

@@ -1,12 +1,7 @@
-"""The ``gpuq`` command line. Every command takes ``--config FILE``.
-
-    gpuq collect [--once]          run the collectors (Ray, DCGM, Kubernetes, NVML) into the store
-    gpuq query "SQL" [--format]    read-only SQL against the store, as a table, JSON or CSV
-    gpuq migrate                   create or upgrade the schema and print the applied versions
-    gpuq queues / usage            the accounting views (see accounting.cli)
-    gpuq simulate SCENARIO --out   replay a scenario through the scheduler core (see scheduler.cli)
-    gpuq dashboard [--port 8501]   the Streamlit dashboards, reading the API (see dashboards.launch)
-    gpuq status / pause / resume   is the scheduler acting; stop or restart all acting (admin token)
+"""The ``gpuq`` command line (:func:`main`): every command takes ``--config FILE``; the commands
+that only pass their arguments on are delegated to ``accounting.cli``, ``scheduler.cli``,
+``scheduler.traces``, ``gpuq.demo.run`` and ``dashboards.launch``. What ``gpuq --help`` says is
+:data:`DESCRIPTION`, in the words of the people who run it.
 """
 from __future__ import annotations
 
@@ -20,6 +15,39 @@ from gpuq.output import render
 from gpuq.settings import Settings, load_settings
 
 log = logging.getLogger("gpuq")
+
+DESCRIPTION = """\
+gpuq watches a shared GPU cluster, accounts every GPU-hour to a team's queue, and schedules
+workloads by the queues' guarantees, preempting when a queue needs its guarantee back.
+
+Run it:
+  gpuq serve                 the scheduler, its HTTP API, the collectors and the accounting
+  gpuq dashboard             the dashboards in a browser (they read gpuq serve's API)
+  gpuq demo                  all of it on this machine with a story of five teams (make demo)
+
+Ask a running gpuq serve:
+  gpuq workloads             what runs and what waits
+  gpuq explain ID            why a workload waits, or where it runs
+  gpuq check                 do the books balance: what the accounting shows against what was placed
+  gpuq status                is the scheduler acting; what it is doing; the preemption limit
+  gpuq pause / resume        stop all acting, and start again (admin token)
+
+Read the accounting:
+  gpuq queues                each queue now: allocated, guaranteed, borrowed, lent, idle
+  gpuq usage --from -7d      GPU-hours, idle GPU-hours and cost per queue over a period
+  gpuq query "SQL"           any read-only SQL on the collected data
+
+Try a policy before using it:
+  gpuq simulate FILE --out DIR   replay a recorded or invented workload mix (docs/SCENARIOS.md)
+  gpuq import-trace ...          turn a public GPU trace into such a mix (docs/TRACES.md)
+
+Keep it running:
+  gpuq collect               only the collectors (Kubernetes, Ray, DCGM, NVML)
+  gpuq migrate               create or upgrade the tables
+
+Every command takes --config FILE (settings; GPUQ_* environment variables override them) and
+--help for its own options.
+"""
 
 
 def _store(settings: Settings):  # noqa: ANN202 - gpuq.store.Store, imported lazily (chdb is heavy)
@@ -90,41 +118,49 @@ def build_parser() -> argparse.ArgumentParser:
     # sub-commands accept the same options but must not reset what was given before them
     common = argparse.ArgumentParser(add_help=False)
     add_common(common, argparse.SUPPRESS)
-    p = argparse.ArgumentParser(prog="gpuq", description=__doc__,
+    p = argparse.ArgumentParser(prog="gpuq", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(p, None)
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
-    c = sub.add_parser("collect", parents=[common], help="run the collectors")
+    c = sub.add_parser("collect", parents=[common], help="only collect: GPUs, pods and nodes into the store",
+                       description="Collect what the cluster does (Kubernetes pods and nodes, Ray, DCGM "
+                       "or NVML GPU metrics) into the store, without the scheduler or the API.")
     c.add_argument("--once", action="store_true", help="one round of every configured source, then exit")
     c.set_defaults(func=cmd_collect)
 
-    q = sub.add_parser("query", parents=[common], help="read-only SQL against the store")
-    q.add_argument("sql")
-    q.add_argument("--format", "-f", choices=["table", "json", "csv"], default="table")
+    q = sub.add_parser("query", parents=[common], help="read-only SQL on the collected data",
+                       description="Run one read-only SQL statement (SELECT, SHOW, DESCRIBE) on the store "
+                       "and print the rows. Writes are refused.")
+    q.add_argument("sql", help='the statement, e.g. "SELECT event, count() FROM scheduler_events GROUP BY event"')
+    q.add_argument("--format", "-f", choices=["table", "json", "csv"], default="table",
+                   help="an aligned table (default), a JSON array of rows, or CSV")
     q.set_defaults(func=cmd_query)
 
-    m = sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    m = sub.add_parser("migrate", parents=[common], help="create or upgrade the tables",
+                       description="Create the store's tables, or upgrade them to this version of gpuq, "
+                       "and print what was applied.")
     m.set_defaults(func=cmd_migrate)
 
     for name, module, func, text in (
-        ("queues", "accounting.cli", "queues_main", "per queue and GPU type now"),
-        ("usage", "accounting.cli", "usage_main", "GPU-seconds, idle and cost over a window"),
-        ("import-trace", "scheduler.traces", "import_trace_main", "turn a public trace into a scenario"),
-        ("serve", "scheduler.cli", "serve_main", "the API, collectors, accounting and scheduler"),
-        ("workloads", "scheduler.cli", "workloads_main", "the scheduler's workloads"),
-        ("explain", "scheduler.cli", "explain_main", "why a workload is pending"),
-        ("check", "scheduler.cli", "check_main", "do the books balance: accounting against the scheduler's placements"),
-        ("status", "scheduler.cli", "status_main", "is the scheduler acting; in flight; the preemption brake"),
-        ("pause", "scheduler.cli", "pause_main", "stop all acting until gpuq resume (admin)"),
-        ("resume", "scheduler.cli", "resume_main", "act again (admin)"),
-        ("demo", "gpuq.demo.run", "demo_main", "local Ray, gpuq serve, dashboards and a story (make demo)"),
-        ("dashboard", "dashboards.launch", "dashboard_main", "the Streamlit dashboards (read the API)"),
+        ("queues", "accounting.cli", "queues_main", "each queue now: allocated, guaranteed, borrowed, idle"),
+        ("usage", "accounting.cli", "usage_main", "GPU-hours, idle GPU-hours and cost over a period"),
+        ("import-trace", "scheduler.traces", "import_trace_main", "turn a public GPU trace into a scenario"),
+        ("serve", "scheduler.cli", "serve_main", "run the scheduler, its API, the collectors and the accounting"),
+        ("workloads", "scheduler.cli", "workloads_main", "what runs and what waits (from gpuq serve)"),
+        ("explain", "scheduler.cli", "explain_main", "why a workload waits, or where it runs"),
+        ("check", "scheduler.cli", "check_main", "do the books balance: the accounting against what the scheduler placed"),
+        ("status", "scheduler.cli", "status_main", "is the scheduler acting; what it is doing; the preemption limit"),
+        ("pause", "scheduler.cli", "pause_main", "stop all acting until gpuq resume (admin token)"),
+        ("resume", "scheduler.cli", "resume_main", "act again after gpuq pause (admin token)"),
+        ("demo", "gpuq.demo.run", "demo_main", "everything on this machine, with a story of five teams"),
+        ("dashboard", "dashboards.launch", "dashboard_main", "the dashboards in a browser (they read the API)"),
     ):
         sp = sub.add_parser(name, parents=[common], help=text, add_help=False)
         sp.add_argument("rest", nargs=argparse.REMAINDER)
         sp.set_defaults(func=_delegate(module, func))
-    s = sub.add_parser("simulate", parents=[common], help="replay a scenario (docs/SCENARIOS.md)", add_help=False)
+    s = sub.add_parser("simulate", parents=[common], help="replay a workload mix under a queue policy (docs/SCENARIOS.md)",
+                       add_help=False)
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(func=_simulate)
     return p

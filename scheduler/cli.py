@@ -25,17 +25,18 @@ from scheduler.model import Node
 def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Replay a scenario (see docs/SCENARIOS.md) through the scheduler on a simulated "
-        "clock; write DIR/events.jsonl and DIR/summary.json.",
+        description="Replay a scenario (nodes, queues and a workload mix; docs/SCENARIOS.md) through gpuq's "
+        "scheduler on a simulated clock, in seconds instead of days. Writes what happened to "
+        "DIR/events.jsonl and the totals (waits, utilization, preemptions) to DIR/summary.json.",
     )
-    p.add_argument("scenario", help="scenario YAML file")
+    p.add_argument("scenario", help="the scenario, a YAML file")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
     p.add_argument("--compare", metavar="QUEUES_B.yaml",
-                   help="also replay the same work under this queue configuration and print both side "
-                   "by side; --out is then optional (scheduler.compare)")
+                   help="also replay the same work under this queue file and print both results side "
+                   "by side; --out is then optional")
     p.add_argument("--baseline", metavar="POLICY[,POLICY]",
-                   help="also replay it through baseline schedulers (fifo, per-queue, or all) and print "
-                   "quality metrics side by side; --out is then optional (scheduler.compare)")
+                   help="also replay it with simpler schedulers (fifo, per-queue, or all) and print "
+                   "the waits, utilization and fairness side by side; --out is then optional")
     return p
 
 
@@ -72,11 +73,14 @@ def simulate_main(argv: list[str]) -> int:
 def serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpuq serve",
-        description="Run the API, the collectors, the accounting loop and the scheduler on one store. "
-        "SIGTERM or Ctrl-C stops everything within seconds.")
-    p.add_argument("--nodes", metavar="FILE", help="static node list: a YAML list of node groups as in a "
-                   "scenario's nodes ({name, gpu_type, gpus, count}); default: the accounting's view of capacity")
-    p.add_argument("--cluster", help="the name the scheduler's events carry (default: scheduler.cluster)")
+        description="Run gpuq: the scheduler, its HTTP API (for the CLI and the dashboards), the "
+        "collectors and the accounting, all on one store. SIGTERM or Ctrl-C stops everything within "
+        "seconds.")
+    p.add_argument("--nodes", metavar="FILE", help="schedule onto a fixed list of nodes: a YAML list of node "
+                   "groups as in a scenario ({name, gpu_type, gpus, count}); default: the nodes the "
+                   "collectors see")
+    p.add_argument("--cluster", metavar="NAME",
+                   help="the cluster name recorded with each decision (default: scheduler.cluster)")
     p.add_argument("--no-collect", action="store_true", help="do not run the collectors in this process")
     return p
 
@@ -168,9 +172,9 @@ def _serve_elected(settings: Any, stop: Any, nodes: Any, cluster: str, collect: 
 
 def _client_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--api", metavar="URL", help="the gpuq serve API (default: http://api.host:api.port "
+    p.add_argument("--api", metavar="URL", help="where gpuq serve answers (default: http://api.host:api.port "
                    "from the config)")
-    p.add_argument("--token", help="bearer token (default: the first of api.tokens in the config, if any)")
+    p.add_argument("--token", help="your API token (default: the first of api.tokens in the config, if any)")
     return p
 
 
@@ -206,13 +210,15 @@ def acting_main(argv: list[str], settings: Any, command: str) -> int:
     """``gpuq pause [--reason TEXT]`` / ``gpuq resume`` (admin token) stop and restart all acting of
     a running ``gpuq serve``; ``gpuq status`` (viewer) says whether it acts, what is in flight and
     the preemption brake. 0, or 1 (API refused or unreachable)."""
-    texts = {"pause": "Stop all acting (decisions go on, shown as 'paused' reasons) until gpuq resume.",
-             "resume": "Act again from the next cycle.",
-             "status": "Whether the scheduler acts, actions in flight, the preemption brake."}
+    texts = {"pause": "Stop all acting: nothing is started, preempted or cancelled until gpuq resume. The "
+                      "scheduler still decides, and each waiting workload says it waits for the pause.",
+             "resume": "Act again from the next scheduling cycle.",
+             "status": "Whether the scheduler acts (or who paused it and why), what it is starting or "
+                       "stopping now, and how many preemptions the preemption limit still allows."}
     p = _client_parser(f"gpuq {command}", texts[command])
     if command == "pause":
-        p.add_argument("--reason", default="", help="why (recorded in scheduler_events, shown in status)")
-    p.add_argument("--format", "-f", choices=["text", "json"], default="text")
+        p.add_argument("--reason", default="", help="why, for the others: recorded and shown by gpuq status")
+    p.add_argument("--format", "-f", choices=["text", "json"], default="text", help="text (default) or JSON")
     args = p.parse_args(argv)
     try:
         if command == "status":
@@ -298,10 +304,13 @@ def workloads_main(argv: list[str], settings: Any) -> int:
     """``gpuq workloads [--queue Q] [--state S] [--format table|json|csv]``: 0 or 1 (API failed)."""
     from gpuq.output import render
 
-    p = _client_parser("gpuq workloads", "The scheduler's workloads, from a running gpuq serve.")
-    p.add_argument("--queue", help="a queue and its subtree")
-    p.add_argument("--state", choices=["pending", "running", "finished", "cancelled", "rejected"])
-    p.add_argument("--format", "-f", choices=["table", "json", "csv"], default="table")
+    p = _client_parser("gpuq workloads", "The workloads gpuq schedules: what runs, what waits and why, from a "
+                       "running gpuq serve.")
+    p.add_argument("--queue", help="only this queue and the queues below it")
+    p.add_argument("--state", choices=["pending", "running", "finished", "cancelled", "rejected"],
+                   help="only workloads in this state")
+    p.add_argument("--format", "-f", choices=["table", "json", "csv"], default="table",
+                   help="an aligned table (default), JSON or CSV")
     args = p.parse_args(argv)
     params = {k: v for k, v in (("queue", args.queue), ("state", args.state)) if v}
     try:
@@ -320,9 +329,10 @@ def explain_main(argv: list[str], settings: Any) -> int:
     workload, API failed)."""
     from urllib.parse import quote
 
-    p = _client_parser("gpuq explain", "Why a workload is pending (its reason and position), or where it runs.")
-    p.add_argument("id", help="workload id")
-    p.add_argument("--format", "-f", choices=["text", "json"], default="text")
+    p = _client_parser("gpuq explain", "Why a workload waits (the reason, with its numbers, and its place in "
+                       "its queue), or where it runs, from a running gpuq serve.")
+    p.add_argument("id", help="the workload's id, as given when it was submitted")
+    p.add_argument("--format", "-f", choices=["text", "json"], default="text", help="text (default) or JSON")
     args = p.parse_args(argv)
     try:
         w = _call(args, settings, "gpuq explain", f"/workloads/{quote(args.id, safe='/')}")

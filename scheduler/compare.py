@@ -169,11 +169,11 @@ def render_table(report: Mapping[str, Any]) -> str:
 def compare_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuq simulate", description="Replay a scenario under its own queues (A) "
                                 "and under the queues of another file (B); print the difference per queue.")
-    p.add_argument("scenario", help="scenario YAML file (FORMAT.md)")
+    p.add_argument("scenario", help="the scenario, a YAML file (docs/SCENARIOS.md)")
     p.add_argument("--compare", required=True, metavar="QUEUES_B.yaml",
-                   help="YAML with queues: (and optional gpu_types:) to run the same workloads under")
+                   help="a queue file (queues:, and optional gpu_types:) to run the same workloads under")
     p.add_argument("--out", metavar="DIR", help="also write DIR/a, DIR/b (events, summary) and DIR/compare.json")
-    p.add_argument("--format", "-f", choices=["table", "json"], default="table")
+    p.add_argument("--format", "-f", choices=["table", "json"], default="table", help="a table (default) or JSON")
     return p
 
 
@@ -254,12 +254,12 @@ def baseline_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuq simulate", description="Replay a scenario through gpuq's core and "
                                 "through baseline schedulers; print wait percentiles, utilization, "
                                 "preemptions, stranded GPUs and guarantee violations side by side.")
-    p.add_argument("scenario", help="scenario file (docs/SCENARIOS.md)")
+    p.add_argument("scenario", help="the scenario, a YAML file (docs/SCENARIOS.md)")
     p.add_argument("--baseline", required=True, metavar="POLICY[,POLICY]",
                    help=f"comma-separated baselines: {', '.join(POLICIES)} (or 'all')")
     p.add_argument("--out", metavar="DIR", help="also write DIR/events.jsonl and DIR/summary.json (gpuq's run, "
                    "as plain simulate does), DIR/baseline-<policy>/ for each baseline and DIR/quality.json")
-    p.add_argument("--format", "-f", choices=["table", "json"], default="table")
+    p.add_argument("--format", "-f", choices=["table", "json"], default="table", help="a table (default) or JSON")
     p.add_argument("--totals", action="store_true", help="print the (all) rows only (the table; "
                    "quality.json and --format json keep every queue)")
     return p

@@ -414,8 +414,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pending-duration", type=float, metavar="S",
                    help="keep never-scheduled pods with this running time (default: skip them)")
     p.add_argument("--name", help="scenario name (default alibaba-v2023-<pods file>)")
-    p.add_argument("--cycle-interval", type=float, metavar="S", help="scheduler.cycle_interval_s")
-    p.add_argument("--no-preemption", action="store_true", help="scheduler.preemption: false")
+    p.add_argument("--cycle-interval", type=float, metavar="S",
+                   help="seconds between scheduling cycles in the scenario (scheduler.cycle_interval_s)")
+    p.add_argument("--no-preemption", action="store_true",
+                   help="a scenario where gpuq never preempts (scheduler.preemption: false)")
     p.add_argument("--inflate", type=float, metavar="K", help="add sampled copies of pods until the offered "
                    "load (GPU-seconds over GPUs x span of submit times) is K (docs/TRACES.md)")
     p.add_argument("--seed", type=int, default=0, help="seed of --inflate's sampling (default 0)")

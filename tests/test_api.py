@@ -173,7 +173,9 @@ def test_submit_explain_list_and_cancel(api: Api, svc: SchedulerService, clock: 
     assert got["state"] == "running" and sum(got["placement"].values()) == 16
     b1 = api("GET", "/workloads/b1", token="view-t").json()
     assert b1["state"] == "pending" and b1["reason_code"] == "waiting_preemption_delay"
-    assert "may preempt at t=1030" in b1["message"] and b1["position"] == 1
+    # the core's "t=1030" reaches people as an ISO time (gpuq.timefmt.readable at the API's edge)
+    assert "may preempt at 1970-01-01T00:17:10Z (in 29 s" in b1["message"] and b1["position"] == 1
+    assert "t=" not in b1["message"]
     assert [w["id"] for w in api("GET", "/workloads?state=pending", token="view-t").json()] == ["b1"]
     assert [w["id"] for w in api("GET", "/workloads?queue=a", token="view-t").json()] == ["ns/w1"]
     nodes_ = api("GET", "/nodes", token="view-t").json()

@@ -9,12 +9,19 @@ The fleet, two hours before NOW (times in seconds from NOW - 7200):
   n1 research.nlp    2 A100 on a0 from 1800, both idle (profiling metric)
   p1 prod            4 H100 on h1, no DCGM data
   old prod           8 H100 on h2, ended an hour before the others started
+The scheduler (its events only; no allocation rows): probe (1 A100) admitted 10 min before NOW and
+finished after 30 s; train-a (8 H100) admitted at NOW; train-b (3 x 8 H100) waits.
+
+Every headline number (the st.metric row) of every page is checked against the API's answer of the
+same moment, from the endpoints the page reads; no page shows "None".
 """
 from __future__ import annotations
 
 import datetime as dt
 import io
 import itertools
+import math
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +36,7 @@ import yaml
 from streamlit.testing.v1 import AppTest
 
 from accounting.idle import GPU_UTIL, PROF_ACTIVE
+from dashboards.views.cost import COLUMNS as CSV_COLUMNS
 from gpuq.settings import load_settings
 from gpuq.store import COLUMNS, open_store
 from scheduler.actuators.base import DryRunActuator, Target
@@ -36,7 +44,6 @@ from scheduler.api import create_app
 from scheduler.model import Workload
 from scheduler.service import SchedulerService
 from scheduler.service.accounting import LiveAccounting
-from dashboards.views.cost import COLUMNS as CSV_COLUMNS
 from tests.accounting_helpers import BASE_QUEUES
 from tests.conftest import REPO, closed_port, free_port
 
@@ -112,6 +119,10 @@ def api_url(chdb_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         acc = LiveAccounting(store, queues_file=str(qf))
         svc = SchedulerService(acc.config, DryRunActuator(), sink=EventSink(store))
         svc.set_nodes(acc.refresh(NOW).nodes)
+        svc.submit(Workload("probe", "research.nlp", gpus_per_pod=1, gpu_types=("A100",), submit_s=NOW - 600,
+                            duration_s=30), Target(), NOW - 600)
+        svc.cycle(NOW - 600)                 # admitted, and finished after its 30 s
+        svc.cycle(NOW - 560)
         svc.submit(Workload("train-a", "prod", gpus_per_pod=8, gpu_types=("H100",), submit_s=NOW - 60),
                    Target(), NOW - 60)
         svc.cycle(NOW)                       # admitted now: no GPU-seconds yet
@@ -197,7 +208,7 @@ def test_scheduler_page_shows_pending_and_admissions(api_url: str, monkeypatch: 
     at = render(api_url, "scheduler", monkeypatch)
     m = metrics(at)
     assert (m["Pending workloads"], m["Pending GPUs"], m["Running workloads"]) == ("1", "24 GPUs", "1")
-    assert m["Admitted (24h)"] == "1" and m["Preempted (24h)"] == "0"
+    assert m["Admitted (24h)"] == "2" and m["Preempted (24h)"] == "0"
     pending = at.dataframe[0].value
     assert list(pending["id"]) == ["train-b"] and list(pending["position"]) == [1]
     assert pending["reason"][0] and pending["message"][0]
@@ -227,7 +238,12 @@ def test_api_route_answers(api_url: str) -> None:
     assert {(s["source"], s["node"]) for s in health["sources"]} == {("dcgm", "a0"), ("dcgm", "h0"),
                                                                      ("kubernetes", "")}
     events = httpx.get(api_url + "/scheduler/events", params={"event": "admit"}).json()
-    assert [(e["workload"], e["gpus"]) for e in events] == [("train-a", 8)]
+    assert [(e["workload"], e["gpus"]) for e in events] == [("train-a", 8), ("probe", 1)]
+    [done] = httpx.get(api_url + "/scheduler/events", params={"event": "finish"}).json()
+    assert (done["workload"], done["gpus"], done["gpu_type"], done["placement"]) == ("probe", 1, "A100", {})
+    [sub] = httpx.get(api_url + "/scheduler/events", params={"event": "submit", "from": "-45s"}).json()
+    assert (sub["workload"], sub["gpus"], sub["gpu_type"]) == ("train-b", 24, "")    # asked for, not placed
+    assert health["data_since"] == T0 - 7200                         # the node events, the oldest rows
 
 
 def test_what_if_form_runs_a_dry_run(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -243,3 +259,139 @@ def test_what_if_form_runs_a_dry_run(api_url: str, monkeypatch: pytest.MonkeyPat
     assert any(t.startswith(("Admitted now", "Pending", "Admitted once")) for t in texts), texts
     before = httpx.get(api_url + "/workloads").json()
     assert "dry-run" not in {w["id"] for w in before}          # nothing was submitted
+
+
+# -- every headline number against the API's answer of the same moment ---------------------------------
+def api_get(url: str, path: str, **params: str) -> Any:
+    r = httpx.get(url + path, params=params, timeout=10)
+    assert r.status_code == 200, (path, r.text)
+    return r.json()
+
+
+def api_metrics(url: str, page: str) -> dict[str, float]:
+    """What each metric of ``page`` must show, in its unit (GPUs, %, hours, $, a count), read from the
+    endpoints the page reads (at the 24h range)."""
+    day = {"from": "-86400s", "to": "now"}
+    if page == "overview":
+        cap = api_get(url, "/accounting/capacity")
+        t = cap["total"]
+        return {"Capacity": t["capacity"], "Allocated": t["allocated"], "Idle allocated": t["idle"],
+                "Free": t["free"], "Fragmentation": 100 * t["fragmentation_ratio"],
+                "Pending demand": cap["pending"].get("*", 0.0)}
+    if page == "queues":
+        now = [r for r in api_get(url, "/queues") if r["gpu_type"] == "*" and r["queue"] != "root"]
+        names = [r["queue"] for r in now]
+        top = [r for r in now if "." not in r["queue"]]
+        return {"Queues": sum(1 for q in names if not any(o.startswith(q + ".") for o in names)),
+                **{label: sum(r[key] or 0 for r in top) for label, key in (
+                    ("Allocated", "allocated"), ("Guaranteed", "guaranteed"), ("Borrowed", "borrowed"),
+                    ("Lent", "lent"), ("Pending", "pending"))}}
+    if page == "gpu_types":
+        return {t["gpu_type"]: t["capacity"] for t in api_get(url, "/accounting/capacity")["types"]}
+    if page == "idle":
+        idle, cap = api_get(url, "/accounting/idle"), api_get(url, "/accounting/capacity")
+        return {"Idle allocated": idle["idle_gpus"], "Idle workloads": len(idle["workloads"]),
+                "Longest idle": max((w["idle_for_s"] for w in idle["workloads"]), default=0.0) / 3600,
+                "Free": cap["total"]["free"], "Stranded free": cap["total"]["fragmented_free"]}
+    if page == "scheduler":
+        work, events = api_get(url, "/workloads"), api_get(url, "/scheduler/events", **day)
+        pending = [w for w in work if w["state"] == "pending"]
+        return {"Pending workloads": len(pending), "Pending GPUs": sum(w["gpus"] for w in pending),
+                "Running workloads": sum(w["state"] == "running" for w in work),
+                "Admitted (24h)": sum(e["event"] == "admit" for e in events),
+                "Preempted (24h)": sum(e["event"] == "preempt" for e in events)}
+    assert page == "cost", page
+    rows = api_get(url, "/accounting/usage", by="queue,gpu_type", **day)
+    used, idle_s = sum(r["gpu_seconds"] for r in rows), sum(r["idle_gpu_seconds"] for r in rows)
+    return {"GPU-hours (24h)": used / 3600, "Idle GPU-hours": idle_s / 3600,
+            "Idle share": 100 * idle_s / used if used else 0.0, "Cost": sum(r["cost"] for r in rows),
+            "Idle cost": sum(r["idle_cost"] for r in rows)}
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.(\d+))?")
+
+
+def shown_number(text: str) -> tuple[float, float]:
+    """The first number of a metric's text, in hours for "d" (days), with half its last digit (the
+    rounding the text may hide)."""
+    m = _NUMBER.search(text)
+    assert m, f"no number in {text!r}"
+    value = float(m.group(0).replace(",", ""))
+    tol = 0.5 * 10 ** -len(m.group(1) or "")
+    if text.endswith(" d"):
+        value, tol = value * 24, tol * 24
+    return value, tol + 1e-9
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_headline_number_is_the_apis(api_url: str, page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = render(api_url, page, monkeypatch)
+    shown = metrics(at)
+    want = api_metrics(api_url, page)
+    assert set(shown) == set(want), "every metric of the page is checked"
+    for label, value in want.items():
+        got, tol = shown_number(shown[label])
+        assert abs(got - value) <= tol, f"{page}: {label} shows {shown[label]!r}, the API says {value}"
+    assert any(v for v in want.values()), "the seed gives the page something to show"
+
+
+def shown_texts(at: AppTest) -> list[str]:
+    """Everything a person reads on the page: titles, text, alerts, metrics (with their help), the
+    table cells and headers, the widgets' labels and options."""
+    out: list[str] = []
+    for kind in ("title", "header", "subheader", "markdown", "caption", "info", "success", "warning", "error",
+                 "text"):
+        out += [str(e.value) for e in getattr(at, kind)]
+    for m in at.metric:
+        out += [m.label, m.value, m.proto.help]
+    for df in at.dataframe:
+        frame = df.value
+        out += [str(c) for c in frame.columns]
+        out += ["None" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+                for v in frame.to_numpy().ravel()]
+    for w in [*at.selectbox, *at.multiselect]:
+        out += [w.label, *map(str, w.options)]
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_page_shows_none(api_url: str, page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = shown_texts(render(api_url, page, monkeypatch))
+    assert texts
+    bad = [t for t in texts if re.search(r"\bNone\b|\bnan\b|\bNaN\b", t)]
+    assert not bad, bad
+    epoch = [t for t in texts if re.search(r"\bt=\d|\b1[6-9]\d{8}(\.\d+)?\b", t)]
+    assert not epoch, f"epoch seconds where people read: {epoch}"
+
+
+def test_scheduler_events_show_the_workloads_gpus(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = render(api_url, "scheduler", monkeypatch)
+    events = at.dataframe[1].value
+    got = {(r["event"], r["workload"]): (r["GPUs"], r["GPU type"]) for _, r in events.iterrows()}
+    assert got[("finish", "probe")] == (1, "A100") and got[("admit", "probe")] == (1, "A100")
+    assert got[("admit", "train-a")] == (8, "H100")
+
+
+def test_a_young_history_fits_the_range(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The history starts 4 h before NOW: at 24h and 7d the charts show those 4 h (plus a margin) at
+    a step that gives them points, and the range in the URL stays as chosen; at 1h nothing changes."""
+    since = api_get(api_url, "/collector/health")["data_since"]
+    assert NOW - since == 4 * 3600
+    for key in ("24h", "7d"):
+        at = render(api_url, "queues", monkeypatch, range_=key)
+        assert at.query_params["range"] == key
+        [chart] = [s.value for s in at.subheader if s.value.startswith("All leaf queues")]
+        assert chart.endswith(f"last 4.4 h (all the history there is; range {key})"), chart
+    at = render(api_url, "queues", monkeypatch, range_="1h")
+    assert any(s.value == "All leaf queues against capacity, last 1h" for s in at.subheader)
+    at = render(api_url, "scheduler", monkeypatch, range_="7d")
+    assert any(s.value.startswith("Admissions and preemptions, last 4.4 h") for s in at.subheader)
+
+
+def test_a_short_history_gets_points() -> None:
+    """The demo's two minutes: a 5-minute window at 15 s (20 points), not one hourly bucket."""
+    from dashboards.common import POINTS, step_for
+
+    assert step_for(300) == 15 and 300 / step_for(300) >= 20
+    for span in (300, 4 * 3600, 86400, 30 * 86400):
+        assert 10 <= span / step_for(span) <= POINTS

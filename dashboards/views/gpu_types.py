@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import Client
-from dashboards.common import Range, bar_height, fetch, gpus, metrics_row, pct, queue_scale, type_scale
+from dashboards.common import Range, bar_height, fetch, gpus, metrics_row, pct, queue_scale, table, type_scale
 from dashboards.views import run
 
 
@@ -49,14 +49,14 @@ def body(client: Client, rng: Range) -> None:
             y=alt.Y("GPU type:N", sort=None), x=alt.X("sum(allocated (GPUs)):Q", title="allocated GPUs"),
             color=alt.Color("queue:N", scale=queue_scale(client, df["queue"])), tooltip=list(df.columns)
         ).properties(height=bar_height(len(types), 44)), width="stretch")
-        st.dataframe(df, hide_index=True, width="stretch")
+        table(df)
     else:
         st.info("No GPUs are allocated now.")
     st.subheader("By type")
-    st.dataframe(pd.DataFrame([{"GPU type": "all types" if t["gpu_type"] == "*" else t["gpu_type"], "capacity (GPUs)": t["capacity"],
+    table(pd.DataFrame([{"GPU type": "all types" if t["gpu_type"] == "*" else t["gpu_type"], "capacity (GPUs)": t["capacity"],
                                 "allocated (GPUs)": t["allocated"], "idle (GPUs)": t["idle"], "free (GPUs)": t["free"],
                                 "fragmentation (%)": round(100 * t["fragmentation_ratio"], 1)}
-                               for t in [*types, cap["total"]]]), hide_index=True, width="stretch")
+                               for t in [*types, cap["total"]]]))
 
 
 if __name__ == "__main__":      # run by st.navigation as a page script

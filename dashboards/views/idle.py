@@ -7,7 +7,19 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import Client
-from dashboards.common import STATE_COLOURS, Range, bar_height, fetch, gpus, hours, metrics_row, pct, queue_scale, when
+from dashboards.common import (
+    STATE_COLOURS,
+    Range,
+    bar_height,
+    fetch,
+    gpus,
+    hours,
+    metrics_row,
+    pct,
+    queue_scale,
+    table,
+    when,
+)
 from dashboards.views import run
 
 
@@ -32,7 +44,7 @@ def body(client: Client, rng: Range) -> None:
     ])
     st.subheader("Idle allocated GPUs")
     if work:
-        df = pd.DataFrame([{"queue": w["queue"], "workload": f"{w['namespace']}/{w['workload']}",
+        df = pd.DataFrame([{"queue": w["queue"], "workload": w["name"],
                             "idle (GPUs)": w["idle_gpus"], "allocated (GPUs)": w["allocated_gpus"],
                             "GPU type": w["gpu_type"], "idle for": hours(w["idle_for_s"]),
                             "idle for (h)": round(w["idle_for_s"] / 3600, 2), "idle since": when(w["idle_since"]),
@@ -41,7 +53,7 @@ def body(client: Client, rng: Range) -> None:
             y=alt.Y("workload:N", sort="-x", title=None), x=alt.X("idle (GPUs):Q"),
             color=alt.Color("queue:N", scale=queue_scale(client, df["queue"])), tooltip=list(df.columns),
         ).properties(height=bar_height(len(df))), width="stretch")
-        st.dataframe(df, hide_index=True, width="stretch")
+        table(df)
     else:
         health = fetch(client, "/collector/health") or {"sources": []}
         if not any(s["source"] in ("dcgm", "nvml") for s in health["sources"]):
@@ -78,10 +90,9 @@ def _nodes(cap: dict, idle: dict) -> None:
     if not free:
         st.info("No free GPUs.")
         return
-    st.dataframe(pd.DataFrame([{"GPU type": n["gpu_type"], "node": n["node"], "cluster": n["cluster"],
+    table(pd.DataFrame([{"GPU type": n["gpu_type"], "node": n["node"], "cluster": n["cluster"],
                                 "free (GPUs)": n["free"], "capacity (GPUs)": n["capacity"],
-                                "stranded": 0 < n["free"] < n["capacity"]} for n in free]),
-                 hide_index=True, width="stretch")
+                                "stranded": 0 < n["free"] < n["capacity"]} for n in free]))
 
 
 if __name__ == "__main__":      # run by st.navigation as a page script

@@ -7,8 +7,20 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import Client
-from dashboards.common import STATE_COLOURS, Range, bar_height, fetch, gpus, hours, metrics_row, pct, when
+from dashboards.common import (
+    STATE_COLOURS,
+    Range,
+    bar_height,
+    fetch,
+    gpus,
+    hours,
+    metrics_row,
+    pct,
+    table,
+    when,
+)
 from dashboards.views import run
+from gpuq.timefmt import ago
 
 
 def page() -> None:
@@ -54,13 +66,13 @@ def _by_type(cap: dict) -> None:
         order=alt.Order("state_order:Q"), tooltip=["GPU type", "state", "GPUs"],
     ).transform_calculate(state_order="indexof(['busy','idle','free','unavailable'], datum.state)")
     st.altair_chart(chart.properties(height=bar_height(len(cap["types"]), 44)), width="stretch")
-    table = pd.DataFrame([{
+    rows_df = pd.DataFrame([{
         "GPU type": "all types" if t["gpu_type"] == "*" else t["gpu_type"], "capacity (GPUs)": t["capacity"], "allocated (GPUs)": t["allocated"],
         "idle allocated (GPUs)": t["idle"], "free (GPUs)": t["free"],
         "fragmentation (%)": round(100 * t["fragmentation_ratio"], 1),
         "pending (GPUs)": cap["pending"].get(t["gpu_type"], 0.0),
         "8-GPU slots free": t["fits"].get("8", 0)} for t in [*cap["types"], cap["total"]]])
-    st.dataframe(table, hide_index=True, width="stretch")
+    table(rows_df)
 
 
 def _queues(client: Client, cap: dict) -> None:
@@ -74,18 +86,17 @@ def _queues(client: Client, cap: dict) -> None:
     with left:
         st.markdown("**Starved** (below guarantee with work waiting)")
         if starving:
-            st.dataframe(pd.DataFrame([{"queue": s["queue"], "allocated (GPUs)": s["allocated"],
+            table(pd.DataFrame([{"queue": s["queue"], "allocated (GPUs)": s["allocated"],
                                         "guaranteed (GPUs)": s["guaranteed"], "pending (GPUs)": s["pending"],
-                                        "waiting": hours(s["waiting_s"])} for s in starving]),
-                         hide_index=True, width="stretch")
+                                        "waiting": hours(s["waiting_s"])} for s in starving]))
         else:
             st.success("No queue is starved.")
     with right:
         st.markdown("**Over their guarantee** (borrowing)")
         if borrowing:
-            st.dataframe(pd.DataFrame([{"queue": r["queue"], "allocated (GPUs)": r["allocated"],
+            table(pd.DataFrame([{"queue": r["queue"], "allocated (GPUs)": r["allocated"],
                                         "guaranteed (GPUs)": r["guaranteed"], "borrowed (GPUs)": r["borrowed"]}
-                                       for r in borrowing]), hide_index=True, width="stretch")
+                                       for r in borrowing]))
         else:
             st.info("No queue is above its guarantee.")
 
@@ -106,12 +117,12 @@ def _health(client: Client) -> None:
     stale = [s for s in src if s["stale"]]
     if stale:
         st.warning(f"{len(stale)} source(s) silent for more than {h['stale_after_s']:.0f} s.")
-    st.dataframe(pd.DataFrame([{"source": s["source"], "cluster": s["cluster"], "node": s["node"] or "–",
-                                "last row": when(s["last_s"]), "age (s)": round(s["age_s"], 1),
+    table(pd.DataFrame([{"source": s["source"], "cluster": s["cluster"], "node": s["node"] or "–",
+                                "last row": when(s["last_s"]), "age": ago(s["age_s"]),
                                 "rows (24 h)": s["rows"], "status": "stale" if s["stale"] else "ok"}
-                               for s in src]), hide_index=True, width="stretch")
+                               for s in src]))
     if h["targets"]:
-        st.dataframe(pd.DataFrame(h["targets"]), hide_index=True, width="stretch")
+        table(pd.DataFrame(h["targets"]))
 
 
 if __name__ == "__main__":      # run by st.navigation as a page script

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import Client
-from dashboards.common import Range, fetch, gpus, leaves, metrics_row, queue_scale, when
+from dashboards.common import Range, fetch, fit, gpus, leaves, metrics_row, queue_scale, table, when
 from dashboards.views import run
 
 
@@ -18,7 +18,8 @@ def page() -> None:
 def _now_table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{
         "queue": r["queue"], "allocated (GPUs)": r["allocated"], "reserved (GPUs)": r.get("reserved"),
-        "guaranteed (GPUs)": r["guaranteed"], "max (GPUs)": r["max"], "pending (GPUs)": r["pending"],
+        "guaranteed (GPUs)": r["guaranteed"], "max (GPUs)": "unlimited" if r["max"] is None else r["max"],
+        "pending (GPUs)": r["pending"],
         "borrowed (GPUs)": r["borrowed"], "lent (GPUs)": r["lent"], "idle (GPUs)": r["idle"],
         "fair share (%)": round(100 * r["fair_share"], 1), "source": r.get("source")} for r in rows])
 
@@ -42,13 +43,14 @@ def body(client: Client, rng: Range) -> None:
         ("Lent", gpus(sum(r["lent"] or 0 for r in top)), "guarantee not in use, lent to others"),
         ("Pending", gpus(sum(r["pending"] for r in top))),
     ])
+    rng = fit(client, rng)
     series = fetch(client, "/accounting/series", **{"from": rng.since, "to": "now", "step": rng.step})
     cap = fetch(client, "/accounting/capacity")
     if series:
         df = pd.DataFrame(series)
         df["time"] = pd.to_datetime(df["t"], unit="s", utc=True)
         colour = alt.Color("queue:N", scale=queue_scale(client))
-        st.subheader(f"All leaf queues against capacity, last {rng.key}")
+        st.subheader(f"All leaf queues against capacity, {rng.label}")
         stacked = alt.Chart(df[df["queue"].isin(leaf)]).mark_area(opacity=0.85, interpolate="step-after").encode(
             x=alt.X("time:T", title=None), y=alt.Y("allocated:Q", stack="zero", title="allocated GPUs"),
             color=colour, tooltip=["queue", "time:T", alt.Tooltip("allocated:Q", format=".1f")])
@@ -74,9 +76,9 @@ def body(client: Client, rng: Range) -> None:
             facet=alt.Facet("queue:N", title=None), columns=2).resolve_scale(y="independent")
         st.altair_chart(grid, width="content")
     else:
-        st.info(f"No allocations in the last {rng.key}.")
+        st.info(f"No allocations in the {rng.label}.")
     st.subheader("Now")
-    st.dataframe(_now_table(now).dropna(axis=1, how="all"), hide_index=True, width="stretch")
+    table(_now_table(now).dropna(axis=1, how="all"))
     _drill(client, now, names)
 
 
@@ -86,7 +88,7 @@ def _drill(client: Client, now: list[dict], names: list[str]) -> None:
     kids = [r for r in now if r["queue"].startswith(q + ".") and "." not in r["queue"][len(q) + 1:]]
     if kids:
         st.markdown(f"**Children of {q}**")
-        st.dataframe(_now_table(kids).dropna(axis=1, how="all"), hide_index=True, width="stretch")
+        table(_now_table(kids).dropna(axis=1, how="all"))
     work = fetch(client, "/workloads", queue=q)
     if work is None:
         return
@@ -95,10 +97,10 @@ def _drill(client: Client, now: list[dict], names: list[str]) -> None:
     if not active:
         st.info(f"No pending or running workloads in {q} submitted through gpuq.")
         return
-    st.dataframe(pd.DataFrame([{
+    table(pd.DataFrame([{
         "id": w["id"], "queue": w["queue"], "state": w["state"], "GPUs": w["gpus"], "GPU type": w["gpu_type"],
         "priority": w["priority"], "submitted": when(w["submit_s"]), "reason": w["reason_code"],
-        "message": w["message"], "idle": w["idle"]} for w in active]), hide_index=True, width="stretch")
+        "message": w["message"], "idle": w["idle"]} for w in active]))
 
 
 if __name__ == "__main__":      # run by st.navigation as a page script

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import ApiError, Client
-from dashboards.common import Range, bar_height, fetch, gpus, hours, leaves, metrics_row, when
+from dashboards.common import Range, bar_height, duration, fetch, fit, gpus, leaves, metrics_row, table, when
 from dashboards.views import run
 
 EVENT_COLOURS = {"admit": "#54a24b", "preempt": "#e45756", "finish": "#4c78a8", "cancel": "#bab0ac",
@@ -24,6 +24,7 @@ def page() -> None:
 
 def body(client: Client, rng: Range) -> None:
     work = fetch(client, "/workloads")
+    shown_rng = fit(client, rng)
     events = fetch(client, "/scheduler/events", **{"from": rng.since, "to": "now"})
     if work is None or events is None:
         return
@@ -38,16 +39,16 @@ def body(client: Client, rng: Range) -> None:
         (f"Preempted ({rng.key})", f"{int(kinds.get('preempt', 0))}"),
     ])
     st.subheader("Pending workloads")
-    now = time.time()
+    now = shown_rng.end_s if shown_rng.end_s is not None else time.time()
     if pending:
-        st.dataframe(pd.DataFrame([{
+        table(pd.DataFrame([{
             "queue": w["queue"], "position": w["position"], "id": w["id"], "GPUs": w["gpus"],
             "GPU types": ", ".join(w["gpu_types"]) or "any", "priority": w["priority"],
-            "waiting": hours(max(0.0, now - w["submit_s"])), "reason": w["reason_code"], "message": w["message"]}
-            for w in pending]), hide_index=True, width="stretch")
+            "waiting": duration(max(0.0, now - w["submit_s"])), "reason": w["reason_code"], "message": w["message"]}
+            for w in pending]))
     else:
         st.success("Nothing is waiting.")
-    st.subheader(f"Admissions and preemptions, last {rng.key}")
+    st.subheader(f"Admissions and preemptions, {shown_rng.label}")
     shown = [e for e in events if e["event"] != "submit"]
     if not shown:
         st.info(f"No scheduler decisions in the last {rng.key}.")
@@ -56,15 +57,14 @@ def body(client: Client, rng: Range) -> None:
         df["time"] = pd.to_datetime(df["t"], unit="s", utc=True)
         qnames = sorted({e["queue"] for e in shown})
         st.altair_chart(alt.Chart(df).mark_point(filled=True, size=90).encode(
-            x=alt.X("time:T", title=None, scale=alt.Scale(domain=[_iso(now - rng.seconds), _iso(now)])),
+            x=alt.X("time:T", title=None, scale=alt.Scale(domain=[_iso(now - shown_rng.seconds), _iso(now)])),
             y=alt.Y("queue:N", title=None),
             color=alt.Color("event:N", scale=alt.Scale(domain=list(EVENT_COLOURS), range=list(EVENT_COLOURS.values()))),
             shape="event:N", tooltip=["time:T", "event", "workload", "queue", "gpus", "by", "reason"],
         ).properties(height=bar_height(len(qnames))), width="stretch")
-        st.dataframe(pd.DataFrame([{"time": when(e["t"]), "event": e["event"], "workload": e["workload"],
-                                    "queue": e["queue"], "GPUs": e["gpus"] or None, "GPU type": e["gpu_type"],
-                                    "by": e["by"], "reason": e["reason"]} for e in shown]),
-                     hide_index=True, width="stretch")
+        table(pd.DataFrame([{"time": when(e["t"]), "event": e["event"], "workload": e["workload"],
+                             "queue": e["queue"], "GPUs": e["gpus"] or None, "GPU type": e["gpu_type"] or None,
+                             "by": e["by"] or None, "reason": e["reason"] or None} for e in shown]))
 
 
 def _iso(t: float) -> str:
@@ -106,16 +106,19 @@ def _what_if(client: Client) -> None:
 
 def _answer(d: dict) -> None:
     outcome = d["outcome"]
-    text = {"admit": f"Admitted now on {d.get('gpu_type')}: {d.get('placement')}",
+    where = ", ".join(f"{n}: {g} GPUs" for n, g in (d.get("placement") or {}).items())
+    text = {"admit": f"Admitted now on {d.get('gpu_type')}: {where}",
             "preempt": f"Admitted once {len(d.get('victims') or [])} workload(s) stop",
-            "pending": f"Pending: {d.get('reason_code')}: {d.get('message')} (position {d.get('position')})",
+            "pending": f"Pending: {d.get('reason_code')}: {d.get('message')}"
+                       + (f" (position {d['position']})" if d.get("position") is not None else ""),
             "reject": f"Rejected: {d.get('message')}"}.get(outcome, outcome)
     (st.success if outcome == "admit" else st.warning if outcome in ("preempt", "pending") else st.error)(text)
     if d.get("victims"):
-        st.dataframe(pd.DataFrame(d["victims"]), hide_index=True, width="stretch")
+        table(pd.DataFrame(d["victims"]))
     if d.get("after_delay"):
         a = d["after_delay"]
-        st.info(f"After the preemption delay: {a.get('outcome')} {a.get('reason_code') or ''} {a.get('message') or ''}")
+        st.info(" ".join(x for x in ("After the preemption delay:", a.get("outcome"), a.get("reason_code"),
+                                     a.get("message")) if x))
     if d.get("also_admitted"):
         st.caption(f"This cycle would also admit: {', '.join(map(str, d['also_admitted']))}")
 

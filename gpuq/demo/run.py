@@ -33,8 +33,13 @@ class Interrupted(BaseException):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpuq demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--story", choices=sorted(STORIES), default="full")
+    p = argparse.ArgumentParser(prog="gpuq demo", description=(
+        "See gpuq at work on this machine, no GPUs or Kubernetes needed: a local Ray cluster of 12 "
+        "pretend GPUs (8 H100, 4 A100), gpuq serve, the dashboards, and a story of five teams sharing "
+        "them (admissions, a preemption, a gang that waits, an idle notebook), printed as it happens. "
+        "Ctrl-C stops everything and prints a summary (README, \"The demo\")."))
+    p.add_argument("--story", choices=sorted(STORIES), default="full",
+                   help="full (about 2 minutes, default) or quick (a shorter one)")
     p.add_argument("--duration", type=float, metavar="S", help="headless: tell the story for S seconds, then stop")
     p.add_argument("--dir", default=".gpuq/demo", help="config, store and logs (emptied at start)")
     p.add_argument("--no-dashboard", action="store_true", help="do not start gpuq dashboard")

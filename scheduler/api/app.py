@@ -24,6 +24,7 @@ from accounting.timeparse import parse_time
 from accounting.usage import check_by
 from accounting.watcher import Reload
 from gpuq.errors import GpuqError
+from scheduler.api import readable
 from scheduler.api.auth import Auth, Caller, check_exposure
 from scheduler.api.limits import Guard, RefusalLog
 from scheduler.api.models import DryRunIn, ReloadOut, WorkloadIn, check_spec_size
@@ -155,12 +156,12 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
                        state: Literal["pending", "running", "finished", "cancelled", "rejected"] | None = None,
                        limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
                        offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> Any:
-        return service.workloads(queue, state, limit, offset)
+        return readable.workloads(service.workloads(queue, state, limit, offset))
 
     @app.get("/workloads/{workload_id:path}", tags=["workloads"], response_model=WorkloadView,
              summary="One workload with its reason code, message and position", responses={404: {}})
     def get_workload(workload_id: str, _: viewer) -> Any:
-        return service.explain(workload_id)
+        return readable.workload(service.explain(workload_id))
 
     @app.post("/workloads", tags=["workloads"], response_model=WorkloadView, status_code=201,
               summary="Submit a workload", responses={409: {}, 422: {}})
@@ -169,7 +170,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         now = clock()
         workload, target = body.to_workload(now), body.target.to_target()
         check_spec_size(workload, target, settings.api.max_spec_bytes)
-        view = service.submit(workload, target, now, actor=caller.actor)
+        view = readable.workload(service.submit(workload, target, now, actor=caller.actor))
         response.headers["Location"] = f"/workloads/{view.id}"
         log.info("%s submitted %s to %s", caller.actor, view.id, view.queue)
         return view
@@ -179,7 +180,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
     def cancel(workload_id: str, caller: operator) -> Any:
         current = service.explain(workload_id)
         caller.check_target(current.queue, current.target.get("namespace", ""))
-        view = service.cancel(workload_id, clock(), by=caller.actor)
+        view = readable.workload(service.cancel(workload_id, clock(), by=caller.actor))
         log.info("%s cancelled %s", caller.actor, workload_id)
         return view
 
@@ -187,7 +188,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
               summary="What the scheduler would do if this workload arrived now (nothing changes)")
     def dry_run(body: DryRunIn, _: operator) -> Any:
         now = clock()
-        return service.dry_run(body.to_workload(now), now)
+        return readable.dry_run(service.dry_run(body.to_workload(now), now))
 
     @app.get("/nodes", tags=["cluster"], response_model=list[NodeView], summary="Nodes and what the scheduler placed there")
     def nodes(_: viewer) -> Any:
@@ -196,7 +197,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
     @app.get("/preemptions", tags=["cluster"], response_model=list[PreemptionRecord],
              summary="Recent preemptions, newest first: preemptor, victims, why")
     def preemptions(_: viewer, limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> Any:
-        return service.preemptions(limit)
+        return readable.preemptions(service.preemptions(limit))
 
     # -- the accounting --------------------------------------------------------------------------
     @app.get("/queues", tags=["accounting"], summary='The accounting\'s "now" view per queue and GPU type')

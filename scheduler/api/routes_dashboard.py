@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
 
+from scheduler.api import readable
 from scheduler.api.auth import Auth, Caller
 from scheduler.api.problems import Problem
 from scheduler.service.dashboard import EVENTS, capacity, collector_health, idle, scheduler_events
@@ -40,12 +41,14 @@ def dashboard_router(auth: Auth, service: Any, accounting: Any, settings: Any, c
     def get_health(_: viewer) -> Any:
         return collector_health(need().store, clock(), stale_s, registry=registry)
 
-    @router.get("/scheduler/events", summary="The scheduler's recorded decisions in a window, newest first")
+    @router.get("/scheduler/events", summary="The scheduler's recorded decisions in a window, newest first, "
+                "each with the workload's GPUs")
     def get_events(_: viewer, start: Annotated[str, Query(alias="from")] = "-1d",
                    end: Annotated[str, Query(alias="to")] = "now",
                    event: Annotated[list[EventKind] | None, Query()] = None,
                    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> Any:
         t0, t1 = window(start, end, clock())
-        return scheduler_events(need().store, service.cluster_name, t0, t1, event or EVENTS, limit)
+        rows = scheduler_events(need().store, service.cluster_name, t0, t1, event or EVENTS, limit)
+        return readable.events(rows)
 
     return router

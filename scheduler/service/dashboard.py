@@ -48,7 +48,8 @@ def capacity(live: Any) -> dict[str, Any]:
 
 def idle(live: Any, now_s: float) -> dict[str, Any]:
     """GPUs idle now (an open idle run, :func:`accounting.idle.current`) joined to the pods that
-    hold them: per workload (idle GPUs, since when) and per node."""
+    hold them: per workload (idle GPUs, since when; ``name`` as people know it, see
+    :func:`workload_name`) and per node."""
     snap = acc.now_snapshot(live.store, now_s, live.params, pending=())
     resolver = Resolver(live.config)
     owner = {(a.cluster, a.namespace, a.pod, a.node): a for a in snap.allocations
@@ -61,6 +62,7 @@ def idle(live: Any, now_s: float) -> dict[str, Any]:
             continue
         key = (a.cluster, resolver.queue(a.queue, a.namespace), a.namespace, a.workload)
         w = work.setdefault(key, {"cluster": key[0], "queue": key[1], "namespace": key[2], "workload": key[3],
+                                  "workload_id": a.workload_id, "name": workload_name(a),
                                   "gpu_type": resolver.gpu_type(a.gpu_model, a.gpu_resource), "nodes": set(),
                                   "idle_gpus": 0.0, "idle_since": run.start_s})
         w["idle_gpus"] += 1.0
@@ -77,6 +79,15 @@ def idle(live: Any, now_s: float) -> dict[str, Any]:
             "nodes": [{"cluster": c, "node": n, "idle_gpus": v} for (c, n), v in sorted(nodes.items())]}
 
 
+def workload_name(a: Any) -> str:
+    """A workload as its users know it: the gpuq id when gpuq admitted it (a Ray placement group
+    ``gpuq-<id>`` or a pod carrying the id), else ``namespace/name`` of the pod or its Ray cluster,
+    or the bare name where there is no namespace (a Ray job outside Kubernetes)."""
+    if a.workload_id:
+        return str(a.workload_id)
+    return f"{a.namespace}/{a.workload}" if a.namespace else str(a.workload)
+
+
 def _held(allocs: Iterable[Any], resolver: Resolver, now_s: float) -> dict[tuple[str, str, str, str], float]:
     out: dict[tuple[str, str, str, str], float] = {}
     for a in allocs:
@@ -87,12 +98,14 @@ def _held(allocs: Iterable[Any], resolver: Resolver, now_s: float) -> dict[tuple
 
 
 _HEALTH = """
-SELECT source, cluster, node, toUnixTimestamp64Milli(max(ts)) / 1000, count()
+SELECT source, cluster, node, toUnixTimestamp64Milli(max(ts)) / 1000, count(),
+       toUnixTimestamp64Milli(min(ts)) / 1000
 FROM {db}.gpu_samples
 WHERE ts > fromUnixTimestamp64Milli({since:Int64}, 'UTC') AND ts <= fromUnixTimestamp64Milli({n:Int64}, 'UTC')
 GROUP BY source, cluster, node
 UNION ALL
-SELECT 'kubernetes', cluster, '', toUnixTimestamp64Milli(max(ts)) / 1000, count()
+SELECT 'kubernetes', cluster, '', toUnixTimestamp64Milli(max(ts)) / 1000, count(),
+       toUnixTimestamp64Milli(min(ts)) / 1000
 FROM (SELECT cluster, ts FROM {db}.pod_events
       WHERE ts > fromUnixTimestamp64Milli({since:Int64}, 'UTC') AND ts <= fromUnixTimestamp64Milli({n:Int64}, 'UTC')
       UNION ALL
@@ -100,7 +113,8 @@ FROM (SELECT cluster, ts FROM {db}.pod_events
       WHERE ts > fromUnixTimestamp64Milli({since:Int64}, 'UTC') AND ts <= fromUnixTimestamp64Milli({n:Int64}, 'UTC'))
 GROUP BY cluster
 UNION ALL
-SELECT 'ray', cluster, '', toUnixTimestamp64Milli(max(ts)) / 1000, count()
+SELECT 'ray', cluster, '', toUnixTimestamp64Milli(max(ts)) / 1000, count(),
+       toUnixTimestamp64Milli(min(ts)) / 1000
 FROM {db}.ray_nodes
 WHERE ts > fromUnixTimestamp64Milli({since:Int64}, 'UTC') AND ts <= fromUnixTimestamp64Milli({n:Int64}, 'UTC')
 GROUP BY cluster"""
@@ -108,15 +122,36 @@ GROUP BY cluster"""
 
 def collector_health(store: Any, now_s: float, stale_s: float, lookback_s: float = 86400.0,
                      registry: Any = None) -> dict[str, Any]:
-    """The newest row each source wrote per cluster (and node, for GPU samples) in the last
-    ``lookback_s``; ``stale`` when older than ``stale_s``. With the process's Prometheus
+    """The newest (and oldest) row each source wrote per cluster (and node, for GPU samples) in the
+    last ``lookback_s``; ``stale`` when older than ``stale_s``; ``data_since`` where the history
+    starts (:func:`data_since`), so the dashboards fit their time range to a younger history. With the process's Prometheus
     ``registry`` (``gpuq serve`` runs the collectors), the scrape results per target as well."""
     rows = store.query(_HEALTH.replace("{db}", store.database),
                        {"since": int((now_s - lookback_s) * 1000), "n": int(now_s * 1000)}).rows
-    sources = [{"source": str(s), "cluster": str(c), "node": str(n), "last_s": float(t), "rows": int(k),
-                "age_s": now_s - float(t), "stale": now_s - float(t) > stale_s}
-               for s, c, n, t, k in sorted(rows, key=lambda r: (str(r[0]), str(r[1]), str(r[2])))]
-    return {"at": now_s, "stale_after_s": stale_s, "sources": sources, "targets": _scrapes(registry)}
+    sources: list[dict[str, Any]] = [{"source": str(s), "cluster": str(c), "node": str(n), "last_s": float(t), "rows": int(k),
+                "first_s": float(f), "age_s": now_s - float(t), "stale": now_s - float(t) > stale_s}
+               for s, c, n, t, k, f in sorted(rows, key=lambda r: (str(r[0]), str(r[1]), str(r[2])))]
+    since = data_since(store, now_s, lookback_s, [x["first_s"] for x in sources])
+    return {"at": now_s, "stale_after_s": stale_s, "lookback_s": lookback_s, "data_since": since,
+            "sources": sources, "targets": _scrapes(registry)}
+
+
+_SINCE = """
+SELECT toUnixTimestamp64Milli(min(start)) / 1000, count() FROM {db}.gpu_allocations
+WHERE start <= fromUnixTimestamp64Milli({n:Int64}, 'UTC')
+UNION ALL
+SELECT toUnixTimestamp64Milli(min(ts)) / 1000, count() FROM {db}.scheduler_events
+WHERE ts <= fromUnixTimestamp64Milli({n:Int64}, 'UTC')"""
+
+
+def data_since(store: Any, now_s: float, lookback_s: float, firsts: Iterable[float]) -> float | None:
+    """Where the history starts: the oldest of the collectors' rows (``firsts``), the ledger's
+    allocations and the scheduler's events, but at most ``lookback_s`` back; None when there is
+    nothing at all."""
+    found = [float(t) for t, n in store.query(_SINCE.replace("{db}", store.database),
+                                              {"n": int(now_s * 1000)}).rows if int(n)]
+    oldest = min([*firsts, *found], default=None)
+    return None if oldest is None else max(oldest, now_s - lookback_s)
 
 
 def _scrapes(registry: Any) -> list[dict[str, Any]]:
@@ -148,9 +183,62 @@ LIMIT {limit:UInt32}"""
 
 def scheduler_events(store: Any, cluster: str, start_s: float, end_s: float, kinds: Iterable[str],
                      limit: int) -> list[dict[str, Any]]:
-    """The scheduler's recorded decisions in ``[start_s, end_s]``, newest first."""
+    """The scheduler's recorded decisions in ``[start_s, end_s]``, newest first. ``gpus`` and
+    ``gpu_type`` are the workload's: an admit carries its placement; a finish, preempt or cancel of
+    a running workload the placement of its last admit before it (since its last preemption);
+    anything else (submit, reject, a
+    pending workload's cancel) the GPUs its submission asked for (``gpu_type`` '' there)."""
     rows = store.query(_EVENTS_SQL.replace("{db}", store.database),
                        {"c": cluster, "t0": start_s, "t1": end_s, "kinds": list(kinds), "limit": limit}).rows
-    return [{"t": float(t), "seq": int(seq), "event": str(e), "workload": str(w), "queue": str(q),
-             "gpu_type": str(g), "gpus": int(sum((p or {}).values())), "placement": dict(p or {}),
-             "by": str(b), "reason": str(r)} for t, seq, e, w, q, g, p, b, r in rows]
+    out = [{"t": float(t), "seq": int(seq), "event": str(e), "workload": str(w), "queue": str(q),
+            "gpu_type": str(g), "gpus": int(sum((p or {}).values())), "placement": dict(p or {}),
+            "by": str(b), "reason": str(r)} for t, seq, e, w, q, g, p, b, r in rows]
+    bare = [e for e in out if not e["placement"]]
+    if bare:
+        _fill_gpus(store, cluster, bare)
+    return out
+
+
+_HELD_SQL = """
+SELECT workload, t, seq, event, gpu_type, placement, spec
+FROM {db}.scheduler_events
+WHERE cluster = {c:String} AND workload IN {ids:Array(String)} AND event IN ('submit', 'admit', 'preempt')
+  AND t <= {t1:Float64}
+ORDER BY t, seq"""
+
+
+def _fill_gpus(store: Any, cluster: str, events: list[dict[str, Any]]) -> None:
+    """``gpus``/``gpu_type`` of events without a placement, from the workload's admits and its
+    submission (see :func:`scheduler_events`)."""
+    import json
+
+    ids = sorted({e["workload"] for e in events})
+    t1 = max(e["t"] for e in events)
+    history: dict[str, list[tuple[float, int, str, str, int]]] = {}
+    for wid, t, seq, kind, g, p, spec in store.query(_HELD_SQL.replace("{db}", store.database),
+                                                    {"c": cluster, "ids": ids, "t1": t1}).rows:
+        if kind != "submit":
+            gpus = int(sum((p or {}).values()))
+        else:
+            try:
+                d = json.loads(spec) if spec else {}
+                gpus = int(d.get("pods", 1)) * int(d.get("gpus_per_pod", 0))
+            except (ValueError, TypeError, AttributeError):
+                continue
+        history.setdefault(str(wid), []).append((float(t), int(seq), str(kind), str(g), gpus))
+    for e in events:
+        last_admit = last_submit = None
+        for t, seq, kind, g, gpus in history.get(e["workload"], ()):
+            if (t, seq) > (e["t"], e["seq"]) or ((t, seq) == (e["t"], e["seq"]) and kind == "preempt"):
+                break                                             # later, or the preemption itself
+            if kind == "submit":
+                last_submit, last_admit = (g, gpus), None         # a new submission of the same id
+            elif kind == "admit":
+                last_admit = (g, gpus)
+            else:                                                 # preempted: pending again
+                last_admit = None
+        running = e["event"] in ("finish", "preempt", "cancel") and last_admit is not None
+        held = last_admit if running else last_submit
+        if held is not None:
+            e["gpus"] = held[1]
+            e["gpu_type"] = held[0] if running else e["gpu_type"]

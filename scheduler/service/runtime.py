@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from accounting.service import idle_params
+from gpuq.timefmt import iso
 from scheduler.model import Node
 from scheduler.service.brakes import PreemptionBrake
 from scheduler.snapshot import Settings as CoreSettings
@@ -111,8 +112,8 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         service.restore(read_restart(store, cluster))   # scheduler_events + scheduler_state (no TTL)
         service.load_brakes(store, clock())          # a restart neither lifts a pause nor resets the brake
         if service.paused is not None:
-            log.warning("acting is PAUSED since t=%s by %s (%s): POST /admin/resume to act again",
-                        service.paused.since_s, service.paused.by or "?", service.paused.reason or "no reason")
+            log.warning("acting is PAUSED since %s by %s (%s): POST /admin/resume to act again",
+                        iso(service.paused.since_s), service.paused.by or "?", service.paused.reason or "no reason")
         accounting.follow(service)
         # admitted but unseen for this long is actuator drift; the dry-run actuator acts on nothing
         grace = None if sc.actuator == "dry-run" else max(120.0, 4 * settings.accounting.interval_s)
