@@ -49,9 +49,10 @@ def two_queues_two_nodes(tmp_path: Path) -> None:
     (tmp_path / "nodes.yaml").write_text(yaml.safe_dump([{"name": "h", "gpu_type": "H100", "gpus": 8, "count": 2}]))
 
 
-def serve_config(tmp_path: Path, batch_interval_s: float = 0.5, collector: dict[str, Any] | None = None) -> tuple[Path, str]:
+def serve_config(tmp_path: Path, batch_interval_s: float = 0.5, collector: dict[str, Any] | None = None,
+                 scheduler: dict[str, Any] | None = None) -> tuple[Path, str]:
     """gpuq.yaml for `gpuq serve` in tmp_path (two queues, two nodes, dry-run actuator, an operator
-    token); ``collector``: more collector settings (sources)."""
+    token); ``collector``, ``scheduler``: more settings of those sections."""
     two_queues_two_nodes(tmp_path)
     port = free_port()
     cfg = tmp_path / "gpuq.yaml"
@@ -59,7 +60,7 @@ def serve_config(tmp_path: Path, batch_interval_s: float = 0.5, collector: dict[
         "store": {"dsn": f"chdb://{tmp_path / 'data'}", "spill_dir": str(tmp_path / "spill"),
                   "batch_interval_s": batch_interval_s},
         "queues_file": "queues.yaml",
-        "scheduler": {"actuator": "dry-run", "cycle_interval_s": 0.2, "preemption_delay_s": 1},
+        "scheduler": {"actuator": "dry-run", "cycle_interval_s": 0.2, "preemption_delay_s": 1, **(scheduler or {})},
         "accounting": {"interval_s": 1},
         "collector": {"metrics_port": 0, **(collector or {})},
         "api": {"host": "127.0.0.1", "port": port, "tokens": [{"token": TOKEN, "role": "operator", "name": "ci",
