@@ -1,6 +1,8 @@
 """`gpuq serve` as a real process on its own chDB path: submit over HTTP, see it admitted,
 `gpuq explain` and `gpuq workloads` against it, SIGTERM stops it cleanly within 10 s, the events
-are in scheduler_events afterwards, and a second start rebuilds the state from them.
+are in scheduler_events afterwards, and a second start rebuilds the state from them; with an hour's
+flush interval the store holds after SIGTERM exactly the rows accepted before it (collector rows
+and scheduler events).
 
 chDB lets one process open a path, so the store is read after the server exits, by `gpuq query`
 in a process of its own (this test process keeps the session's chDB path)."""
