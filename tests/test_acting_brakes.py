@@ -2,12 +2,14 @@
 recorded so a restart stays paused), the preemption limit (the admission waits with its reason;
 the window refilled from scheduler_events at start) and PodDisruptionBudget refusals (the victim
 keeps running, both workloads say why, retried after a backoff; the real ``kubernetes`` client
-against tests/k8s_api_server.py's 429 Status with the DisruptionBudget cause)."""
+against tests/k8s_api_server.py's 429 Status with the DisruptionBudget cause). The cluster-wide
+limit across victim queues, and both limits taken from the config file by a real `gpuq serve`."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from accounting.queues import parse_queue_config
@@ -23,6 +25,7 @@ from scheduler.snapshot import Settings
 from scheduler.testing import nodes, wl
 from tests.k8s_api_server import ApiServer
 from tests.test_scheduler_service import QUEUES, T0
+from tests.test_serve import Server, serve_config, servers  # noqa: F401 - servers is a fixture
 
 POD = Target("Pod", "team-nlp", "bert-finetune-0")
 EVICTION = "/api/v1/namespaces/team-nlp/pods/bert-finetune-0/eviction"
@@ -192,3 +195,85 @@ def test_a_pdb_refusal_keeps_the_victim_and_retries_after_a_backoff(tmp_path: Pa
             assert not api.has_pod("team-nlp", "bert-finetune-0")
         finally:
             act.close()
+
+
+# -- the cluster-wide limit ------------------------------------------------------------------------
+
+# p is owed 16 GPUs; x and y borrow 8 each (no guarantee): p's two workloads preempt one of x's
+# and one of y's, two preemptions in two different victim queues
+SPREAD = {"p": {"guaranteed": {"gpu": 16}, "max": {"gpu": 16}},
+          "x": {"max": {"gpu": 16}}, "y": {"max": {"gpu": 16}}}
+
+
+def spread(brake: PreemptionBrake) -> tuple[SchedulerService, DryRunActuator]:
+    """x1 and y1 fill the two nodes; p1 and p2 arrive at T0+10 and may preempt from T0+40."""
+    act = DryRunActuator()
+    svc = SchedulerService(parse_queue_config({"queues": SPREAD}), act, nodes=nodes(("h", "H100", 8, 2)),
+                           settings=Settings(True, 30.0), cluster="c1", sleep=lambda s: None, brake=brake)
+    for i, (wid, q) in enumerate((("x1", "x"), ("y1", "y"))):
+        svc.submit(wl(wid, q, 8, 1, submit_s=T0 + i), Target(), T0 + i)
+        svc.cycle(T0 + i + 0.5)
+    for wid in ("p1", "p2"):
+        svc.submit(wl(wid, "p", 8, 1, submit_s=T0 + 10), Target(), T0 + 10)
+    for k in range(3):
+        svc.cycle(T0 + 41 + k)
+    return svc, act
+
+
+def preempted(act: DryRunActuator) -> list[str]:
+    return [a.workload for a in act.actions if a.verb == "preempt"]
+
+
+def test_without_the_cluster_limit_both_victim_queues_are_preempted() -> None:
+    """The control: one preemption per victim queue stays within a per-queue limit of 1."""
+    svc, act = spread(PreemptionBrake(per_queue=1, cluster=None))
+    assert sorted(preempted(act)) == ["x1", "y1"]
+    assert svc.explain("p1").state == "running" and svc.explain("p2").state == "running"
+    assert svc.brake.counts(T0 + 45) == {"x": 1, "y": 1}
+
+
+def test_the_cluster_limit_stops_preemptions_across_victim_queues() -> None:
+    svc, act = spread(PreemptionBrake(per_queue=1, cluster=1))
+    done = preempted(act)
+    assert len(done) == 1                                 # the second, in the other victim queue, is held
+    other = "y1" if done == ["x1"] else "x1"
+    assert svc.explain(other).state == "running"
+    states = {w: svc.explain(w) for w in ("p1", "p2")}
+    held = [w for w, v in states.items() if v.state == "pending"]
+    assert len(held) == 1, {w: (v.state, v.reason_code) for w, v in states.items()}
+    why = states[held[0]]
+    assert why.reason_code == "preemption_limited"
+    assert f"would preempt {other}" in why.message and "cluster_per_hour 1" in why.message
+    assert "1 workloads preempted in the last 1 h" in why.message
+    assert 'gpuq_scheduler_preemption_limit{scope="cluster"} 1.0' in metrics(svc)
+    svc.cycle(T0 + 41 + 3600.5)                           # the hour has passed: the other queue's turn
+    assert sorted(preempted(act)) == ["x1", "y1"]
+    assert svc.explain(held[0]).state == "running"
+
+
+# -- the settings reach `gpuq serve`'s service -------------------------------------------------------
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("limit, name", [({"per_queue_per_hour": None, "cluster_per_hour": 0}, "cluster_per_hour"),
+                                         ({"per_queue_per_hour": 0, "cluster_per_hour": None}, "per_queue_per_hour")])
+def test_serve_takes_the_preemption_limit_from_its_settings(tmp_path: Path, servers: list[Server],
+                                                            limit: dict[str, int | None], name: str) -> None:
+    """A real `gpuq serve`: a2 borrows queue b's guarantee, b1 would preempt it, and the limit in
+    the config file (each scope on its own, so swapped wiring fails) holds the preemption back."""
+    cfg, url = serve_config(tmp_path, scheduler={"preemption_limit": limit})
+    srv = Server(cfg, url)
+    servers.append(srv)
+    assert srv.get("/scheduler/status").json()["preemption_limit"] == limit
+    for wid, q in (("a1", "a"), ("a2", "a")):
+        assert srv.client.post("/workloads", json={"id": wid, "queue": q, "gpus_per_pod": 8}).status_code == 201
+        srv.wait_until(lambda w=wid: srv.state(w) == "running", 10, f"{wid} admitted")
+    assert srv.client.post("/workloads", json={"id": "b1", "queue": "b", "gpus_per_pod": 8}).status_code == 201
+    srv.wait_until(lambda: srv.get("/workloads/b1").json()["reason_code"] == "preemption_limited", 15, "limited")
+    b1 = srv.get("/workloads/b1").json()
+    assert f"scheduler.preemption_limit.{name} 0" in b1["message"] and "would preempt a2" in b1["message"]
+    assert srv.state("a1") == srv.state("a2") == "running"
+    text = srv.get("/metrics").text
+    scope = "cluster" if name == "cluster_per_hour" else "queue"
+    assert f'gpuq_scheduler_preemption_limit{{scope="{scope}"}} 0.0' in text
+    assert 'gpuq_scheduler_preemptions_limited_total{queue="b"}' in text
+    assert srv.stop()[0] == 0

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, closed_port, data_path, die_with_parent, free_port
+from tests.held_rows import quiesce
 from tests.ray_fixtures import Canned, RayHead, http_server_fixture, ray_head_fixture  # noqa: F401
 
 
@@ -88,36 +89,38 @@ def test_migrate_twice(tmp_path: Path) -> None:
 
 
 def test_sigterm_flushes_and_exits_promptly(tmp_path: Path, http_server: Canned) -> None:
+    """The rows the collector had accepted when SIGTERM came (held in memory: the flush interval
+    is an hour) are the rows in the store after it exited."""
     page = data_path("dcgm", "datadog-integrations-core-metrics.txt").read_text()
     url = http_server.set("/metrics", page)
     port = free_port()
-    cfg = write_config(tmp_path, f"  batch_interval_s: 3600\ncollector:\n  interval_s: 0.5\n  jitter_s: 0\n"
+    cfg = write_config(tmp_path, f"  batch_interval_s: 3600\ncollector:\n  interval_s: 0.3\n  jitter_s: 0\n"
                                  f"  metrics_port: {port}\n  dcgm:\n    - cluster: lab\n      urls: [{url}]\n")
     proc = subprocess.Popen([sys.executable, "-m", "gpuq.cli", "collect", "--config", str(cfg)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=die_with_parent)
+
+    def metrics() -> str:
+        assert proc.poll() is None, f"gpuq collect exited ({proc.returncode}): {proc.communicate()[1]}"
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        except httpx.HTTPError:
+            return ""
+
     try:
-        metrics = ""
-        deadline = time.monotonic() + 60
-        while "result=\"ok\"" not in metrics and time.monotonic() < deadline:
-            try:
-                metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        assert 'gpuq_collector_scrapes_total{cluster="lab",result="ok"' in metrics
-        assert "gpuq_collector_rows_buffered" in metrics       # held in memory: batch_interval is an hour
+        held = quiesce(metrics, http_server, "/metrics", "lab")
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=15)
-        assert rc == 0, proc.stderr.read() if proc.stderr else ""
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
         assert time.monotonic() - t0 < 10
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    n = query_json(cfg, "SELECT count() AS n FROM gpu_samples")[0]["n"]
-    assert n > 0                                             # what was buffered got flushed on SIGTERM
+    assert "spilled" not in err, err
+    stored = {t: query_json(cfg, f"SELECT count() AS n FROM {t}")[0]["n"] for t in held}
+    assert stored == held                         # every accepted row, and only those, flushed on SIGTERM
 
 
 @pytest.mark.ray

@@ -85,6 +85,16 @@ def test_the_readme_has_its_blocks() -> None:
     assert len(blocks("yaml")) == 2 and len(blocks("sh")) >= 2
 
 
+def test_the_debian_packages_are_the_makefiles() -> None:
+    """The setup paragraph names each Debian package `make` installs, and no other."""
+    makefile = (REPO / "Makefile").read_text()
+    m = re.search(r"^DEB_PACKAGES := (.+)$", makefile, re.M)
+    assert m, "the Makefile no longer sets DEB_PACKAGES"
+    para = README.split("## The two commands", 1)[1].split("```", 1)[0]
+    named = set(re.findall(r"`([a-z][a-z-]+)` \(", para))           # `package` (what it is for)
+    assert named == set(m.group(1).split()), para
+
+
 def test_settings_block_loads(tmp_path: Path) -> None:
     (settings_block,) = [b for b in blocks("yaml") if b.startswith("store:")]
     path = tmp_path / "gpuq.yaml"

@@ -1,6 +1,8 @@
 """`gpuq serve` as a real process on its own chDB path: submit over HTTP, see it admitted,
 `gpuq explain` and `gpuq workloads` against it, SIGTERM stops it cleanly within 10 s, the events
-are in scheduler_events afterwards, and a second start rebuilds the state from them.
+are in scheduler_events afterwards, and a second start rebuilds the state from them; with an hour's
+flush interval the store holds after SIGTERM exactly the rows accepted before it (collector rows
+and scheduler events).
 
 chDB lets one process open a path, so the store is read after the server exits, by `gpuq query`
 in a process of its own (this test process keeps the session's chDB path)."""
@@ -20,7 +22,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import die_with_parent, free_port
+from tests.conftest import data_path, die_with_parent, free_port
+from tests.held_rows import quiesce
+from tests.ray_fixtures import Canned, http_server_fixture  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "op-secret"
@@ -47,22 +51,29 @@ def two_queues_two_nodes(tmp_path: Path) -> None:
     (tmp_path / "nodes.yaml").write_text(yaml.safe_dump([{"name": "h", "gpu_type": "H100", "gpus": 8, "count": 2}]))
 
 
-@pytest.fixture
-def setup(tmp_path: Path) -> tuple[Path, str]:
+def serve_config(tmp_path: Path, batch_interval_s: float = 0.5, collector: dict[str, Any] | None = None,
+                 scheduler: dict[str, Any] | None = None) -> tuple[Path, str]:
+    """gpuq.yaml for `gpuq serve` in tmp_path (two queues, two nodes, dry-run actuator, an operator
+    token); ``collector``, ``scheduler``: more settings of those sections."""
     two_queues_two_nodes(tmp_path)
     port = free_port()
     cfg = tmp_path / "gpuq.yaml"
     cfg.write_text(yaml.safe_dump({
         "store": {"dsn": f"chdb://{tmp_path / 'data'}", "spill_dir": str(tmp_path / "spill"),
-                  "batch_interval_s": 0.5},
+                  "batch_interval_s": batch_interval_s},
         "queues_file": "queues.yaml",
-        "scheduler": {"actuator": "dry-run", "cycle_interval_s": 0.2, "preemption_delay_s": 1},
+        "scheduler": {"actuator": "dry-run", "cycle_interval_s": 0.2, "preemption_delay_s": 1, **(scheduler or {})},
         "accounting": {"interval_s": 1},
-        "collector": {"metrics_port": 0},
+        "collector": {"metrics_port": 0, **(collector or {})},
         "api": {"host": "127.0.0.1", "port": port, "tokens": [{"token": TOKEN, "role": "operator", "name": "ci",
                                                                 "namespaces": ["*"], "queues": ["*"]}]},
     }))
     return cfg, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, str]:
+    return serve_config(tmp_path)
 
 
 class Server:
@@ -168,3 +179,40 @@ def test_store_commands_while_serve_holds_the_store(setup: tuple[Path, str], ser
     sql = gpuq("query", "SELECT 1", cfg=cfg)
     assert sql.returncode == 2
     assert "open in another process" in sql.stderr and "Error initializing" not in sql.stderr
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_flushes_what_was_accepted(tmp_path: Path, servers: list[Server], http_server: Canned) -> None:
+    """With an hour's flush interval everything accepted is in memory when SIGTERM comes: the
+    scheduler's events (the API's answers say which) and the collector's rows (its metrics on
+    /metrics say how many). After the exit the store holds exactly those."""
+    page = data_path("dcgm", "datadog-integrations-core-metrics.txt").read_text()
+    target = http_server.set("/metrics", page)
+    cfg, url = serve_config(tmp_path, batch_interval_s=3600, collector={
+        "interval_s": 0.3, "jitter_s": 0, "dcgm": [{"cluster": "lab", "urls": [target]}]})
+    srv = Server(cfg, url)
+    servers.append(srv)
+    assert srv.client.post("/workloads", json={"id": "a1", "queue": "a", "pods": 2, "gpus_per_pod": 8}).status_code == 201
+    assert srv.client.post("/workloads", json={"id": "b1", "queue": "b", "gpus_per_pod": 8}).status_code == 201
+    srv.wait_until(lambda: srv.state("a1") == "running", 10, "admitted")
+    held = quiesce(lambda: srv.get("/metrics").text, http_server, "/metrics", "lab")
+    # the scheduler's events are held too: the store has none of them yet
+    assert srv.get("/scheduler/events").json() == []
+    workloads = {w["id"]: w["state"] for w in srv.get("/workloads").json()}
+    assert workloads == {"a1": "running", "b1": "pending"}
+
+    rc, took = srv.stop()
+    assert rc == 0 and took < 10, srv.log.read_text()
+    assert "spilled" not in srv.log.read_text()
+    stored = {t: query_rows(cfg, f"SELECT count() AS n FROM {t}")[0]["n"] for t in held}
+    assert stored == held
+    events = query_rows(cfg, "SELECT event, workload FROM scheduler_events ORDER BY t, seq")
+    expected = [("submit", w) for w in sorted(workloads)] + [("admit", w) for w, s in workloads.items() if s == "running"]
+    assert sorted((e["event"], e["workload"]) for e in events) == sorted(expected)
+
+
+def query_rows(cfg: Path, sql: str) -> list[dict[str, Any]]:
+    """``gpuq query SQL --format json`` in a process of its own (after the server exited)."""
+    q = gpuq("query", sql, "--format", "json", cfg=cfg)
+    assert q.returncode == 0, q.stderr
+    return list(json.loads(q.stdout))

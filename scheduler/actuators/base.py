@@ -20,7 +20,8 @@ Actuators, chosen by ``scheduler.actuator`` in the settings:
   stopped on preemption.
 
 ``gpuq serve`` calls them on worker threads outside the service's lock, each request bounded by
-``scheduler.actuator_timeout_s`` and each action by ``scheduler.actuator_budget_s``
+``scheduler.actuator_timeout_s`` (``kubernetes``) or ``scheduler.ray.timeout_s`` (``ray``) and each
+action by ``scheduler.actuator_budget_s``
 (:mod:`scheduler.service.acting`); with spans configured each call is a span
 (:mod:`scheduler.actuators.traced`).
 """

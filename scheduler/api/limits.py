@@ -101,14 +101,11 @@ class Guard:
         """The role the matching route needs (``viewer`` when no route matches); None when open."""
         if scope["path"] in OPEN:
             return None
-        partial = None
-        for route in self.routes:
-            match, _ = route.matches(scope)
-            if match == Match.FULL:
-                return _needed(route) or None
-            if match == Match.PARTIAL and partial is None:
-                partial = route              # the path with another method: 405, after auth
-        return (_needed(partial) if partial is not None else None) or "viewer"
+        match, route = _route(self.routes, scope)
+        if match == Match.FULL:
+            return _needed(route) or None
+        # the path with another method (405, after auth), or no route at all
+        return (_needed(route) if route is not None else None) or "viewer"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -167,6 +164,28 @@ class Guard:
                 raise
         if over and not started:
             await _answer(scope, send, _too_large(self.max_body))
+
+
+def _route(routes: Any, scope: Scope) -> tuple[Match, Any]:
+    """The route the router takes for ``scope`` (FULL), else the first for its path with another
+    method (PARTIAL), else (NONE, None). An included router is looked into: FastAPI keeps it whole
+    in the app's routes from 0.1xx on (older versions copied its routes into the app's)."""
+    partial = None
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            prefix = route.include_context.prefix
+            if not scope["path"].startswith(prefix):
+                continue
+            match, found = _route(inner.routes, {**scope, "path": scope["path"][len(prefix):]} if prefix else scope)
+        else:
+            match, _ = route.matches(scope)
+            found = route
+        if match == Match.FULL:
+            return match, found
+        if match == Match.PARTIAL and partial is None:
+            partial = found
+    return (Match.PARTIAL, partial) if partial is not None else (Match.NONE, None)
 
 
 def _needed(route: Any) -> str | None:
