@@ -256,7 +256,7 @@ def test_the_cluster_limit_stops_preemptions_across_victim_queues() -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("limit, name", [({"per_queue_per_hour": None, "cluster_per_hour": 0}, "cluster_per_hour"),
                                          ({"per_queue_per_hour": 0, "cluster_per_hour": None}, "per_queue_per_hour")])
-def test_serve_takes_the_preemption_limit_from_its_settings(tmp_path: Path, servers: list[Server],
+def test_serve_takes_the_preemption_limit_from_its_settings(tmp_path: Path, servers: list[Server],  # noqa: F811 - the fixture
                                                             limit: dict[str, int | None], name: str) -> None:
     """A real `gpuq serve`: a2 borrows queue b's guarantee, b1 would preempt it, and the limit in
     the config file (each scope on its own, so swapped wiring fails) holds the preemption back."""
