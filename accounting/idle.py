@@ -123,7 +123,7 @@ def attribute_idle(runs: Iterable[IdleRun], allocs: Iterable[Allocation], window
             s = max(r.start_s, a.start_s, window.start_s)
             e = min(r.end_s, end, window.end_s)
             if e > s:
-                k = (a.cluster, a.queue, a.namespace, a.workload, a.gpu_model, a.gpu_resource)
+                k = (a.cluster, a.queue, a.namespace, a.billed_as, a.gpu_model, a.gpu_resource)
                 sums[k] = sums.get(k, 0.0) + (e - s)
     return tuple(UsageAgg(*k, idle_gpu_seconds=v) for k, v in sorted(sums.items()))
 

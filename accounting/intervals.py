@@ -76,5 +76,5 @@ def gpu_seconds_by(intervals: Iterable[Interval], key: Callable[[Interval], K]) 
 def to_aggs(intervals: Sequence[Interval]) -> tuple[UsageAgg, ...]:
     """Group intervals like the store's SQL aggregation does (the same UsageAgg keys)."""
     sums = gpu_seconds_by(intervals, lambda iv: (iv.alloc.cluster, iv.alloc.queue, iv.alloc.namespace,
-                                                 iv.alloc.workload, iv.alloc.gpu_model, iv.alloc.gpu_resource))
+                                                 iv.alloc.billed_as, iv.alloc.gpu_model, iv.alloc.gpu_resource))
     return tuple(UsageAgg(*k, gpu_seconds=v) for k, v in sorted(sums.items()))

@@ -52,6 +52,12 @@ class Allocation:
         """The Ray cluster the pod belongs to, else the pod itself."""
         return self.ray_cluster or self.pod
 
+    @property
+    def billed_as(self) -> str:
+        """The workload a bill names: the gpuq workload id (all its rows, every source and node,
+        are one line), else the Ray cluster, else the pod (``accounting.sql.BILLED_AS``)."""
+        return self.workload_id or self.ray_cluster or self.pod
+
 
 @dataclass(frozen=True, slots=True)
 class PendingDemand:

@@ -33,11 +33,14 @@ LEDGER = """(
 # sources name one node of a multi-node allocation each, so their slot also holds the node.
 SLOT = "cluster, namespace, pod, if(source = 'pod', '', node)"
 
+# The workload a bill names (accounting.model.Allocation.billed_as).
+BILLED_AS = "if({p}workload_id != '', {p}workload_id, if({p}ray_cluster != '', {p}ray_cluster, {p}pod))"
+
 # Allocations overlapping [wf, wt) with the end they really had (accounting.intervals.effective_ends):
 # open rows count to now, and a row is cut at the start of the next uid of the same slot.
 ALLOC_SPANS = f"""
-SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpu_resource, gpus, priority, ray_cluster, start,
-       end, least(coalesce(end, wn), wn, coalesce(next_start, wn)) AS eff_end
+SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpu_resource, gpus, priority, ray_cluster, workload_id,
+       start, end, least(coalesce(end, wn), wn, coalesce(next_start, wn)) AS eff_end
 FROM (
   SELECT *, leadInFrame(toNullable(start)) OVER (PARTITION BY {SLOT} ORDER BY start, uid
                                                  ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_start
@@ -47,7 +50,7 @@ FROM (
 # GPU-seconds per UsageAgg key (accounting.intervals.clip + to_aggs).
 USAGE = f"""
 WITH {_W}
-SELECT cluster, queue, namespace, if({{by_workload:UInt8}}, if(ray_cluster != '', ray_cluster, pod), '') AS workload,
+SELECT cluster, queue, namespace, if({{by_workload:UInt8}}, {BILLED_AS.format(p='')}, '') AS workload,
        gpu_model, gpu_resource, sum(gpus * greatest(0, toUnixTimestamp64Milli(least(eff_end, wt)) - toUnixTimestamp64Milli(greatest(start, wf)))) / 1000
          AS gpu_seconds
 FROM ({ALLOC_SPANS})
@@ -170,7 +173,7 @@ SCAN = ("fromUnixTimestamp64Milli({scan:Int64}, 'UTC') AS wscan, "
 # length.
 USAGE_IDLE = f"""
 WITH {_W}, {SCAN}
-SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, if(a.ray_cluster != '', a.ray_cluster, a.pod), '') AS workload,
+SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, {BILLED_AS.format(p='a.')}, '') AS workload,
        a.gpu_model, a.gpu_resource,
        sum(a.gpus * greatest(0, toUnixTimestamp64Milli(least(a.eff_end, wt)) - toUnixTimestamp64Milli(greatest(a.start, wf))))
          / 1000 AS gpu_seconds,

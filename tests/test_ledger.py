@@ -71,11 +71,12 @@ def test_sql_ledger_agrees_with_the_pure_one(store: Any) -> None:
     key = lambda a: (a.pod, a.source, a.queue, a.gpus, a.workload_id)   # noqa: E731
     assert sorted(map(key, got)) == sorted(map(key, want))
     assert {a.pod for a in got} == {"p", "pg2", "a3", "f"}
-    # usage over the hour bills each workload once: w2's placement group under the admission's queue
+    # usage over the hour bills each workload once, named by its gpuq id: w2's placement group under
+    # the admission's queue (not also the admission), w1's pod (not also its placement group)
     usage = {(u.queue, u.workload): u.gpu_seconds for u in read_usage(store, Window(T0, now), now)}
-    assert usage[("prod", "pg2")] == pytest.approx(4 * 3590)
-    assert ("prod", "a2") not in usage and ("research.vision", "pg1") not in usage
-    assert usage[("research.vision", "p")] == pytest.approx(4 * 3600)
+    assert usage[("prod", "w2")] == pytest.approx(4 * 3590)
+    assert usage[("research.vision", "w1")] == pytest.approx(4 * 3600)
+    assert usage[("", "f")] == pytest.approx(2 * 3580)                         # foreign: by its pod
 
 
 def test_only_sources_filter(store: Any) -> None:
@@ -123,7 +124,7 @@ def test_a_gang_is_billed_for_every_node_in_sql_and_python(store: Any) -> None:
     sql = {u.workload: u.gpu_seconds for u in read_usage(store, window, now)}
     py = {u.workload: u.gpu_seconds for u in to_aggs(clip(dedup(rows), window, now))}
     # g1: 2 nodes x 4 GPUs x 100 s, billed from its placement group; g2: 2 x 2 x 150 s, still open
-    assert sql == pytest.approx({"gpuq-g1": 800.0, "g2": 600.0})
+    assert sql == pytest.approx({"g1": 800.0, "g2": 600.0})
     assert py == pytest.approx(sql)
 
 
