@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuq.store.client import Store
-from gpuq.store.cluster import local_name
+from gpuq.store.cluster import cluster_statements, local_name
 
 log = logging.getLogger("gpuq.store.migrate")
 
@@ -30,6 +30,69 @@ ROLLUPS: dict[str, tuple[str, str, int]] = {
     "gpu_activity_1h": ("gpu_samples", "hour", 3600),
 }
 _TTL_DAYS = re.compile(r" TTL .*?toIntervalDay\((\d+)\)")
+
+# rollup -> (its columns, the view's SELECT list and the filter it adds, its GROUP BY): the view's own
+# expressions (migrations 0001, 0002), checked against migration 0006 by tests/test_rollups_once.py
+_VIEWS: dict[str, tuple[str, str, str, str]] = {
+    "gpu_samples_1m": (
+        "minute, cluster, node, gpu_uuid, mig_instance, gpu_model, namespace, pod, metric, "
+        "value_sum, value_count, value_min, value_max",
+        "toStartOfMinute(ts) AS minute, cluster, node, gpu_uuid, mig_instance, "
+        "anyLast(toString(gpu_model)) AS gpu_model, namespace, pod, metric, sum(value) AS value_sum, "
+        "toUInt64(count()) AS value_count, min(value) AS value_min, max(value) AS value_max",
+        "",
+        "minute, cluster, node, gpu_uuid, mig_instance, namespace, pod, metric"),
+    "ray_resources_1m": (
+        "minute, cluster, node, resource, state, value_sum, value_count, value_max",
+        "toStartOfMinute(ts) AS minute, cluster, node, resource, state, sum(value) AS value_sum, "
+        "toUInt64(count()) AS value_count, max(value) AS value_max",
+        "",
+        "minute, cluster, node, resource, state"),
+    "gpu_activity_1h": (
+        "hour, cluster, node, gpu_uuid, mig_instance, namespace, pod, prof_max, util_max, prof_minutes, util_minutes",
+        "toStartOfHour(ts) AS hour, cluster, node, gpu_uuid, mig_instance, namespace, pod, "
+        "maxIf(value * 100, metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_max, "
+        "maxIf(value, metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_max, "
+        "groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_minutes, "
+        "groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_minutes",
+        "metric IN ('DCGM_FI_PROF_GR_ENGINE_ACTIVE', 'DCGM_FI_DEV_GPU_UTIL') AND pod != '' AND ",
+        "hour, cluster, node, gpu_uuid, mig_instance, namespace, pod"),
+}
+
+
+def statements(db: str, rollup: str, since: str, until: str | None = None) -> list[str]:
+    """The DELETE and the INSERT ... SELECT that rebuild ``rollup`` from its raw rows for the periods
+    from ``since`` (included) to ``until`` (excluded; open without it), both whole periods as SQL
+    ``DateTime`` expressions. ``insert_deduplicate = 0``: a rebuild run again (an interrupted
+    migration) must not be taken for the first run's INSERT (older servers deduplicate
+    ``INSERT ... SELECT`` by the block's hash)."""
+    source, col, _ = ROLLUPS[rollup]
+    columns, select, where, group = _VIEWS[rollup]
+    upto_rollup, upto_raw = (f" AND {col} < {until}", f" AND ts < {until}") if until else ("", "")
+    return [f"DELETE FROM {db}.{rollup} WHERE {col} >= {since}{upto_rollup}",
+            f"INSERT INTO {db}.{rollup} ({columns})\nSELECT {select}\nFROM {db}.{source}\n"
+            f"WHERE {where}ts >= {since}{upto_raw}\nGROUP BY {group}\nSETTINGS insert_deduplicate = 0"]
+
+
+def rebuild_range(store: Store, source: str, first: float, last: float, now: float,
+                  raw_days: Mapping[str, int]) -> list[str]:
+    """Rebuild every rollup of ``source`` for the periods holding ``first`` .. ``last`` (Unix
+    seconds), those no older than :func:`since_times` allows; return the rollups rebuilt. Rows
+    inserted into ``source`` for those periods while it runs are counted twice."""
+    done = []
+    since = since_times(now, raw_days)
+    for rollup, (src, _, period) in ROLLUPS.items():
+        if src != source:
+            continue
+        start = max(int(first) // period * period, since[rollup])
+        end = (int(last) // period + 1) * period
+        if start >= end:
+            continue
+        for stmt in statements(store.database, rollup, literal(start), literal(end)):
+            for out in (cluster_statements(stmt, store.cluster) if store.cluster else [stmt]):
+                store.command(out)
+        done.append(rollup)
+    return done
 
 
 @dataclass(frozen=True, slots=True)

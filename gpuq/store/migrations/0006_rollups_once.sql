@@ -16,16 +16,12 @@ ALTER TABLE {db}.gpu_activity_1h MODIFY SETTING non_replicated_deduplication_win
 ALTER TABLE {db}.gpu_allocations MODIFY SETTING non_replicated_deduplication_window = 10000;
 ALTER TABLE {db}.gpu_allocations_open MODIFY SETTING non_replicated_deduplication_window = 10000;
 
--- The rebuild: each DELETE and INSERT covers the same range (a fixed time), so re-running an
--- interrupted migration gives the same rows. insert_deduplicate = 0: a re-run's INSERT must not be
--- taken for the first one's (older servers deduplicate INSERT ... SELECT by the block's hash).
+-- The rebuild (gpuq.store.rebuild.statements, the views' own expressions): each DELETE and its
+-- INSERT cover the same range (a fixed time), so re-running an interrupted migration gives the same
+-- rows.
 DELETE FROM {db}.gpu_samples_1m WHERE minute >= {since[gpu_samples_1m]};
-INSERT INTO {db}.gpu_samples_1m (minute, cluster, node, gpu_uuid, mig_instance, gpu_model, namespace, pod, metric,
-                                 value_sum, value_count, value_min, value_max)
-SELECT toStartOfMinute(ts) AS minute, cluster, node, gpu_uuid, mig_instance,
-       anyLast(toString(gpu_model)) AS gpu_model, namespace, pod, metric,
-       sum(value) AS value_sum, toUInt64(count()) AS value_count,
-       min(value) AS value_min, max(value) AS value_max
+INSERT INTO {db}.gpu_samples_1m (minute, cluster, node, gpu_uuid, mig_instance, gpu_model, namespace, pod, metric, value_sum, value_count, value_min, value_max)
+SELECT toStartOfMinute(ts) AS minute, cluster, node, gpu_uuid, mig_instance, anyLast(toString(gpu_model)) AS gpu_model, namespace, pod, metric, sum(value) AS value_sum, toUInt64(count()) AS value_count, min(value) AS value_min, max(value) AS value_max
 FROM {db}.gpu_samples
 WHERE ts >= {since[gpu_samples_1m]}
 GROUP BY minute, cluster, node, gpu_uuid, mig_instance, namespace, pod, metric
@@ -33,21 +29,15 @@ SETTINGS insert_deduplicate = 0;
 
 DELETE FROM {db}.ray_resources_1m WHERE minute >= {since[ray_resources_1m]};
 INSERT INTO {db}.ray_resources_1m (minute, cluster, node, resource, state, value_sum, value_count, value_max)
-SELECT toStartOfMinute(ts) AS minute, cluster, node, resource, state,
-       sum(value) AS value_sum, toUInt64(count()) AS value_count, max(value) AS value_max
+SELECT toStartOfMinute(ts) AS minute, cluster, node, resource, state, sum(value) AS value_sum, toUInt64(count()) AS value_count, max(value) AS value_max
 FROM {db}.ray_resources
 WHERE ts >= {since[ray_resources_1m]}
 GROUP BY minute, cluster, node, resource, state
 SETTINGS insert_deduplicate = 0;
 
 DELETE FROM {db}.gpu_activity_1h WHERE hour >= {since[gpu_activity_1h]};
-INSERT INTO {db}.gpu_activity_1h (hour, cluster, node, gpu_uuid, mig_instance, namespace, pod,
-                                  prof_max, util_max, prof_minutes, util_minutes)
-SELECT toStartOfHour(ts) AS hour, cluster, node, gpu_uuid, mig_instance, namespace, pod,
-       maxIf(value * 100, metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_max,
-       maxIf(value, metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_max,
-       groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_minutes,
-       groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_minutes
+INSERT INTO {db}.gpu_activity_1h (hour, cluster, node, gpu_uuid, mig_instance, namespace, pod, prof_max, util_max, prof_minutes, util_minutes)
+SELECT toStartOfHour(ts) AS hour, cluster, node, gpu_uuid, mig_instance, namespace, pod, maxIf(value * 100, metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_max, maxIf(value, metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_max, groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_minutes, groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_minutes
 FROM {db}.gpu_samples
 WHERE metric IN ('DCGM_FI_PROF_GR_ENGINE_ACTIVE', 'DCGM_FI_DEV_GPU_UTIL') AND pod != '' AND ts >= {since[gpu_activity_1h]}
 GROUP BY hour, cluster, node, gpu_uuid, mig_instance, namespace, pod
