@@ -28,8 +28,7 @@ from typing import Any
 import pytest
 
 from gpuq.errors import ConfigError
-from gpuq.store import connect
-from gpuq.store import rebuild
+from gpuq.store import connect, rebuild
 from gpuq.store.client import Store
 from gpuq.store.cluster import SHARDING_KEYS, VIEWS, ClusterDDLError, cluster_statements, local_name
 

@@ -34,8 +34,8 @@ from importlib import resources
 from typing import Protocol
 
 from gpuq.errors import ConfigError, MigrationError, StoreError
-from gpuq.store.client import Store
 from gpuq.store import rebuild
+from gpuq.store.client import Store
 from gpuq.store.cluster import cluster_statements, local_name
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")

@@ -35,26 +35,26 @@ _TTL_DAYS = re.compile(r" TTL .*?toIntervalDay\((\d+)\)")
 # expressions (migrations 0001, 0002), checked against migration 0006 by tests/test_rollups_once.py
 _VIEWS: dict[str, tuple[str, str, str, str]] = {
     "gpu_samples_1m": (
-        "minute, cluster, node, gpu_uuid, mig_instance, gpu_model, namespace, pod, metric, "
-        "value_sum, value_count, value_min, value_max",
-        "toStartOfMinute(ts) AS minute, cluster, node, gpu_uuid, mig_instance, "
-        "anyLast(toString(gpu_model)) AS gpu_model, namespace, pod, metric, sum(value) AS value_sum, "
-        "toUInt64(count()) AS value_count, min(value) AS value_min, max(value) AS value_max",
+        ("minute, cluster, node, gpu_uuid, mig_instance, gpu_model, namespace, pod, metric, "
+         "value_sum, value_count, value_min, value_max"),
+        ("toStartOfMinute(ts) AS minute, cluster, node, gpu_uuid, mig_instance, "
+         "anyLast(toString(gpu_model)) AS gpu_model, namespace, pod, metric, sum(value) AS value_sum, "
+         "toUInt64(count()) AS value_count, min(value) AS value_min, max(value) AS value_max"),
         "",
         "minute, cluster, node, gpu_uuid, mig_instance, namespace, pod, metric"),
     "ray_resources_1m": (
         "minute, cluster, node, resource, state, value_sum, value_count, value_max",
-        "toStartOfMinute(ts) AS minute, cluster, node, resource, state, sum(value) AS value_sum, "
-        "toUInt64(count()) AS value_count, max(value) AS value_max",
+        ("toStartOfMinute(ts) AS minute, cluster, node, resource, state, sum(value) AS value_sum, "
+         "toUInt64(count()) AS value_count, max(value) AS value_max"),
         "",
         "minute, cluster, node, resource, state"),
     "gpu_activity_1h": (
         "hour, cluster, node, gpu_uuid, mig_instance, namespace, pod, prof_max, util_max, prof_minutes, util_minutes",
-        "toStartOfHour(ts) AS hour, cluster, node, gpu_uuid, mig_instance, namespace, pod, "
-        "maxIf(value * 100, metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_max, "
-        "maxIf(value, metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_max, "
-        "groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_minutes, "
-        "groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_minutes",
+        ("toStartOfHour(ts) AS hour, cluster, node, gpu_uuid, mig_instance, namespace, pod, "
+         "maxIf(value * 100, metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_max, "
+         "maxIf(value, metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_max, "
+         "groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_PROF_GR_ENGINE_ACTIVE') AS prof_minutes, "
+         "groupBitOrIf(bitShiftLeft(toUInt64(1), toMinute(ts)), metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_minutes"),
         "metric IN ('DCGM_FI_PROF_GR_ENGINE_ACTIVE', 'DCGM_FI_DEV_GPU_UTIL') AND pod != '' AND ",
         "hour, cluster, node, gpu_uuid, mig_instance, namespace, pod"),
 }
@@ -70,8 +70,8 @@ def statements(db: str, rollup: str, since: str, until: str | None = None) -> li
     columns, select, where, group = _VIEWS[rollup]
     upto_rollup, upto_raw = (f" AND {col} < {until}", f" AND ts < {until}") if until else ("", "")
     return [f"DELETE FROM {db}.{rollup} WHERE {col} >= {since}{upto_rollup}",
-            f"INSERT INTO {db}.{rollup} ({columns})\nSELECT {select}\nFROM {db}.{source}\n"
-            f"WHERE {where}ts >= {since}{upto_raw}\nGROUP BY {group}\nSETTINGS insert_deduplicate = 0"]
+            (f"INSERT INTO {db}.{rollup} ({columns})\nSELECT {select}\nFROM {db}.{source}\n"
+             f"WHERE {where}ts >= {since}{upto_raw}\nGROUP BY {group}\nSETTINGS insert_deduplicate = 0")]
 
 
 def rebuild_range(store: Store, source: str, first: float, last: float, now: float,

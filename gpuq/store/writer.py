@@ -48,7 +48,7 @@ from typing import Any
 from gpuq.errors import StoreError, StoreQueryError
 from gpuq.store import rebuild
 from gpuq.store.client import Store
-from gpuq.store.migrate import Retention, retention_days
+from gpuq.store.migrate import Retention
 from gpuq.store.schema import COLUMNS
 
 log = logging.getLogger(__name__)
@@ -415,7 +415,7 @@ class BatchWriter:
             return
         now = time.time()
         done = rebuild.rebuild_range(store, table, min(times), max(times), now,
-                                     rebuild.store_raw_days(store, retention_days(Retention())))
+                                     rebuild.store_raw_days(store, {t: Retention().raw_days for t in REBUILT_FROM}))
         log.warning("spilled batch %s predates the rollups' deduplication: rebuilt %s from %s for its "
                     "%d rows", token, ", ".join(done) or "nothing", table, len(rows))
 
