@@ -177,7 +177,7 @@ def old_store(store_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store
     everything = mig.load_migrations
     with monkeypatch.context() as m:
         m.setattr(mig, "load_migrations", lambda: [x for x in everything() if x.version < 6])
-        mig.migrate(s, retention=Retention(raw_days=1, rollup_days=30))
+        mig.migrate(s, retention=Retention(raw_days=2, rollup_days=30))
     s.use_database()
     try:
         yield s
@@ -196,7 +196,7 @@ def test_the_migration_repairs_inflated_rollups(old_store: Store) -> None:
     assert any(got != want for got, want in books(old_store).values())
     rows, groups = activity_rows(old_store)
     assert rows > groups                              # unless merged already: 3 rows a group
-    assert mig.migrate(old_store, retention=Retention(raw_days=1, rollup_days=30)) == [6]
+    assert mig.migrate(old_store, retention=Retention(raw_days=2, rollup_days=30)) == [6]
     assert value_count(old_store, "gpu_samples_1m") == 600
     assert value_count(old_store, "ray_resources_1m") == 900 // 3
     # gpu_allocations_open is not rebuilt (read with FINAL; a copy would bring pruned pods back):
@@ -223,10 +223,10 @@ def test_the_migration_rebuilds_with_the_views_own_statements() -> None:
 
 def test_an_interrupted_migration_run_again_rebuilds_the_same(old_store: Store) -> None:
     insert_all(old_store, new_tokens(), times=2)
-    mig.migrate(old_store, retention=Retention(raw_days=1, rollup_days=30))
+    mig.migrate(old_store, retention=Retention(raw_days=2, rollup_days=30))
     once = books(old_store)
     old_store.command(f"DELETE FROM {old_store.database}.schema_migrations WHERE version = 6")
-    assert mig.migrate(old_store, retention=Retention(raw_days=1, rollup_days=30)) == [6]
+    assert mig.migrate(old_store, retention=Retention(raw_days=2, rollup_days=30)) == [6]
     assert books(old_store) == once
     assert value_count(old_store, "gpu_samples_1m") == 600
     assert_balanced(old_store)
@@ -234,7 +234,7 @@ def test_an_interrupted_migration_run_again_rebuilds_the_same(old_store: Store) 
 
 def test_rollup_rows_older_than_the_raw_rows_are_kept_and_logged(old_store: Store,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    """Raw rows are kept 1 day, gpu_activity_1h 30 days: its rows of 5 days ago cannot be rebuilt."""
+    """Raw rows are kept 2 days, gpu_activity_1h 30 days: its rows of 5 days ago cannot be rebuilt."""
     insert_all(old_store, new_tokens(), times=2)
     old = MIDNIGHT - dt.timedelta(days=5)
     kept = [(old + dt.timedelta(hours=h), "c", "n1", "GPU-0", "", "ns", "pod-0", 50.0, 40.0, 3, 5) for h in range(4)]
@@ -245,7 +245,7 @@ def test_rollup_rows_older_than_the_raw_rows_are_kept_and_logged(old_store: Stor
                                                    "util_minutes"])                   # two of them twice
     before_old = _rows(old_store, "SELECT * FROM {db}.gpu_activity_1h WHERE hour < now() - INTERVAL 2 DAY")
     with caplog.at_level(logging.WARNING, logger="gpuq.store.migrate"):
-        mig.migrate(old_store, retention=Retention(raw_days=1, rollup_days=30))
+        mig.migrate(old_store, retention=Retention(raw_days=2, rollup_days=30))
     assert _rows(old_store, "SELECT * FROM {db}.gpu_activity_1h WHERE hour < now() - INTERVAL 2 DAY") == before_old
     said = [r.getMessage() for r in caplog.records if "could not rebuild" in r.getMessage()]
     assert len(said) == 1
@@ -254,7 +254,7 @@ def test_rollup_rows_older_than_the_raw_rows_are_kept_and_logged(old_store: Stor
                        f"{old + dt.timedelta(hours=3):%Y-%m-%d %H:%M} UTC (before {before}, "
                        f"gpu_samples no longer holds all their raw rows): kept as they were")
     since = dt.datetime.strptime(before, "%Y-%m-%d %H:%M").replace(tzinfo=dt.UTC)
-    assert dt.timedelta(0) <= since - (dt.datetime.now(dt.UTC) - dt.timedelta(days=1)) <= dt.timedelta(hours=1)
+    assert dt.timedelta(0) <= since - (dt.datetime.now(dt.UTC) - dt.timedelta(days=2)) <= dt.timedelta(hours=1)
     # the recent hours were rebuilt from the raw rows (the old rows stand apart in the comparison)
     old_store.command(f"DELETE FROM {old_store.database}.gpu_activity_1h WHERE hour < now() - INTERVAL 2 DAY")
     assert_balanced(old_store)
@@ -264,7 +264,7 @@ def test_nothing_is_logged_when_every_rollup_row_could_be_rebuilt(old_store: Sto
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     insert_all(old_store, new_tokens(), times=2)
     with caplog.at_level(logging.WARNING, logger="gpuq.store.migrate"):
-        mig.migrate(old_store, retention=Retention(raw_days=1, rollup_days=30))
+        mig.migrate(old_store, retention=Retention(raw_days=2, rollup_days=30))
     assert not [r for r in caplog.records if "could not rebuild" in r.getMessage()]
     assert_balanced(old_store)
 
@@ -316,7 +316,7 @@ def test_a_file_spilled_before_the_upgrade_and_replayed_after_it_is_repaired(
     assert BatchWriter(old_store, spill).replay() == 905
     shutil.rmtree(spill)
     shutil.copytree(saved, spill)                     # the files are back
-    assert mig.migrate(old_store, retention=Retention(raw_days=1, rollup_days=30)) == [6]
+    assert mig.migrate(old_store, retention=Retention(raw_days=2, rollup_days=30)) == [6]
     assert_balanced(old_store)
     old_store.insert("gpu_samples", BATCHES["gpu_samples"], COLUMNS["gpu_samples"],
                      dedup_token=next(spill.glob("gpu_samples/*.jsonl")).stem)
