@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from gpuq.errors import ConfigError
-from gpuq.store import connect
+from gpuq.store import connect, rebuild
 from gpuq.store.client import Store
 from gpuq.store.cluster import SHARDING_KEYS, VIEWS, ClusterDDLError, cluster_statements, local_name
 
@@ -38,14 +38,17 @@ CLUSTER = "gpuq_test"
 # sha256 of the statements (database, schema_migrations, migrations 0001-0005) for database gpuq
 # and the default retention, as sent before store.cluster existed (checked against that commit).
 TODAY_SHA = "5cfc6e43f4ec20431c0b5c180afc1683ed3bf393bd4942a45dbcd6702f999284"
+# The clock a rollup rebuild (migration 0006) is given here: its statements name a fixed time.
+NOW = 1_700_000_000.0
 
 
 def _statements(cluster: str, db: str = "gpuq", upto: int = 10**6) -> list[str]:
     ttl = mig.ttl_expressions(mig.Retention())
+    since = rebuild.since_literals(NOW, mig.retention_days(mig.Retention()))
     out = mig.bootstrap_statements(db, cluster)
     for m in mig.load_migrations():
         if m.version <= upto:
-            out += mig.migration_statements(m, db, ttl, cluster)
+            out += mig.migration_statements(m, db, ttl, cluster, since)
     return out
 
 
@@ -67,7 +70,7 @@ def test_without_a_cluster_the_statements_are_todays_byte_for_byte(chdb_path: Pa
     plain = connect(f"chdb://{chdb_path}?database=gpuq")
     store = Recording(plain.dsn, plain._client)
     try:
-        mig.migrate(store)
+        mig.migrate(store, now=NOW)
         assert [s for s in sent if not s.startswith("INSERT INTO gpuq.schema_migrations")] == _statements("")
         assert not any("_local" in s or "Distributed" in s or "ON CLUSTER" in s for s in sent)
     finally:
@@ -95,9 +98,25 @@ def test_every_table_is_replicated_on_the_cluster_with_a_distributed_twin() -> N
     assert "'{replica}', ts)" in creates["ray_nodes_local"]
     assert "ReplicatedAggregatingMergeTree(" in creates["gpu_samples_1m_local"]
     assert "SETTINGS replicated_deduplication_window = 10000" in creates["gpu_samples_local"]
-    # every statement but the one INSERT ... SELECT (Distributed to Distributed) runs ON CLUSTER
+    # every statement but the INSERT ... SELECTs (Distributed to Distributed) runs ON CLUSTER
     assert all(f"ON CLUSTER '{CLUSTER}'" in s for s in stmts if not s.startswith("INSERT"))
     assert [s for s in stmts if s.startswith("INSERT")] == [s for s in _statements("") if s.startswith("INSERT")]
+
+
+def test_the_rollup_rebuild_deletes_on_the_local_tables_and_sets_their_window() -> None:
+    stmts = _statements(CLUSTER)
+    since = rebuild.since_literals(NOW, mig.retention_days(mig.Retention()))
+    for table in rebuild.ROLLUPS:
+        col = rebuild.ROLLUPS[table][1]
+        assert (f"DELETE FROM gpuq.{table}_local ON CLUSTER '{CLUSTER}' WHERE {col} >= {since[table]}") in stmts
+        assert (f"ALTER TABLE gpuq.{table}_local ON CLUSTER '{CLUSTER}' MODIFY SETTING "
+                f"replicated_deduplication_window = 10000") in stmts
+        insert = next(s for s in stmts if s.startswith(f"INSERT INTO gpuq.{table} ("))
+        assert stmts.index(next(s for s in stmts if s.startswith(f"DELETE FROM gpuq.{table}_local"))) < stmts.index(insert)
+        assert f">= {since[table]}" in insert and "_local" not in insert
+    assert not any("non_replicated" in s for s in stmts)
+    with pytest.raises(ClusterDDLError, match="no sharding key"):
+        cluster_statements("DELETE FROM gpuq.nowhere WHERE 1", CLUSTER)
 
 
 def test_views_read_and_write_the_local_tables_and_alters_reach_both() -> None:

@@ -15,9 +15,12 @@ With a cluster name set, every migration statement is rewritten (:func:`cluster_
   Distributed sharding key is its source's (:data:`SHARDING_KEYS`), so a row inserted directly
   would land on the same shard;
 * ``ALTER TABLE ... ADD/DROP/MODIFY COLUMN`` goes ``ON CLUSTER`` to the local table and to the
-  Distributed one (``CREATE TABLE ... AS`` copied the columns once only); ``MODIFY TTL`` to the
-  local table; ``DROP VIEW`` and ``CREATE DATABASE`` ``ON CLUSTER``; ``INSERT ... SELECT`` is left
-  as written (Distributed to Distributed).
+  Distributed one (``CREATE TABLE ... AS`` copied the columns once only); ``MODIFY TTL`` and
+  ``MODIFY SETTING`` to the local table (``non_replicated_deduplication_window`` becomes
+  ``replicated_deduplication_window``); ``DELETE FROM`` (a lightweight delete) ``ON CLUSTER`` to the
+  local table, as :meth:`gpuq.store.client.Store.mutation_target` does; ``DROP VIEW`` and
+  ``CREATE DATABASE`` ``ON CLUSTER``; ``INSERT ... SELECT`` is left as written (Distributed to
+  Distributed: a rollup rebuilt from its raw rows lands on their shard by the shared sharding key).
 
 Sharding keys (:data:`SHARDING_KEYS`). ``FINAL`` on a Distributed table deduplicates within each
 shard only, and a rollup's rows are merged within each shard only: so every key of a
@@ -114,6 +117,7 @@ _ENGINE = re.compile(r"\)\s*ENGINE = (\w*)MergeTree(?:\(([^()]*)\))?")
 _CREATE_MV = re.compile(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+)\.(\w+) TO (\w+)\.(\w+) AS\b(.*)$", re.S)
 _ALTER = re.compile(r"^ALTER TABLE (\w+)\.(\w+) (.*)$", re.S)
 _ALTER_COLUMN = re.compile(r"^(ADD|DROP|MODIFY|RENAME|COMMENT|CLEAR) COLUMN\b")
+_DELETE = re.compile(r"^DELETE FROM (\w+)\.(\w+) WHERE (.*)$", re.S)
 _DROP_VIEW = re.compile(r"^DROP VIEW IF EXISTS (\w+)\.(\w+)$")
 _CREATE_DB = re.compile(r"^CREATE DATABASE IF NOT EXISTS (\w+)$")
 
@@ -166,7 +170,13 @@ def cluster_statements(stmt: str, cluster: str) -> list[str]:
             return [local, f"ALTER TABLE {db}.{table}{on_cluster(cluster)} {rest}"]
         if rest.startswith("MODIFY TTL "):
             return [local]
+        if rest.startswith("MODIFY SETTING "):              # the engine's settings: the local table's
+            return [local.replace("non_replicated_deduplication_window", "replicated_deduplication_window")]
         raise ClusterDDLError(f"ALTER TABLE {db}.{table}: unknown alteration {rest[:40]!r}")
+    if m := _DELETE.match(s):
+        db, table, where = m.groups()
+        sharding_key(table)
+        return [f"DELETE FROM {db}.{local_name(table)}{on_cluster(cluster)} WHERE {where}"]
     if m := _DROP_VIEW.match(s):
         return [f"DROP VIEW IF EXISTS {m.group(1)}.{m.group(2)}{on_cluster(cluster)}"]
     if m := _CREATE_DB.match(s):

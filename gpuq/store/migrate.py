@@ -2,7 +2,9 @@
 
 Migrations are the numbered ``migrations/NNNN_name.sql`` files, applied in order; each file is a
 list of statements separated by ``;`` at a line end, with ``{db}`` and ``{ttl[TABLE]}``
-placeholders (the TTL expression of that table, :func:`ttl_expression`). Every statement is
+placeholders (the TTL expression of that table, :func:`ttl_expression`), and ``{since[ROLLUP]}``
+in a migration that rebuilds rollups (:mod:`gpuq.store.rebuild`: the time the rebuild starts from,
+fixed once per run, so that each DELETE and its INSERT cover the same range). Every statement is
 idempotent (``IF NOT EXISTS``), so a migration interrupted half-way is simply re-run.
 
 Retention is by kind (:data:`RETENTION`): raw series and their per-minute rollups keep
@@ -25,11 +27,14 @@ row expired at insert.
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Protocol
 
 from gpuq.errors import ConfigError, MigrationError, StoreError
+from gpuq.store import rebuild
 from gpuq.store.client import Store
 from gpuq.store.cluster import cluster_statements, local_name
 
@@ -115,9 +120,20 @@ def _statements(stmt: str, cluster: str) -> list[str]:
     return cluster_statements(stmt, cluster) if cluster else [stmt]
 
 
-def migration_statements(mig: Migration, db: str, ttl: dict[str, str], cluster: str = "") -> list[str]:
-    """The statements that apply ``mig`` to database ``db`` (on ``cluster`` when set)."""
-    return [out for stmt in mig.statements for out in _statements(stmt.format(db=db, ttl=ttl), cluster)]
+def needs_since(mig: Migration) -> bool:
+    """Whether ``mig`` rebuilds rollups (its statements name ``{since[ROLLUP]}``)."""
+    return any("{since[" in stmt for stmt in mig.statements)
+
+
+def migration_statements(mig: Migration, db: str, ttl: dict[str, str], cluster: str = "",
+                         since: Mapping[str, str] | None = None) -> list[str]:
+    """The statements that apply ``mig`` to database ``db`` (on ``cluster`` when set). ``since``:
+    per rollup, the time its rebuild starts from (:func:`gpuq.store.rebuild.since_literals`), for a
+    migration that rebuilds rollups."""
+    if since is None and needs_since(mig):
+        raise ValueError(f"migration {mig.version:04d}_{mig.name} rebuilds rollups: give since= (gpuq.store.rebuild)")
+    return [out for stmt in mig.statements
+            for out in _statements(stmt.format(db=db, ttl=ttl, since=since or {}), cluster)]
 
 
 def bootstrap_statements(db: str, cluster: str = "") -> list[str]:
@@ -143,11 +159,14 @@ def _check_shape(store: Store, cluster: str) -> None:
                                            f"(its tables are Distributed): set store.cluster to that cluster's name")
 
 
-def migrate(store: Store, ttl_days: int = 90, retention: RetentionDays | None = None) -> list[int]:
+def migrate(store: Store, ttl_days: int = 90, retention: RetentionDays | None = None,
+            now: float | None = None) -> list[int]:
     """Apply the migrations not yet recorded; return the versions applied now. ``retention``
     (``store.retention``) sets each kind's TTL; without it ``ttl_days`` is the raw series' and
     the other kinds keep their defaults. ``store.cluster`` (set when the store was opened)
-    picks the single-server or the cluster form of every statement."""
+    picks the single-server or the cluster form of every statement. A migration that rebuilds
+    rollups (0006) rebuilds them from the raw rows within retention at ``now`` (Unix seconds,
+    default the clock) and logs the older rollup rows it kept (:mod:`gpuq.store.rebuild`)."""
     ret: RetentionDays = retention if retention is not None else Retention(raw_days=int(ttl_days))
     ttl = ttl_expressions(ret)
     db, cluster = store.database, store.cluster
@@ -162,7 +181,8 @@ def migrate(store: Store, ttl_days: int = 90, retention: RetentionDays | None = 
         if mig.version in done:
             continue
         try:
-            for stmt in migration_statements(mig, db, ttl, cluster):
+            since = _rebuild_since(store, ret, now) if needs_since(mig) else None
+            for stmt in migration_statements(mig, db, ttl, cluster, since):
                 store.command(stmt)
         except (StoreError, ValueError) as exc:
             raise MigrationError(mig.version, f"{mig.name}: {exc}") from exc
@@ -170,6 +190,14 @@ def migrate(store: Store, ttl_days: int = 90, retention: RetentionDays | None = 
         applied.append(mig.version)
     _apply_ttl(store, ttl)
     return applied
+
+
+def _rebuild_since(store: Store, ret: RetentionDays, now: float | None) -> dict[str, str]:
+    """The rebuild's start per rollup, fixed once for the whole migration; logs what it keeps."""
+    times = rebuild.since_times(time.time() if now is None else now,
+                                rebuild.store_raw_days(store, retention_days(ret)))
+    rebuild.report_kept(rebuild.kept_rows(store, times))
+    return {t: rebuild.literal(e) for t, e in times.items()}
 
 
 def ttl_statements(store: Store, ttl: dict[str, str]) -> list[str]:

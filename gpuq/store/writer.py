@@ -10,7 +10,11 @@ When the database stays down for ``retry_attempts`` tries, the batch is spilled 
 ``spill_dir/<table>/<token>.jsonl`` (written to a temporary name, fsynced, then renamed, so a
 kill leaves either a whole file or none). Spilled batches are replayed oldest first, with their
 token, at start and after each successful flush; a file is removed only after its insert
-succeeded. Nothing accepted is lost, nothing is written twice.
+succeeded. Nothing accepted is lost, nothing is written twice, in the tables nor in the rollups their
+materialized views feed. A batch spilled by a writer that started before migration 0006 may have been
+inserted before the rollups deduplicated replays: after replaying it the writer rebuilds the rollups
+of its periods from the raw rows (:func:`gpuq.store.rebuild.rebuild_range`), and removes the file
+only then (docs/SCHEMA.md, "Rollups exactly once").
 
 Faults of the spill itself (disk full, read-only or missing directory: any ``OSError``): the
 partial temporary file is removed and the batch is *held* in memory with its token, retried (insert,
@@ -42,13 +46,17 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.errors import StoreError, StoreQueryError
+from gpuq.store import rebuild
 from gpuq.store.client import Store
+from gpuq.store.migrate import Retention
 from gpuq.store.schema import COLUMNS
 
 log = logging.getLogger(__name__)
 
 Row = Sequence[Any]
 LAST_TABLES = ("collector_state",)
+REBUILT_FROM = frozenset(source for source, _, _ in rebuild.ROLLUPS.values())   # tables with summed rollups
+ROLLUPS_ONCE = 6              # the migration after which the rollups deduplicate replays
 QUARANTINE = "quarantine"
 STALE_TMP_S = 300.0           # a .tmp this old belongs to no live writer: removed at start
 
@@ -176,6 +184,7 @@ class BatchWriter:
         self._id = f"{int(time.time() * 1000):x}-{secrets.token_hex(4)}"
         self._seq = 0
         self._refused: set[Path] = set()       # spill files the database refused (counted once)
+        self._dedup_since: float | None = None  # when the rollups started deduplicating (ms), read once
         self._buf: dict[str, list[Row]] = {}
         # batches neither inserted nor spilled (the spill failed): (table, rows, token), oldest
         # first; only touched under _flush_lock
@@ -372,12 +381,43 @@ class BatchWriter:
                 continue
             except StoreError:
                 return done          # still down: try again later
+            try:
+                self._repair_rollups(path.stem, table, rows)
+            except StoreError as exc:
+                log.warning("rollups of spilled batch %s not rebuilt yet, left in place: %s", path, exc)
+                return done
             path.unlink()
             self._refused.discard(path)
             done += len(rows)
             self.stats.rows_replayed[table] = self.stats.rows_replayed.get(table, 0) + len(rows)
             self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(rows)
         return done
+
+    def _repair_rollups(self, token: str, table: str, rows: Sequence[Row]) -> None:
+        """A batch spilled by another writer that started before the store's rollups deduplicated
+        (migration 0006) may have been inserted then: its replay was dropped by ``table`` but added
+        to the rollups again. Rebuild them for the batch's periods (:func:`rebuild.rebuild_range`)."""
+        if table not in REBUILT_FROM or token.startswith(self._id + "-"):
+            return
+        store = self._ensure_store()
+        if self._dedup_since is None:
+            got = store.query(f"SELECT count(), toUnixTimestamp64Milli(min(applied_at)) "
+                              f"FROM {store.database}.schema_migrations WHERE version = {ROLLUPS_ONCE}").rows[0]
+            self._dedup_since = float(got[1]) if got[0] else 0.0
+        try:
+            started_ms = int(token.split("-", 1)[0], 16)
+        except ValueError:
+            started_ms = 0                         # not a token of ours: assume the worst
+        if started_ms >= self._dedup_since:
+            return
+        times = [t.timestamp() for t in (r[COLUMNS[table].index("ts")] for r in rows) if isinstance(t, dt.datetime)]
+        if not times:
+            return
+        now = time.time()
+        done = rebuild.rebuild_range(store, table, min(times), max(times), now,
+                                     rebuild.store_raw_days(store, {t: Retention().raw_days for t in REBUILT_FROM}))
+        log.warning("spilled batch %s predates the rollups' deduplication: rebuilt %s from %s for its "
+                    "%d rows", token, ", ".join(done) or "nothing", table, len(rows))
 
     def _quarantine(self, path: Path, table: str, bad: BadSpillFile) -> None:
         dest_dir = self.spill_dir / QUARANTINE / table
