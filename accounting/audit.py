@@ -15,11 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from accounting.model import Allocation
+from accounting.model import Allocation, as_gpus, milli
 from accounting.resolve import Resolver
 
 OTHER = "(not a leaf queue)"
-EPSILON = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,17 +50,17 @@ def audit(live: Iterable[Allocation], placed: Iterable[Placed], resolver: Resolv
     ledger's rows running now; ``type_of(node, row)``: a row's GPU type as the scheduler types
     its node."""
     leaves = set(resolver.config.leaves())
-    books: dict[tuple[str, str, str], list[float]] = {}
+    books: dict[tuple[str, str, str], list[int]] = {}          # milli-GPUs: exact
     for a in live:
         q = resolver.queue(a.queue, a.namespace)
         node = node_name(a)
-        cell = books.setdefault((q if q in leaves else OTHER, type_of(node, a), node), [0.0, 0.0])
-        cell[0] += a.gpus
+        cell = books.setdefault((q if q in leaves else OTHER, type_of(node, a), node), [0, 0])
+        cell[0] += a.milli_gpus
     for p in placed:
-        cell = books.setdefault((p.queue, p.gpu_type, p.node), [0.0, 0.0])
-        cell[1] += p.gpus
-    return tuple(Difference(q, t, n, acc, pl) for (q, t, n), (acc, pl) in sorted(books.items())
-                 if abs(acc - pl) > EPSILON)
+        cell = books.setdefault((p.queue, p.gpu_type, p.node), [0, 0])
+        cell[1] += milli(p.gpus)
+    return tuple(Difference(q, t, n, as_gpus(acc), as_gpus(pl)) for (q, t, n), (acc, pl) in sorted(books.items())
+                 if acc != pl)
 
 
 def unbalanced(diffs: Iterable[Difference]) -> float:

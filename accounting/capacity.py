@@ -14,12 +14,11 @@ free): 0 means every free GPU sits on an empty node, 1 that no whole node is fre
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from accounting.model import Allocation, NodeCapacity
+from accounting.model import MILLI, Allocation, NodeCapacity, as_gpus, milli
 from accounting.resolve import Resolver
 
 SHAPES = (1, 2, 4, 8)
@@ -61,27 +60,28 @@ class CapacityView:
 
 
 def node_free(nodes: Iterable[NodeCapacity], running: Iterable[Allocation], resolver: Resolver) -> tuple[NodeFree, ...]:
-    held: dict[tuple[str, str], float] = {}
+    """Per node, counted in milli-GPUs and shown in GPUs."""
+    held: dict[tuple[str, str], int] = {}
     for a in running:
-        held[(a.cluster, a.node)] = held.get((a.cluster, a.node), 0.0) + a.gpus
+        held[(a.cluster, a.node)] = held.get((a.cluster, a.node), 0) + a.milli_gpus
     out = []
     for n in sorted(nodes, key=lambda n: (n.cluster, n.node)):
-        h = held.get((n.cluster, n.node), 0.0)
-        alloc = min(h, n.gpus)
-        free = n.gpus - alloc if n.schedulable else 0.0
-        out.append(NodeFree(n.cluster, n.node, resolver.gpu_type(n.gpu_model), n.gpus, alloc, free,
-                            n.schedulable, max(0.0, h - n.gpus)))
+        h = held.get((n.cluster, n.node), 0)
+        alloc = min(h, n.milli_gpus)
+        free = n.milli_gpus - alloc if n.schedulable else 0
+        out.append(NodeFree(n.cluster, n.node, resolver.gpu_type(n.gpu_model), as_gpus(n.milli_gpus), as_gpus(alloc),
+                            as_gpus(free), n.schedulable, as_gpus(max(0, h - n.milli_gpus))))
     return tuple(out)
 
 
 def _summary(gpu_type: str, nodes: Sequence[NodeFree], shapes: Sequence[int]) -> TypeCapacity:
-    fits = {k: sum(math.floor(n.free / k + 1e-9) for n in nodes) for k in shapes}
+    fits = {k: sum(milli(n.free) // (k * MILLI) for n in nodes) for k in shapes}
     return TypeCapacity(
         gpu_type=gpu_type,
-        capacity=sum(n.capacity for n in nodes),
-        allocated=sum(n.allocated for n in nodes),
-        free=sum(n.free for n in nodes),
-        fragmented_free=sum(n.free for n in nodes if 0 < n.free < n.capacity),
+        capacity=as_gpus(sum(milli(n.capacity) for n in nodes)),
+        allocated=as_gpus(sum(milli(n.allocated) for n in nodes)),
+        free=as_gpus(sum(milli(n.free) for n in nodes)),
+        fragmented_free=as_gpus(sum(milli(n.free) for n in nodes if 0 < n.free < n.capacity)),
         fits=MappingProxyType(fits),
     )
 
@@ -113,10 +113,11 @@ def distribution(view: CapacityView, running: Iterable[Allocation], idle_gpus: M
     """Capacity, allocated, idle and free by type, then by type and queue (leaf queues).
 
     ``idle_gpus`` maps (queue, gpu_type) to the GPUs idle now."""
-    held: dict[tuple[str, str], float] = {}
+    held_m: dict[tuple[str, str], int] = {}
     for a in running:
         k = (resolver.gpu_type(a.gpu_model, a.gpu_resource), resolver.queue(a.queue, a.namespace))
-        held[k] = held.get(k, 0.0) + a.gpus
+        held_m[k] = held_m.get(k, 0) + a.milli_gpus
+    held = {k: as_gpus(v) for k, v in held_m.items()}
     rows = []
     for t in view.types:
         idle_t = sum(v for (q, gt), v in idle_gpus.items() if gt == t.gpu_type)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from accounting.model import NodeCapacity
+from accounting.model import NodeCapacity, milli
 
 
 def declared(nodes: Iterable[tuple[str, str, float]], cluster: str) -> tuple[NodeCapacity, ...]:
@@ -29,7 +29,7 @@ def declared(nodes: Iterable[tuple[str, str, float]], cluster: str) -> tuple[Nod
     out = []
     for name, gpu_type, gpus in nodes:
         c, _, node = name.rpartition("/")
-        out.append(NodeCapacity(c or cluster, node, gpu_type, float(gpus), True))
+        out.append(NodeCapacity(c or cluster, node, gpu_type, milli(gpus), True))
     return tuple(out)
 
 

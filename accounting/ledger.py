@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from accounting.model import Allocation
+from accounting.model import Allocation, milli
 
 SOURCES = ("pod", "placement_group", "ray_job", "admission")
 _RANK = {s: i for i, s in enumerate(SOURCES)}
@@ -93,10 +93,14 @@ def admission_rows(workload_id: str, queue: str, *, cluster: str, namespace: str
     a workload admitted again on the same node after a preemption is a new row, not a new version
     of the one that billed its first run."""
     nodes = placement.items() if isinstance(placement, Mapping) else placement
-    return [Allocation(cluster, namespace, workload_id, f"{workload_id}/{node}@{round(start_s * 1000)}", queue, node,
-                       gpu_type,
-                       float(gpus), start_s, end_s, "nvidia.com/gpu", priority, "", ADMISSION, workload_id)
-            for node, gpus in nodes if gpus > 0]
+    out = []
+    for name, n in nodes:
+        if n > 0:
+            c, node = node_of(name, cluster)
+            out.append(Allocation(c, namespace, workload_id, f"{workload_id}/{name}@{round(start_s * 1000)}", queue,
+                                  node, gpu_type, milli(n), start_s, end_s, "nvidia.com/gpu", priority, "",
+                                  ADMISSION, workload_id))
+    return out
 
 
 def reserved(allocations: Iterable[Allocation]) -> list[Allocation]:

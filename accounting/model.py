@@ -1,11 +1,29 @@
 """Frozen snapshots the accounting engine computes over. Times are Unix seconds (float, UTC).
 
+GPUs are counted in **milli-GPUs** (integer thousandths, as Kubernetes milli-units): allocations,
+nodes and demand hold ``milli_gpus``, sums are exact integers, and GPUs as people read them come
+from :func:`as_gpus` (whole GPUs stay integers: ``16``, not ``16.0``; a share is ``0.5``). Each value
+also has a ``gpus`` property in GPUs (float) for arithmetic over time (GPU-seconds).
+
 The store adapter fills these from the public tables; the scheduler can build them directly
 (for example :class:`PendingDemand` for its own pending workloads).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+MILLI = 1000
+
+
+def milli(gpus: float) -> int:
+    """GPUs (at most three decimals are kept) to milli-GPUs."""
+    return round(gpus * MILLI)
+
+
+def as_gpus(milli_gpus: int) -> int | float:
+    """Milli-GPUs to GPUs as people read them: an int when whole."""
+    whole, rest = divmod(milli_gpus, MILLI)
+    return whole if rest == 0 else milli_gpus / MILLI
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +54,7 @@ class Allocation:
     queue: str
     node: str
     gpu_model: str
-    gpus: float
+    milli_gpus: int
     start_s: float
     end_s: float | None
     gpu_resource: str = "nvidia.com/gpu"
@@ -46,6 +64,10 @@ class Allocation:
     workload_id: str = ""        # the gpuq workload id, when the allocation belongs to one
     owner_kind: str = ""         # the pod's top owner (RayJob, RayCluster, ...), "" for a bare pod
     owner: str = ""
+
+    @property
+    def gpus(self) -> float:
+        return self.milli_gpus / MILLI
 
     @property
     def workload(self) -> str:
@@ -67,9 +89,13 @@ class PendingDemand:
     namespace: str
     workload: str
     queue: str
-    gpus: float
+    milli_gpus: int
     since_s: float
     gpu_model: str = ""          # empty: any type
+
+    @property
+    def gpus(self) -> float:
+        return self.milli_gpus / MILLI
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +103,12 @@ class NodeCapacity:
     cluster: str
     node: str
     gpu_model: str
-    gpus: float                  # allocatable GPUs
+    milli_gpus: int              # allocatable
     schedulable: bool = True     # ready and not cordoned
+
+    @property
+    def gpus(self) -> float:
+        return self.milli_gpus / MILLI
 
 
 @dataclass(frozen=True, slots=True)

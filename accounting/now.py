@@ -14,16 +14,20 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from accounting.capacity import CapacityView, TypeShare, capacity_view, distribution
 from accounting.fairshare import Claim, dominant_share, water_fill
 from accounting.idle import DEFAULT_PARAMS, IdleParams, current
 from accounting.intervals import running
 from accounting.ledger import ADMISSION
-from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand
+from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand, as_gpus
 from accounting.queues import ROOT
 from accounting.resolve import UNASSIGNED, Resolver
 from accounting.starvation import Starvation, starving
+
+
+N = TypeVar("N", int, float)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,28 +81,28 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
     config, now = resolver.config, snap.at_s
     live = running(snap.allocations, now)
     cap = capacity_view(snap.nodes, live, resolver)
-    alloc: dict[str, dict[str, float]] = {}
-    pend: dict[str, dict[str, float]] = {}
-    resv: dict[str, dict[str, float]] = {}
+    alloc_m: dict[str, dict[str, int]] = {}       # milli-GPUs: exact sums, GPUs once rolled up
+    pend_m: dict[str, dict[str, int]] = {}
+    resv_m: dict[str, dict[str, int]] = {}
     idle_q: dict[tuple[str, str], float] = {}
     owner = {(a.cluster, a.namespace, a.pod, a.node): a for a in live}
     for al in live:
         key = (resolver.queue(al.queue, al.namespace), resolver.gpu_type(al.gpu_model, al.gpu_resource))
-        _add(alloc, *key, al.gpus)
+        _add(alloc_m, *key, al.milli_gpus)
         if al.source == ADMISSION:
-            _add(resv, *key, al.gpus)
+            _add(resv_m, *key, al.milli_gpus)
     for dem in snap.pending:
-        _add(pend, resolver.queue(dem.queue, dem.namespace), resolver.gpu_type(dem.gpu_model) if dem.gpu_model else None,
-             dem.gpus)
+        _add(pend_m, resolver.queue(dem.queue, dem.namespace),
+             resolver.gpu_type(dem.gpu_model) if dem.gpu_model else None, dem.milli_gpus)
     for run in current(snap.idle_runs, now, idle):
         held = owner.get((run.cluster, run.namespace, run.pod, run.node))
         if held is not None:
             k = (resolver.queue(held.queue, held.namespace), resolver.gpu_type(held.gpu_model, held.gpu_resource))
             idle_q[k] = idle_q.get(k, 0.0) + 1.0
-    kids = _tree(resolver, UNASSIGNED in alloc or UNASSIGNED in pend)
-    _roll(alloc, kids, ROOT)
-    _roll(pend, kids, ROOT)
-    _roll(resv, kids, ROOT)
+    kids = _tree(resolver, UNASSIGNED in alloc_m or UNASSIGNED in pend_m)
+    for m in (alloc_m, pend_m, resv_m):
+        _roll(m, kids, ROOT)
+    alloc, pend, resv = _as_gpus(alloc_m), _as_gpus(pend_m), _as_gpus(resv_m)
     idle_roll: dict[str, dict[str, float]] = {}
     for (iq, it), v in idle_q.items():
         _add(idle_roll, iq, it, v)
@@ -132,21 +136,26 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
     return NowView(now, tuple(rows), cap, dist, starving(rows, snap.pending, resolver, now, starvation_s))
 
 
-def _add(acc: dict[str, dict[str, float]], queue: str, gpu_type: str | None, amount: float) -> None:
+def _add(acc: dict[str, dict[str, N]], queue: str, gpu_type: str | None, amount: N) -> None:
     d = acc.setdefault(queue, {})
-    d["gpu"] = d.get("gpu", 0.0) + amount
+    d["gpu"] = d.get("gpu", 0) + amount
     if gpu_type is not None:
-        d[f"gpu/{gpu_type}"] = d.get(f"gpu/{gpu_type}", 0.0) + amount
+        d[f"gpu/{gpu_type}"] = d.get(f"gpu/{gpu_type}", 0) + amount
 
 
-def _roll(acc: dict[str, dict[str, float]], kids: Mapping[str, tuple[str, ...]], q: str) -> dict[str, float]:
+def _roll(acc: dict[str, dict[str, N]], kids: Mapping[str, tuple[str, ...]], q: str) -> dict[str, N]:
     total = dict(acc.get(q, {}))
     for c in kids.get(q, ()):
         for r, v in _roll(acc, kids, c).items():
-            total[r] = total.get(r, 0.0) + v
+            total[r] = total.get(r, 0) + v
     if total:
         acc[q] = total
     return total
+
+
+def _as_gpus(acc: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    """Milli-GPU sums as GPUs (whole ones as ints)."""
+    return {q: {r: as_gpus(v) for r, v in d.items()} for q, d in acc.items()}
 
 
 def _preorder(kids: Mapping[str, tuple[str, ...]]) -> list[str]:

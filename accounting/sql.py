@@ -39,7 +39,7 @@ BILLED_AS = "if({p}workload_id != '', {p}workload_id, if({p}ray_cluster != '', {
 # Allocations overlapping [wf, wt) with the end they really had (accounting.intervals.effective_ends):
 # open rows count to now, and a row is cut at the start of the next uid of the same slot.
 ALLOC_SPANS = f"""
-SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpu_resource, gpus, priority, ray_cluster, workload_id,
+SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpu_resource, milli_gpus, priority, ray_cluster, workload_id,
        start, end, least(coalesce(end, wn), wn, coalesce(next_start, wn)) AS eff_end
 FROM (
   SELECT *, leadInFrame(toNullable(start)) OVER (PARTITION BY {SLOT} ORDER BY start, uid
@@ -51,8 +51,9 @@ FROM (
 USAGE = f"""
 WITH {_W}
 SELECT cluster, queue, namespace, if({{by_workload:UInt8}}, {BILLED_AS.format(p='')}, '') AS workload,
-       gpu_model, gpu_resource, sum(gpus * greatest(0, toUnixTimestamp64Milli(least(eff_end, wt)) - toUnixTimestamp64Milli(greatest(start, wf)))) / 1000
-         AS gpu_seconds
+       gpu_model, gpu_resource,
+       sum(milli_gpus * greatest(0, toUnixTimestamp64Milli(least(eff_end, wt)) - toUnixTimestamp64Milli(greatest(start, wf))))
+         / 1e6 AS gpu_seconds
 FROM ({ALLOC_SPANS})
 GROUP BY cluster, queue, namespace, workload, gpu_model, gpu_resource
 HAVING gpu_seconds > 0
@@ -60,7 +61,7 @@ ORDER BY cluster, queue, namespace, workload, gpu_model, gpu_resource"""
 
 ALLOCATIONS = f"""
 WITH {_W}
-SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpus, toUnixTimestamp64Milli(start) / 1000,
+SELECT cluster, namespace, pod, uid, queue, node, gpu_model, milli_gpus, toUnixTimestamp64Milli(start) / 1000,
        if(end IS NULL, NULL, toUnixTimestamp64Milli(assumeNotNull(end)) / 1000), gpu_resource, priority, ray_cluster,
        source, workload_id, owner_kind, owner
 FROM @LEDGER@
@@ -175,8 +176,8 @@ USAGE_IDLE = f"""
 WITH {_W}, {SCAN}
 SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, {BILLED_AS.format(p='a.')}, '') AS workload,
        a.gpu_model, a.gpu_resource,
-       sum(a.gpus * greatest(0, toUnixTimestamp64Milli(least(a.eff_end, wt)) - toUnixTimestamp64Milli(greatest(a.start, wf))))
-         / 1000 AS gpu_seconds,
+       sum(a.milli_gpus * greatest(0, toUnixTimestamp64Milli(least(a.eff_end, wt))
+                                      - toUnixTimestamp64Milli(greatest(a.start, wf)))) / 1e6 AS gpu_seconds,
        sum(arraySum((s, e) -> greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
                                           - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))),
                     r.ss, r.es)) / 1000 AS idle_gpu_seconds

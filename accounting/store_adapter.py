@@ -14,7 +14,7 @@ from typing import Any, Literal
 from accounting import sql
 from accounting.errors import AccountingQueryError
 from accounting.idle import IdleParams
-from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand, UsageAgg, Window
+from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand, UsageAgg, Window, milli
 from gpuq.errors import StoreError
 from gpuq.store import Store
 
@@ -68,7 +68,7 @@ def read_allocations(store: Store, window: Window, now_s: float,
     """The ledger's allocations overlapping the window (:mod:`accounting.ledger`), of ``sources``
     only when given (after the ledger chose each workload's source)."""
     rows = _q(store, _alloc(store, sql.ALLOCATIONS, window), {**_window(window, now_s), "sources": ",".join(sources)})
-    return [Allocation(str(c), str(ns), str(p), str(u), str(q), str(n), str(m), float(g), float(s),
+    return [Allocation(str(c), str(ns), str(p), str(u), str(q), str(n), str(m), int(g), float(s),
                        None if e is None else float(e), str(r), int(pr), str(rc), str(src), str(wid), str(ok),
                        str(o))
             for c, ns, p, u, q, n, m, g, s, e, r, pr, rc, src, wid, ok, o in rows]
@@ -134,22 +134,22 @@ def read_nodes(store: Store, now_s: float) -> list[NodeCapacity]:
     for c, n, model, gpus, ready, cordoned, _, mig in _q(store, sql.NODES, {"n": _ms(now_s)}):
         ok = bool(ready) and not bool(cordoned)
         if gpus:
-            out.append(NodeCapacity(str(c), str(n), str(model), float(gpus), ok))
+            out.append(NodeCapacity(str(c), str(n), str(model), milli(float(gpus)), ok))
         for res, count in sorted((mig or {}).items()):
             profile = str(res).removeprefix("nvidia.com/mig-")
-            out.append(NodeCapacity(str(c), str(n), f"{model}-MIG-{profile}", float(count), ok))
+            out.append(NodeCapacity(str(c), str(n), f"{model}-MIG-{profile}", milli(float(count)), ok))
     k8s = {nc.cluster for nc in out}
-    state = [NodeCapacity(str(c), str(n), str(model or ""), float(gpus), True)
+    state = [NodeCapacity(str(c), str(n), str(model or ""), milli(float(gpus)), True)
              for c, n, model, gpus in _q(store, sql.RAY_STATE_NODES, {"n": _ms(now_s)}) if str(c) not in k8s]
     out.extend(state)
     seen = k8s | {nc.cluster for nc in state}
     for c, n, model, gpus in _q(store, sql.RAY_NODES, {"n": _ms(now_s)}):
         if str(c) not in seen:
-            out.append(NodeCapacity(str(c), str(n), str(model or ""), float(gpus), True))
+            out.append(NodeCapacity(str(c), str(n), str(model or ""), milli(float(gpus)), True))
     return out
 
 
 def read_pending(store: Store, now_s: float, lookback_s: float = 7 * 86400) -> list[PendingDemand]:
     rows = _q(store, sql.PENDING, {"n": _ms(now_s), "lookback": int(lookback_s)})
-    return [PendingDemand(str(c), str(ns), str(w), str(q), float(g), float(since), str(m))
+    return [PendingDemand(str(c), str(ns), str(w), str(q), milli(float(g)), float(since), str(m))
             for c, ns, w, q, g, since, m, *_ in rows]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from accounting.model import Allocation, NodeCapacity, PendingDemand
+from accounting.model import Allocation, NodeCapacity, PendingDemand, milli
 from accounting.queues import QueueConfig, parse_queue_config
 from accounting.resolve import Resolver
 
@@ -37,15 +37,15 @@ def alloc(pod: str = "p", queue: str = "research.vision", gpus: float = 1, start
           namespace: str = "ns", cluster: str = "c", ray_cluster: str = "") -> Allocation:
     """Times are offsets from T0."""
     return Allocation(cluster=cluster, namespace=namespace, pod=pod, uid=uid or f"{pod}-{start}", queue=queue,
-                      node=node, gpu_model=model, gpus=float(gpus), start_s=T0 + start,
+                      node=node, gpu_model=model, milli_gpus=milli(gpus), start_s=T0 + start,
                       end_s=None if end is None else T0 + end, ray_cluster=ray_cluster)
 
 
 def node(name: str = "n1", gpus: float = 8, model: str = "H100", cluster: str = "c",
          schedulable: bool = True) -> NodeCapacity:
-    return NodeCapacity(cluster, name, model, float(gpus), schedulable)
+    return NodeCapacity(cluster, name, model, milli(gpus), schedulable)
 
 
 def pending(queue: str = "research.vision", gpus: float = 8, since: float = 0.0, model: str = "",
             workload: str = "w", namespace: str = "ns") -> PendingDemand:
-    return PendingDemand("c", namespace, workload, queue, float(gpus), T0 + since, model)
+    return PendingDemand("c", namespace, workload, queue, milli(gpus), T0 + since, model)

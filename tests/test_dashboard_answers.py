@@ -48,7 +48,7 @@ def test_events_carry_the_workloads_gpus(store: Any) -> None:
 
 
 def _alloc(namespace: str, pod: str, ray_cluster: str = "", workload_id: str = "") -> Allocation:
-    return Allocation("c", namespace, pod, "u", "", "n", "H100", 1.0, 0.0, None, ray_cluster=ray_cluster,
+    return Allocation("c", namespace, pod, "u", "", "n", "H100", 1000, 0.0, None, ray_cluster=ray_cluster,
                       workload_id=workload_id)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accounting.model import Allocation
+from accounting.model import Allocation, milli
 from accounting.queues import parse_queue_config
 from accounting.resolve import Resolver
 from scheduler.actuators.base import Target
@@ -29,7 +29,7 @@ def make(n: int = 3) -> SchedulerService:
 
 
 def pod(name: str, queue: str, node: str, gpus: float, ns: str = "ml", **kw: Any) -> Allocation:
-    return Allocation("k", ns, name, f"uid-{name}", queue, node, "H100", gpus, 0.0, None, **kw)
+    return Allocation("k", ns, name, f"uid-{name}", queue, node, "H100", milli(gpus), 0.0, None, **kw)
 
 
 def observe(svc: SchedulerService, rows: list[Allocation], now: float = 5.0, grace: float | None = None) -> None:

@@ -71,9 +71,26 @@ def test_bad_dsn(dsn: str) -> None:
 
 
 def test_columns_match_migrated_tables(store) -> None:
+    from gpuq.store.schema import DERIVED
     for table, cols in COLUMNS.items():
-        got = tuple(r[0] for r in store.query(f"DESCRIBE TABLE {store.database}.{table}").rows)
+        rows = store.query(f"DESCRIBE TABLE {store.database}.{table}").rows
+        got = tuple(r[0] for r in rows if r[0] not in DERIVED.get(table, ()))
         assert got == cols, table
+        derived = {r[0]: (r[2], r[3]) for r in rows if r[0] in DERIVED.get(table, ())}
+        assert set(derived) == set(DERIVED.get(table, ())), table
+        assert all(kind == "DEFAULT" for kind, _ in derived.values()), derived      # computed at insert
+
+
+def test_the_ledger_counts_milli_gpus_for_old_and_new_rows(store) -> None:
+    """0007_milli_gpus.sql: a row written with gpus 0.46 (a share) or 8 holds milli_gpus 460 or 8000,
+    and the accounting reads that integer."""
+    import datetime as dt
+    t = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    row = lambda uid, g: ("c", "ns", "p", uid, "q", "n", "H100", "nvidia.com/gpu", g, 0, "", t, None, 1, "pod",  # noqa: E731
+                          "", "", "")
+    store.insert("gpu_allocations", [row("a", 0.46), row("b", 8.0)], COLUMNS["gpu_allocations"])
+    got = dict(store.query(f"SELECT uid, milli_gpus FROM {store.database}.gpu_allocations ORDER BY uid").rows)
+    assert got == {"a": 460, "b": 8000}
 
 
 def test_migrations_are_recorded_and_idempotent(store) -> None:
@@ -118,3 +135,30 @@ def test_unreachable_server_is_unavailable() -> None:
     port = closed_port()
     with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port}"):
         connect(f"http://127.0.0.1:{port}/gpuq", connect_timeout_s=1)
+
+
+def test_the_milli_gpu_migration_converts_existing_rows(store_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store made before 0007 holds ledger rows in GPUs only: after the migration every reader
+    gets their milli-GPUs, stored in the rows' parts (MATERIALIZE COLUMN), not only computed."""
+    import datetime as dt
+
+    import importlib
+
+    from gpuq.store import connect
+    mig = importlib.import_module("gpuq.store.migrate")     # the module (gpuq.store.migrate is also a function)
+    s = connect(store_dsn)
+    everything = mig.load_migrations
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(mig, "load_migrations", lambda: [x for x in everything() if x.version < 7])
+            mig.migrate(s)
+        t = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+        cols = [c for c in COLUMNS["gpu_allocations"]]
+        s.insert("gpu_allocations", [("c", "ns", "p", "old", "q", "n", "H100", "nvidia.com/gpu", 0.25, 0, "", t, None,
+                                      1, "pod", "", "", "")], cols)
+        assert mig.migrate(s) == [7]
+        rows = s.query(f"SELECT uid, milli_gpus FROM {s.database}.gpu_allocations FINAL").rows
+        assert rows == [("old", 250)]
+    finally:
+        s.command(f"DROP DATABASE IF EXISTS {s.database}")
+        s.close()

@@ -15,7 +15,7 @@ With a cluster name set, every migration statement is rewritten (:func:`cluster_
   Distributed sharding key is its source's (:data:`SHARDING_KEYS`), so a row inserted directly
   would land on the same shard;
 * ``ALTER TABLE ... ADD/DROP/MODIFY COLUMN`` goes ``ON CLUSTER`` to the local table and to the
-  Distributed one (``CREATE TABLE ... AS`` copied the columns once only); ``MODIFY TTL`` and
+  Distributed one (``CREATE TABLE ... AS`` copied the columns once only); ``MODIFY TTL``, ``MATERIALIZE COLUMN`` and
   ``MODIFY SETTING`` to the local table (``non_replicated_deduplication_window`` becomes
   ``replicated_deduplication_window``); ``DELETE FROM`` (a lightweight delete) ``ON CLUSTER`` to the
   local table, as :meth:`gpuq.store.client.Store.mutation_target` does; ``DROP VIEW`` and
@@ -168,7 +168,7 @@ def cluster_statements(stmt: str, cluster: str) -> list[str]:
         local = f"ALTER TABLE {db}.{local_name(table)}{on_cluster(cluster)} {rest}"
         if _ALTER_COLUMN.match(rest):
             return [local, f"ALTER TABLE {db}.{table}{on_cluster(cluster)} {rest}"]
-        if rest.startswith("MODIFY TTL "):
+        if rest.startswith("MODIFY TTL ") or rest.startswith("MATERIALIZE COLUMN "):   # the data's: local
             return [local]
         if rest.startswith("MODIFY SETTING "):              # the engine's settings: the local table's
             return [local.replace("non_replicated_deduplication_window", "replicated_deduplication_window")]

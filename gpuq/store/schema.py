@@ -44,3 +44,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "scheduler_state": ("cluster", "workload", "version", "deleted", "ts", "events"),
 }
+
+# Columns the store derives at insert (a DEFAULT of the written columns), never written: the ledger
+# counts milli-GPUs (0007_milli_gpus.sql), derived from the GPUs writers send.
+DERIVED: dict[str, tuple[str, ...]] = {"gpu_allocations": ("milli_gpus",)}

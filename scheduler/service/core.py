@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from accounting.audit import OTHER, Difference, Placed
 from accounting.ledger import admission_rows
-from accounting.model import Allocation, PendingDemand
+from accounting.model import Allocation, PendingDemand, milli
 from accounting.queues import ROOT, QueueConfig
 from scheduler import events as ev
 from scheduler.actuators.base import ActionResult, Actuator, Target, with_retries
@@ -767,7 +767,7 @@ class SchedulerService:
                 return memo[1]
             pending = [(e.target.namespace, e.workload) for e in self._entries.values() if e.state == PENDING]
         c = self.cluster_name
-        rows = tuple(PendingDemand(c, ns, w.id, w.queue, float(w.gpus), w.submit_s,
+        rows = tuple(PendingDemand(c, ns, w.id, w.queue, milli(w.gpus), w.submit_s,
                                    w.gpu_types[0] if len(w.gpu_types) == 1 else "") for ns, w in pending)
         with self._lock:
             self._pending_memo = (key, rows)
