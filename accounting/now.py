@@ -98,7 +98,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
         held = owner.get((run.cluster, run.namespace, run.pod, run.node))
         if held is not None:
             k = (resolver.queue(held.queue, held.namespace), resolver.gpu_type(held.gpu_model, held.gpu_resource))
-            idle_q[k] = idle_q.get(k, 0.0) + 1.0
+            idle_q[k] = idle_q.get(k, 0) + 1
     kids = _tree(resolver, UNASSIGNED in alloc_m or UNASSIGNED in pend_m)
     for m in (alloc_m, pend_m, resv_m):
         _roll(m, kids, ROOT)
@@ -124,14 +124,14 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
             g = None if cfg is None else cfg.guaranteed.get(r, 0 if r == "gpu" else None)
             if q == UNASSIGNED and r == "gpu":
                 g = 0
-            used = a.get(r, 0.0)
+            used = a.get(r, 0)
             rows.append(QueueRow(
                 queue=q, gpu_type="*" if r == "gpu" else r[4:], allocated=used, guaranteed=g,
                 max=None if cfg is None else cfg.max.get(r), effective_max=_effective_max(q, r, resolver),
-                pending=p.get(r, 0.0), borrowed=None if g is None else max(0.0, used - g),
-                lent=None if g is None else max(0.0, g - used), fair_share=fair,
+                pending=p.get(r, 0), borrowed=None if g is None else max(0, used - g),
+                lent=None if g is None else max(0, g - used), fair_share=fair,
                 over_quota_share=oq.get(q, {}).get(r, capacity.get(r, 0.0) if q == ROOT else 0.0),
-                idle=idle_roll.get(q, {}).get(r, 0.0), reserved=resv.get(q, {}).get(r, 0.0)))
+                idle=idle_roll.get(q, {}).get(r, 0), reserved=resv.get(q, {}).get(r, 0)))
     dist = distribution(cap, live, idle_q, resolver)
     return NowView(now, tuple(rows), cap, dist, starving(rows, snap.pending, resolver, now, starvation_s))
 
