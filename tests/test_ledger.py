@@ -148,3 +148,47 @@ def test_idle_runs_count_on_their_own_node_only() -> None:
     run = IdleRun("c", "n2", "GPU-1", "ns", "gpuq-g", T0 + 10, T0 + 40)
     (agg,) = attribute_idle([run], dedup(rows), Window(T0, T0 + 100), T0 + 100)
     assert agg.idle_gpu_seconds == pytest.approx(30)
+
+
+def test_migration_0008_forgets_hours_billed_for_one_node_of_a_gang(store_dsn: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store whose materialised hours billed a 2-node placement group for one node (the rule
+    before 0008): the migration removes those hours (and only those), and the usage then reads
+    both nodes from the ledger."""
+    import importlib
+
+    from accounting.idle import IdleParams
+    from accounting.model import Window
+    from accounting.rollup import materialize_hours
+    from accounting.service import usage_report
+    from gpuq.store import connect
+    from tests.accounting_helpers import config
+    mig = importlib.import_module("gpuq.store.migrate")
+    s = connect(store_dsn)
+    everything = mig.load_migrations
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(mig, "load_migrations", lambda: [x for x in everything() if x.version < 8])
+            mig.migrate(s)
+        s.use_database()
+        gang = _gang("placement_group", "g", start=0, end=3600.0, pod="gpuq-g")
+        lone = [led("solo", "pod", "", node="n3", start=7200, end=10800.0, queue="prod")]
+        s.insert("gpu_allocations", [_row(a) for a in (*gang, *lone)], COLUMNS["gpu_allocations"])
+        now = T0 + 86400
+        params = IdleParams()
+        stale = materialize_hours(s, now, params, since_s=T0, max_hours=4)      # hours T0 .. T0 + 3 h
+        assert stale == [T0, T0 + 3600, T0 + 7200, T0 + 10800]
+        # as the old rule billed them: the gang's first hour for one node (4 GPUs, not 8)
+        s.command(f"ALTER TABLE {s.database}.accounting_usage_1h UPDATE gpu_seconds = gpu_seconds / 2 "
+                  f"WHERE hour = toDateTime({int(T0)}, 'UTC') SETTINGS mutations_sync = 2")
+        before = {dict(r.keys)["queue"]: r.gpu_seconds for r in usage_report(s, config(), Window(T0, T0 + 4 * 3600), now, ["queue"])}
+        assert before["research.vision"] == pytest.approx(4 * 3600)
+        assert mig.migrate(s) == [8]
+        hours = [float(r[0]) for r in s.query(f"SELECT toUnixTimestamp(hour) FROM {s.database}.accounting_hours "
+                                              "FINAL ORDER BY 1").rows]
+        assert hours == [T0 + 7200, T0 + 10800]                  # the pod's hours stay materialised
+        after = {dict(r.keys)["queue"]: r.gpu_seconds for r in usage_report(s, config(), Window(T0, T0 + 4 * 3600), now, ["queue"])}
+        assert after == pytest.approx({"research.vision": 8 * 3600, "prod": 4 * 3600})
+    finally:
+        s.command(f"DROP DATABASE IF EXISTS {s.database}")
+        s.close()

@@ -156,7 +156,7 @@ def test_the_milli_gpu_migration_converts_existing_rows(store_dsn: str, monkeypa
         cols = [c for c in COLUMNS["gpu_allocations"]]
         s.insert("gpu_allocations", [("c", "ns", "p", "old", "q", "n", "H100", "nvidia.com/gpu", 0.25, 0, "", t, None,
                                       1, "pod", "", "", "")], cols)
-        assert mig.migrate(s) == [7]
+        assert mig.migrate(s) == [7, 8]
         rows = s.query(f"SELECT uid, milli_gpus FROM {s.database}.gpu_allocations FINAL").rows
         assert rows == [("old", 250)]
     finally:
