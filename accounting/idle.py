@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from accounting.intervals import effective_ends
+from accounting.ledger import slot
 from accounting.model import ActivityPoint, Allocation, IdleRun, UsageAgg, Window
 
 PROF_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
@@ -111,15 +112,18 @@ def attribute_idle(runs: Iterable[IdleRun], allocs: Iterable[Allocation], window
                    now_s: float) -> tuple[UsageAgg, ...]:
     """Idle GPU-seconds inside the window, grouped like :func:`accounting.intervals.to_aggs`.
 
-    A run counts where it overlaps an allocation of the same (cluster, namespace, pod) on the
-    run's node (a gang's row on another node is another GPU); a run of a pod with no allocation
-    (DCGM saw it, Kubernetes did not) is not counted."""
+    A run counts where it overlaps an allocation of the same (cluster, namespace, pod): a pod's
+    wherever DCGM names its node (its ``Hostname`` need not be the Kubernetes node name), another
+    source's on the run's node only (one row per node of a multi-node allocation: a gang's row on
+    another node is another GPU). A run of a pod with no allocation (DCGM saw it, Kubernetes did
+    not) is not counted."""
     spans: dict[tuple[str, str, str, str], list[tuple[Allocation, float]]] = {}
     for a, end in effective_ends(allocs, now_s):
-        spans.setdefault((a.cluster, a.namespace, a.pod, a.node), []).append((a, end))
+        spans.setdefault(slot(a), []).append((a, end))
     sums: dict[tuple[str, str, str, str, str, str], float] = {}
     for r in runs:
-        for a, end in spans.get((r.cluster, r.namespace, r.pod, r.node), ()):
+        for a, end in (*spans.get((r.cluster, r.namespace, r.pod, ""), ()),
+                       *(spans.get((r.cluster, r.namespace, r.pod, r.node), ()) if r.node else ())):
             s = max(r.start_s, a.start_s, window.start_s)
             e = min(r.end_s, end, window.end_s)
             if e > s:

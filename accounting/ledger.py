@@ -43,10 +43,25 @@ def rank(source: str) -> int:
     return _RANK.get(source, len(SOURCES) - 1)
 
 
-def slot(a: Allocation) -> tuple[str, str, str, str]:
+Slot = tuple[str, str, str, str]
+
+
+def slot(a: Allocation) -> Slot:
     """The rows of one slot run one at a time (see the module's *Restarts*); the same rule in SQL
     is :data:`accounting.sql.SLOT`."""
     return (a.cluster, a.namespace, a.pod, "" if a.source == "pod" else a.node)
+
+
+def by_slot(allocations: Iterable[Allocation]) -> dict[Slot, Allocation]:
+    """The allocations by slot, for :func:`holder` (the last of a slot wins)."""
+    return {slot(a): a for a in allocations}
+
+
+def holder(index: Mapping[Slot, Allocation], cluster: str, namespace: str, pod: str, node: str) -> Allocation | None:
+    """The allocation holding a GPU that DCGM saw used by ``pod`` on ``node``: the pod's wherever
+    DCGM names its node (its ``Hostname`` need not be the Kubernetes node name); a multi-node
+    allocation's row on that node only."""
+    return index.get((cluster, namespace, pod, "")) or (index.get((cluster, namespace, pod, node)) if node else None)
 
 
 def dedup(allocations: Iterable[Allocation]) -> list[Allocation]:

@@ -20,7 +20,7 @@ from accounting.capacity import CapacityView, TypeShare, capacity_view, distribu
 from accounting.fairshare import Claim, dominant_share, water_fill
 from accounting.idle import DEFAULT_PARAMS, IdleParams, current
 from accounting.intervals import running
-from accounting.ledger import ADMISSION
+from accounting.ledger import ADMISSION, by_slot, holder
 from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand, as_gpus
 from accounting.queues import ROOT
 from accounting.resolve import UNASSIGNED, Resolver
@@ -85,7 +85,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
     pend_m: dict[str, dict[str, int]] = {}
     resv_m: dict[str, dict[str, int]] = {}
     idle_q: dict[tuple[str, str], float] = {}
-    owner = {(a.cluster, a.namespace, a.pod, a.node): a for a in live}
+    owner = by_slot(live)
     for al in live:
         key = (resolver.queue(al.queue, al.namespace), resolver.gpu_type(al.gpu_model, al.gpu_resource))
         _add(alloc_m, *key, al.milli_gpus)
@@ -95,7 +95,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
         _add(pend_m, resolver.queue(dem.queue, dem.namespace),
              resolver.gpu_type(dem.gpu_model) if dem.gpu_model else None, dem.milli_gpus)
     for run in current(snap.idle_runs, now, idle):
-        held = owner.get((run.cluster, run.namespace, run.pod, run.node))
+        held = holder(owner, run.cluster, run.namespace, run.pod, run.node)
         if held is not None:
             k = (resolver.queue(held.queue, held.namespace), resolver.gpu_type(held.gpu_model, held.gpu_resource))
             idle_q[k] = idle_q.get(k, 0) + 1

@@ -40,7 +40,7 @@ BILLED_AS = "if({p}workload_id != '', {p}workload_id, if({p}ray_cluster != '', {
 # open rows count to now, and a row is cut at the start of the next uid of the same slot.
 ALLOC_SPANS = f"""
 SELECT cluster, namespace, pod, uid, queue, node, gpu_model, gpu_resource, milli_gpus, priority, ray_cluster, workload_id,
-       start, end, least(coalesce(end, wn), wn, coalesce(next_start, wn)) AS eff_end
+       source, start, end, least(coalesce(end, wn), wn, coalesce(next_start, wn)) AS eff_end
 FROM (
   SELECT *, leadInFrame(toNullable(start)) OVER (PARTITION BY {SLOT} ORDER BY start, uid
                                                  ROWS BETWEEN CURRENT ROW AND 1 FOLLOWING) AS next_start
@@ -168,8 +168,9 @@ SCAN = ("fromUnixTimestamp64Milli({scan:Int64}, 'UTC') AS wscan, "
 
 # GPU-seconds and idle GPU-seconds per UsageAgg key in one pass over the allocations
 # (accounting.intervals.clip + to_aggs, accounting.idle.attribute_idle): each allocation, cut to
-# the window and to its effective end, takes the idle runs of its (cluster, namespace, pod) on its
-# node (joined by POD_HASH and the node), each clipped the same way. The runs come from a scan a window's worth
+# the window and to its effective end, takes the idle runs of its (cluster, namespace, pod) (joined
+# by POD_HASH), a pod's wherever DCGM names its node, another source's (one row per node of a
+# multi-node allocation) on its own node only (accounting.idle.attribute_idle), each clipped the same way. The runs come from a scan a window's worth
 # wider on each side ({scan}, {scan_end}), so that a run crossing an edge is idle by its whole
 # length.
 USAGE_IDLE = f"""
@@ -178,12 +179,13 @@ SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, {BILLED_AS.for
        a.gpu_model, a.gpu_resource,
        sum(a.milli_gpus * greatest(0, toUnixTimestamp64Milli(least(a.eff_end, wt))
                                       - toUnixTimestamp64Milli(greatest(a.start, wf)))) / 1e6 AS gpu_seconds,
-       sum(arraySum((s, e) -> greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
-                                          - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))),
-                    r.ss, r.es)) / 1000 AS idle_gpu_seconds
+       sum(arraySum((s, e, nd) -> if(a.source = 'pod' OR nd = a.node,
+                    greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
+                                - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))), 0),
+                    r.ss, r.es, r.ns)) / 1000 AS idle_gpu_seconds
 FROM ({ALLOC_SPANS}) AS a
-LEFT JOIN (SELECT hp, node, groupArray(s) AS ss, groupArray(e) AS es FROM (@SUB@) GROUP BY hp, node) AS r
-  ON {POD_HASH.format(p='a.')} = r.hp AND a.node = r.node
+LEFT JOIN (SELECT hp, groupArray(s) AS ss, groupArray(e) AS es, groupArray(node) AS ns FROM (@SUB@) GROUP BY hp) AS r
+  ON {POD_HASH.format(p='a.')} = r.hp
 GROUP BY a.cluster, a.queue, a.namespace, workload, a.gpu_model, a.gpu_resource
 HAVING gpu_seconds > 0 OR idle_gpu_seconds > 0
 ORDER BY a.cluster, a.queue, a.namespace, workload, a.gpu_model, a.gpu_resource"""

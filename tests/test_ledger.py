@@ -148,6 +148,11 @@ def test_idle_runs_count_on_their_own_node_only() -> None:
     run = IdleRun("c", "n2", "GPU-1", "ns", "gpuq-g", T0 + 10, T0 + 40)
     (agg,) = attribute_idle([run], dedup(rows), Window(T0, T0 + 100), T0 + 100)
     assert agg.idle_gpu_seconds == pytest.approx(30)
+    # a pod's run counts whatever node DCGM names (its Hostname may be the exporter's pod name)
+    pod = [led("p", "pod", "", node="n1", start=0, end=100.0)]
+    elsewhere = IdleRun("c", "dcgm-exporter-x7k2", "GPU-2", "ns", "p", T0 + 10, T0 + 50)
+    (agg,) = attribute_idle([elsewhere], pod, Window(T0, T0 + 100), T0 + 100)
+    assert agg.idle_gpu_seconds == pytest.approx(40)
 
 
 def test_migration_0008_forgets_hours_billed_for_one_node_of_a_gang(store_dsn: str,

@@ -17,7 +17,7 @@ from accounting import service as acc
 from accounting.audit import Difference, Placed, audit
 from accounting.intervals import running
 from accounting.idle import IdleParams, current
-from accounting.ledger import ADMISSION, combine
+from accounting.ledger import ADMISSION, by_slot, combine, holder
 from accounting.metrics import AccountingCollector
 from accounting.model import Allocation, NodeCapacity, PendingDemand, Window
 from accounting.now import NowSnapshot, NowView, compute_now
@@ -261,10 +261,10 @@ def _on_capacity_nodes(admitted: Sequence[Allocation], capacity: Sequence[Any]) 
 
 
 def _idle(snap: NowSnapshot, now_s: float, params: IdleParams) -> frozenset[tuple[str, str]]:
-    owner = {(a.cluster, a.namespace, a.pod, a.node): a.workload for a in snap.allocations}
+    owner = by_slot(snap.allocations)
     out = set()
     for r in current(snap.idle_runs, now_s, params):
-        w = owner.get((r.cluster, r.namespace, r.pod, r.node))
-        if w is not None:
-            out.add((r.namespace, w))
+        a = holder(owner, r.cluster, r.namespace, r.pod, r.node)
+        if a is not None:
+            out.add((r.namespace, a.workload))
     return frozenset(out)

@@ -11,6 +11,7 @@ from typing import Any
 
 from accounting import service as acc
 from accounting.idle import current
+from accounting.ledger import by_slot, holder
 from accounting.queues import ROOT
 from accounting.resolve import Resolver
 
@@ -52,12 +53,11 @@ def idle(live: Any, now_s: float) -> dict[str, Any]:
     :func:`workload_name`) and per node."""
     snap = acc.now_snapshot(live.store, now_s, live.params, pending=())
     resolver = Resolver(live.config)
-    owner = {(a.cluster, a.namespace, a.pod, a.node): a for a in snap.allocations
-             if a.start_s <= now_s and (a.end_s is None or a.end_s > now_s)}
+    owner = by_slot(a for a in snap.allocations if a.start_s <= now_s and (a.end_s is None or a.end_s > now_s))
     work: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     nodes: dict[tuple[str, str], float] = {}
     for run in current(snap.idle_runs, now_s, live.params):
-        a = owner.get((run.cluster, run.namespace, run.pod, run.node))
+        a = holder(owner, run.cluster, run.namespace, run.pod, run.node)
         if a is None:                       # DCGM saw a pod the allocations do not hold: not counted
             continue
         key = (a.cluster, resolver.queue(a.queue, a.namespace), a.namespace, a.workload)
