@@ -77,10 +77,13 @@ def dedup(allocations: Iterable[Allocation]) -> list[Allocation]:
     row of a better source there is open (a row cut in pieces: its pieces); every foreign row."""
     allocs = list(allocations)
     spans: dict[tuple[str, str], list[tuple[int, float, float | None]]] = {}
+    best: dict[tuple[str, str], int] = {}
     queue: dict[str, str] = {}
     for a in allocs:
         if a.workload_id:
-            spans.setdefault((a.workload_id, a.node), []).append((rank(a.source), a.start_s, a.end_s))
+            r, k = rank(a.source), (a.workload_id, a.node)
+            spans.setdefault(k, []).append((r, a.start_s, a.end_s))
+            best[k] = min(r, best.get(k, r))
             if a.queue > queue.get(a.workload_id, ""):
                 queue[a.workload_id] = a.queue
     out = []
@@ -89,8 +92,8 @@ def dedup(allocations: Iterable[Allocation]) -> list[Allocation]:
             out.append(a)
             continue
         a = a if a.queue else replace(a, queue=queue[a.workload_id])
-        r = rank(a.source)
-        covers = [(s, e) for rr, s, e in spans[(a.workload_id, a.node)] if rr < r]
+        r, k = rank(a.source), (a.workload_id, a.node)
+        covers = [(s, e) for rr, s, e in spans[k] if rr < r] if r > best[k] else []
         if not covers:
             out.append(a)
             continue
