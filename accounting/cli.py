@@ -1,6 +1,8 @@
 """``gpuq usage`` and ``gpuq queues``: the lead's CLI calls these with the arguments after the
 command and the loaded settings. Both print a table, CSV, or with ``--format json`` a JSON array of
-row objects; they return 0, 1 (the store failed) or 2 (bad arguments or queue file).
+row objects; they return 0, 1 (the store failed) or 2 (bad arguments or queue file). ``gpuq``
+itself asks the running ``gpuq serve`` instead when it answers (:mod:`gpuq.remote`), unless
+``--local``.
 
     gpuq usage --from -7d --to now --by queue,gpu_type [--rollup] [--idle-source auto|raw|1m|1h]
     gpuq queues [--at TIME] [--show queues|capacity|nodes|types|starving]
@@ -48,6 +50,10 @@ def _common(prog: str, description: str = "") -> _Parser:
     p = _Parser(prog=prog, description=description or None)
     p.add_argument("--format", choices=["table", "json", "csv"], default="table",
                    help="an aligned table (default), a JSON array of rows, or CSV")
+    p.add_argument("--local", action="store_true",
+                   help="compute from the store even when gpuq serve answers at api.host:api.port (by default "
+                   "its API answers, with the scheduler's live admissions and pending; gpuq.remote)")
+    p.add_argument("--token", help="the API token when gpuq serve answers (default: the first of api.tokens)")
     return p
 
 

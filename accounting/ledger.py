@@ -11,12 +11,16 @@ Sources, in order of precedence (:data:`SOURCES`):
 ``admission``
     what gpuq admitted and has not been seen yet by any of the above (the scheduler).
 
-The ledger counts per **(workload, node)**: a workload on several nodes (a gang) is counted on
-each of them, and the precedence of sources is applied per workload and node. On each node a
-workload holds, only the rows of its best source there count (an admitted RayJob's pods, not
-also its admission; a Ray gang's placement group, not also its admission), so a gang whose pods
-are seen on one node and not yet on the other counts the pods on the first and the admission on
-the second. A row with no queue of its own (a placement group) takes its workload's queue from
+The ledger counts per **(workload, node) and moment**: a workload on several nodes (a gang) is
+counted on each of them, and the precedence of sources is applied per workload and node, at each
+moment. On each node a workload holds, a row counts where no row of a better source of the same
+workload on that node is open (an admitted RayJob's pods, not also its admission; a Ray gang's
+placement group, not also its admission), so a gang whose pods are seen on one node and not yet on
+the other counts the pods on the first and the admission on the second, and an admission counts
+from the moment gpuq admitted the workload until its placement group (or pods) appear, and again
+from when they are gone until gpuq saw the workload end: gpuq held those GPUs for it all along
+(:func:`uncovered`; a row cut so keeps its uid for its first piece, ``<uid>#<start ms>`` for
+later ones). A row with no queue of its own (a placement group) takes its workload's queue from
 the other rows (the admission). Rows without a workload id (work gpuq did not admit: pods of
 other schedulers, jobs started before gpuq) always count: they are *foreign*.
 
@@ -64,25 +68,53 @@ def holder(index: Mapping[Slot, Allocation], cluster: str, namespace: str, pod: 
     return index.get((cluster, namespace, pod, "")) or (index.get((cluster, namespace, pod, node)) if node else None)
 
 
+def uncovered(start_s: float, end_s: float | None,
+              covers: Iterable[tuple[float, float | None]]) -> list[tuple[float, float | None]]:
+    """The pieces of [start_s, end_s) outside every one of ``covers`` (None: open), in order: each
+    starts at ``start_s`` or where a cover ends, and runs to the next cover's start or ``end_s``.
+    The same rule in SQL is in :data:`accounting.sql.LEDGER`."""
+    spans = list(covers)
+    inf = float("inf")
+    end = inf if end_s is None else end_s
+    starts = sorted({start_s, *(e for _, e in spans if e is not None and start_s < e < end)})
+    out: list[tuple[float, float | None]] = []
+    for c in starts:
+        if any(s <= c < (inf if e is None else e) for s, e in spans):
+            continue
+        stop = min([end, *(s for s, _ in spans if s > c)])
+        if stop > c:
+            out.append((c, None if stop == inf else stop))
+    return out
+
+
 def dedup(allocations: Iterable[Allocation]) -> list[Allocation]:
-    """The allocations that count, in their input order: per (workload, node), the rows of the
-    best source there; every foreign row."""
+    """The allocations that count, in their input order: per (workload, node), each row where no
+    row of a better source there is open (a row cut in pieces: its pieces); every foreign row."""
     allocs = list(allocations)
+    spans: dict[tuple[str, str], list[tuple[int, float, float | None]]] = {}
     best: dict[tuple[str, str], int] = {}
     queue: dict[str, str] = {}
     for a in allocs:
         if a.workload_id:
             r, k = rank(a.source), (a.workload_id, a.node)
-            if r < best.get(k, len(SOURCES)):
-                best[k] = r
+            spans.setdefault(k, []).append((r, a.start_s, a.end_s))
+            best[k] = min(r, best.get(k, r))
             if a.queue > queue.get(a.workload_id, ""):
                 queue[a.workload_id] = a.queue
     out = []
     for a in allocs:
         if not a.workload_id:
             out.append(a)
-        elif rank(a.source) == best[(a.workload_id, a.node)]:
-            out.append(a if a.queue else replace(a, queue=queue[a.workload_id]))
+            continue
+        a = a if a.queue else replace(a, queue=queue[a.workload_id])
+        r, k = rank(a.source), (a.workload_id, a.node)
+        covers = [(s, e) for rr, s, e in spans[k] if rr < r] if r > best[k] else []
+        if not covers:
+            out.append(a)
+            continue
+        for s, e in uncovered(a.start_s, a.end_s, covers):
+            uid = a.uid if s == a.start_s else f"{a.uid}#{round(s * 1000)}"
+            out.append(a if (s, e) == (a.start_s, a.end_s) else replace(a, uid=uid, start_s=s, end_s=e))
     return out
 
 

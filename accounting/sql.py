@@ -14,19 +14,45 @@ _W = ("fromUnixTimestamp64Milli({f:Int64}, 'UTC') AS wf, fromUnixTimestamp64Mill
       "fromUnixTimestamp64Milli({n:Int64}, 'UTC') AS wn")
 
 # The ledger (accounting.ledger.dedup): the allocations overlapping [wf, wt), each gpuq workload
-# counted once on each node it holds, from its best source there (pod, then placement group, then
-# Ray job, then the admission), a row with no queue of its own taking its workload's (a placement
-# group's queue is the admission's).
-LEDGER = """(
-  SELECT * EXCEPT (rank, best, wq) REPLACE (if(queue = '', wq, queue) AS queue)
+# counted once on each node it holds, at each moment from its best source there (pod, then placement
+# group, then Ray job, then the admission): a row counts in the pieces of its span where no row of a
+# better source of its (workload, node) is open (accounting.ledger.uncovered; `cv` are those rows'
+# spans in ms, an open end the largest Int64; a piece starts at the row's start or a cover's end and runs to
+# the next cover's start or the row's end), a later piece named `<uid>#<start ms>`. A row with no
+# queue of its own takes its workload's (a placement group's queue is the admission's). Spans are
+# gathered only in partitions that hold more than one source (`worst` > `best`).
+_OPEN_MS = "toInt64(9223372036854775807)"
+_PIECES = """arrayFilter(p -> p.2 > p.1,
+      arrayMap(c -> (c, arrayMin(arrayConcat([e_ms], arrayMap(x -> x.1, arrayFilter(x -> x.1 > c, cv))))),
+        arrayFilter(c -> NOT arrayExists(x -> x.1 <= c AND x.2 > c, cv),
+          arrayDistinct(arrayConcat([s_ms], arrayFilter(x -> x > s_ms AND x < e_ms, arrayMap(x -> x.2, cv)))))))"""
+LEDGER = f"""(
+  SELECT * EXCEPT (rank, best, worst, wq, s_ms, e_ms, cv, pieces, piece) REPLACE (
+           if(queue = '', wq, queue) AS queue,
+           if(piece.1 = s_ms, uid, concat(uid, '#', toString(piece.1))) AS uid,
+           if(piece.1 = s_ms, start, fromUnixTimestamp64Milli(piece.1, 'UTC')) AS start,
+           if(piece.2 = e_ms, end, if(piece.2 = {_OPEN_MS}, NULL, fromUnixTimestamp64Milli(piece.2, 'UTC'))) AS end)
   FROM (
-    SELECT *, multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, 3) AS rank,
-           if(workload_id = '', rank, min(rank) OVER (PARTITION BY workload_id, node)) AS best,
-           if(workload_id = '', '', max(queue) OVER (PARTITION BY workload_id)) AS wq
-    FROM {db}.@ALLOC@ FINAL
-    WHERE start < wt AND (end IS NULL OR end > wf)
+    SELECT *, if(empty(cv), [(s_ms, e_ms)], {_PIECES}) AS pieces
+    FROM (
+      SELECT * EXCEPT (spans), arrayMap(x -> (x.2, x.3), arrayFilter(x -> x.1 < rank, spans)) AS cv
+      FROM (
+        SELECT *, if(worst = best, [], groupArrayIf((rank, s_ms, e_ms), worst > best AND rank < worst)
+                                          OVER (PARTITION BY workload_id, node)) AS spans
+        FROM (
+          SELECT *, multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, 3) AS rank,
+                 toUnixTimestamp64Milli(start) AS s_ms, ifNull(toUnixTimestamp64Milli(end), {_OPEN_MS}) AS e_ms,
+                 if(workload_id = '', rank, min(rank) OVER (PARTITION BY workload_id, node)) AS best,
+                 if(workload_id = '', rank, max(rank) OVER (PARTITION BY workload_id, node)) AS worst,
+                 if(workload_id = '', '', max(queue) OVER (PARTITION BY workload_id)) AS wq
+          FROM {{db}}.@ALLOC@ FINAL
+          WHERE start < wt AND (end IS NULL OR end > wf)
+        )
+      )
+    )
   )
-  WHERE rank = best
+  ARRAY JOIN pieces AS piece
+  WHERE piece.1 < toUnixTimestamp64Milli(wt) AND piece.2 > toUnixTimestamp64Milli(wf)
 )"""
 
 # A row's slot (accounting.ledger.slot): a pod's rows run one at a time; the rows of the other

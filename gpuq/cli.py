@@ -203,12 +203,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)      # one INFO line per request otherwise
     try:
         settings = load_settings(args.config)
+        if args.command in ("queues", "usage"):           # gpuq serve's view when it answers
+            from gpuq.remote import accounting_command
+
+            def local(rest: list[str]) -> int:
+                args.rest = rest
+                return int(args.func(args, settings))
+
+            return accounting_command(args.command, args.rest, settings, local)
         if args.command in STORE_COMMANDS:
-            from gpuq.remote import locked_chdb_path, locked_error, remote_view
+            from gpuq.remote import locked_chdb_path, locked_error
 
             held = locked_chdb_path(settings)
-            if held and args.command in ("queues", "usage"):
-                return remote_view(args.command, args.rest, settings)
             if held and not (args.command == "serve" and settings.leader.enabled):
                 raise locked_error(held)             # an elected replica stands by until the leader is gone
         return int(args.func(args, settings))

@@ -2,8 +2,10 @@
 nodes of logical GPUs), `gpuq serve` with the ray actuator and the served DCGM page: SIGTERM once
 the gang is admitted stops everything the demo started (exit 0, no process left that carries the
 run's temp dir), and the store it leaves holds the story: prod got its guarantee back by
-preemption, the 2 x 4 GPU gang was admitted across two nodes after waiting for its shape, and the
-idle notebook's GPUs read 0 % in the DCGM samples.
+preemption, the 2 x 4 GPU gang was admitted across two nodes after waiting for its shape, the
+idle notebook's GPUs read 0 % in the DCGM samples, and the books balance: every workload whose run
+ended (the gang among them) is billed by ``gpuq usage`` the GPU-seconds its runs held by the
+scheduler's events.
 
 chDB lets one process open a path, so the store is read by `gpuq query` in processes of its own."""
 from __future__ import annotations
@@ -17,9 +19,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuq.demo.session import marked
 from tests.conftest import die_with_parent
@@ -41,6 +45,41 @@ def query(cfg: Path, sql: str) -> list[dict[str, Any]]:
     return rows
 
 
+def usage(cfg: Path, start_s: float, end_s: float) -> dict[str, float]:
+    """GPU-seconds per billed workload over [start_s, end_s), by ``gpuq usage``."""
+    iso = lambda t: datetime.fromtimestamp(t, UTC).isoformat()   # noqa: E731
+    r = subprocess.run([sys.executable, "-m", "gpuq.cli", "usage", "--config", str(cfg), "--from", iso(start_s),
+                        "--to", iso(end_s), "--by", "workload", "--format", "json"],
+                       capture_output=True, text=True, timeout=120, check=True, env=_env())
+    out: dict[str, float] = {}
+    for row in json.loads(r.stdout):
+        out[row["workload"]] = out.get(row["workload"], 0.0) + float(row["gpu_seconds"])
+    return out
+
+
+def held(events: list[dict[str, Any]], stop_s: float) -> tuple[dict[str, float], dict[str, int], set[str]]:
+    """From the scheduler's events: GPU-seconds per workload (each run, admit to its finish, preempt
+    or cancel; a run open at the stop counts to ``stop_s``), the most GPUs a run of it held, and the
+    workloads with a run that ended."""
+    seconds: dict[str, float] = {}
+    gpus: dict[str, int] = {}
+    ended: set[str] = set()
+    open_: dict[str, tuple[float, int]] = {}
+    for e in events:
+        w = e["workload"]
+        if e["event"] == "admit":
+            n = sum(e["placement"].values())
+            open_[w] = (e["t"], n)
+            gpus[w] = max(gpus.get(w, 0), n)
+        elif e["event"] in ("finish", "preempt", "cancel") and w in open_:
+            t, n = open_.pop(w)
+            seconds[w] = seconds.get(w, 0.0) + n * (e["t"] - t)
+            ended.add(w)
+    for w, (t, n) in open_.items():
+        seconds[w] = seconds.get(w, 0.0) + n * max(0.0, stop_s - t)
+    return seconds, gpus, ended
+
+
 def holding(needle: str) -> list[str]:
     """Processes whose argv or open files name ``needle`` (Ray's processes log into their temp dir)."""
     out = []
@@ -56,12 +95,13 @@ def test_demo_tells_the_story_and_sigterm_stops_everything(tmp_path: Path) -> No
     if not Path(sys.executable).with_name("ray").exists():
         pytest.skip(f"no ray command next to {sys.executable}")
     root = tmp_path / "demo"
+    before = time.time()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuq.cli", "demo", "--story", "quick", "--duration", "150", "--no-dashboard",
          "--dir", str(root)], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, preexec_fn=die_with_parent)
     lines: list[str] = []
-    gang = threading.Event()
+    gang, gang_done = threading.Event(), threading.Event()
 
     def read() -> None:
         assert proc.stdout is not None
@@ -69,12 +109,16 @@ def test_demo_tells_the_story_and_sigterm_stops_everything(tmp_path: Path) -> No
             lines.append(line)
             if "admitted  gang-1" in line:
                 gang.set()
+            if "finished  gang-1" in line:
+                gang_done.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
         assert gang.wait(240), "the gang was not admitted:\n" + "".join(lines[-60:])
-        time.sleep(2)
+        assert gang_done.wait(90), "the gang did not finish:\n" + "".join(lines[-60:])
+        time.sleep(3)                       # a collector round sees its placement group removed
+        stop_s = time.time()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0, "".join(lines[-60:])
     finally:
@@ -113,3 +157,13 @@ def test_demo_tells_the_story_and_sigterm_stops_everything(tmp_path: Path) -> No
                       "WHERE metric = 'DCGM_FI_DEV_GPU_UTIL' AND pod = 'gpuq-llm-3'")
     assert float(busy[0]["low"]) >= 70
     assert "summary (from the store" in out and "gang gang-1: submitted" in out
+
+    # the books: what each workload held by the scheduler's events is what it is billed
+    interval_s = float(yaml.safe_load(cfg.read_text())["collector"]["interval_s"])
+    seconds, gpus, ended = held(events, stop_s)
+    billed = usage(cfg, before, stop_s)
+    assert "gang-1" in ended and "serve-1" in ended, events
+    wrong = {w: (round(seconds[w], 1), round(billed.get(w, 0.0), 1)) for w in sorted(ended)
+             if abs(billed.get(w, 0.0) - seconds[w]) > max(0.1 * seconds[w], interval_s * gpus[w])}
+    assert not wrong, f"GPU-seconds (scheduler events, billed) per workload: {wrong}; all billed: {billed}"
+    assert re.search(r"gang-1 \d+ / \d+", out), out

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from accounting.ledger import combine, dedup
+from accounting.ledger import combine, dedup, uncovered
 from accounting.model import Allocation, Window
 from accounting.store_adapter import read_allocations, read_usage
 from gpuq.store.schema import COLUMNS
@@ -71,10 +71,11 @@ def test_sql_ledger_agrees_with_the_pure_one(store: Any) -> None:
     key = lambda a: (a.pod, a.source, a.queue, a.gpus, a.workload_id)   # noqa: E731
     assert sorted(map(key, got)) == sorted(map(key, want))
     assert {a.pod for a in got} == {"p", "pg2", "a3", "f"}
-    # usage over the hour bills each workload once, named by its gpuq id: w2's placement group under
-    # the admission's queue (not also the admission), w1's pod (not also its placement group)
+    # usage over the hour bills each workload once, named by its gpuq id: w2's admission until its
+    # placement group appears at 10 s, then the group under the admission's queue (never both at
+    # once), w1's pod (not also its placement group)
     usage = {(u.queue, u.workload): u.gpu_seconds for u in read_usage(store, Window(T0, now), now)}
-    assert usage[("prod", "w2")] == pytest.approx(4 * 3590)
+    assert usage[("prod", "w2")] == pytest.approx(4 * 3600)
     assert usage[("research.vision", "w1")] == pytest.approx(4 * 3600)
     assert usage[("", "f")] == pytest.approx(2 * 3580)                         # foreign: by its pod
 
@@ -197,3 +198,44 @@ def test_migration_0008_forgets_hours_billed_for_one_node_of_a_gang(store_dsn: s
     finally:
         s.command(f"DROP DATABASE IF EXISTS {s.database}")
         s.close()
+
+
+
+
+# -- per moment: an admission counts until its group appears and after it is gone (issue 16) ---------
+
+@pytest.mark.parametrize("span, covers, pieces", [
+    pytest.param((0, 10), [], [(0, 10)], id="nothing-better"),
+    pytest.param((0, 10), [(2, 8)], [(0, 2), (8, 10)], id="before-and-after"),
+    pytest.param((0, 10), [(0, 10)], [], id="covered"),
+    pytest.param((0, 10), [(-5, None)], [], id="covered-by-an-open-row"),
+    pytest.param((0, None), [(3, None)], [(0, 3)], id="open-until-the-group-appears"),
+    pytest.param((0, None), [(3, 5)], [(0, 3), (5, None)], id="open-after-the-group-is-gone"),
+    pytest.param((0, 10), [(2, 4), (3, 6), (7, 12)], [(0, 2), (6, 7)], id="overlapping-covers"),
+])
+def test_uncovered_pieces(span: tuple[float, float | None], covers: list[tuple[float, float | None]],
+                          pieces: list[tuple[float, float | None]]) -> None:
+    assert uncovered(span[0], span[1], covers) == pieces
+
+
+def test_a_gang_is_billed_from_admission_to_finish_in_sql_and_python(store: Any) -> None:
+    """As in the demo on Ray: the gang's job starts its placement group 2.4 s after the admission
+    and removes it 0.6 s before the scheduler sees the job end; gpuq held the GPUs throughout."""
+    from accounting.intervals import clip, to_aggs
+    rows = [*_gang("admission", "g", start=0, end=14.0, pod="g"),
+            *_gang("placement_group", "g", start=2.4, end=13.4, pod="gpuq-g"),
+            *_gang("admission", "h", gpus=2, start=20, end=None, pod="h", nodes=("n3",)),
+            *_gang("placement_group", "h", gpus=2, start=23, end=None, pod="gpuq-h", nodes=("n3",))]
+    store.insert("gpu_allocations", [_row(a) for a in rows], COLUMNS["gpu_allocations"])
+    now = T0 + 50
+    for window, want in ((Window(T0, now), {"g": 8 * 14.0, "h": 2 * 30.0}),
+                         (Window(T0 + 5, T0 + 22), {"g": 8 * 9.0, "h": 2 * 2.0})):
+        sql = {u.workload: u.gpu_seconds for u in read_usage(store, window, now)}
+        py = {u.workload: u.gpu_seconds for u in to_aggs(clip(dedup(rows), window, now))}
+        assert sql == pytest.approx(want) and py == pytest.approx(want), window
+    got = sorted((a.uid, a.source, a.start_s - T0, None if a.end_s is None else a.end_s - T0)
+                 for a in read_allocations(store, Window(T0, now), now) if a.node == "n1")
+    assert got == sorted((a.uid, a.source, a.start_s - T0, None if a.end_s is None else a.end_s - T0)
+                         for a in dedup(rows) if a.node == "n1")
+    assert [(u, src) for u, src, *_ in got] == [("g/n1", "admission"), (f"g/n1#{round((T0 + 13.4) * 1000)}", "admission"),
+                                                ("gpuq-g/n1", "placement_group")]

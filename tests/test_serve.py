@@ -2,7 +2,7 @@
 `gpuq explain` and `gpuq workloads` against it, SIGTERM stops it cleanly within 10 s, the events
 are in scheduler_events afterwards, and a second start rebuilds the state from them; with an hour's
 flush interval the store holds after SIGTERM exactly the rows accepted before it (collector rows
-and scheduler events).
+and scheduler events); `gpuq queues` and `gpuq usage` show what a running serve's API shows.
 
 chDB lets one process open a path, so the store is read after the server exits, by `gpuq query`
 in a process of its own (this test process keeps the session's chDB path)."""
@@ -179,6 +179,69 @@ def test_store_commands_while_serve_holds_the_store(setup: tuple[Path, str], ser
     sql = gpuq("query", "SELECT 1", cfg=cfg)
     assert sql.returncode == 2
     assert "open in another process" in sql.stderr and "Error initializing" not in sql.stderr
+    forced = gpuq("queues", "--local", cfg=cfg)
+    assert forced.returncode == 2 and "open in another process" in forced.stderr
+
+
+def _config_beside(cfg: Path, name: str, **api: Any) -> Path:
+    """``cfg`` with a store of its own (nothing holds it, like a ClickHouse server's DSN) and ``api``
+    settings over the original's."""
+    data = yaml.safe_load(cfg.read_text())
+    data["store"] |= {"dsn": f"chdb://{cfg.parent / name}", "spill_dir": str(cfg.parent / f"{name}-spill")}
+    data["api"] |= api
+    other = cfg.parent / f"{name}.yaml"
+    other.write_text(yaml.safe_dump(data))
+    return other
+
+
+@pytest.mark.timeout(180)
+def test_queues_and_usage_ask_the_running_serve(setup: tuple[Path, str], servers: list[Server]) -> None:
+    """With a `gpuq serve` answering at api.host:api.port, `gpuq queues` and `gpuq usage` show
+    what its API shows (the scheduler's live admissions and pending) even when they could open
+    their store; `--local` (or an option the API lacks) computes from the store, and so does a
+    config whose API does not answer /healthz in time."""
+    import socket
+
+    cfg, url = setup
+    srv = Server(cfg, url)
+    servers.append(srv)
+    assert srv.client.post("/workloads", json={"id": "a1", "queue": "a", "pods": 2, "gpus_per_pod": 8}).status_code == 201
+    assert srv.client.post("/workloads", json={"id": "b1", "queue": "b", "gpus_per_pod": 8}).status_code == 201
+    srv.wait_until(lambda: srv.state("a1") == "running", 10, "admitted")
+    srv.wait_until(lambda: any(r["queue"] == "a" and r["allocated"] == 16 for r in srv.get("/queues").json()),
+                   20, "a1 in /queues")
+    other = _config_beside(cfg, "other")
+    for _ in range(3):                          # the API's view is live: compare while it holds still
+        before = srv.get("/queues").json()
+        q = gpuq("queues", "--format", "json", cfg=other)
+        assert q.returncode == 0, q.stderr
+        if srv.get("/queues").json() == before:
+            break
+    assert json.loads(q.stdout) == before
+    assert {(r["queue"], r["allocated"], r["pending"]) for r in before} >= {("a", 16, 0), ("b", 0, 8)}
+
+    local = gpuq("queues", "--local", "--format", "json", cfg=other)
+    assert local.returncode == 0, local.stderr
+    mine = {r["queue"]: r["allocated"] for r in json.loads(local.stdout)}       # its own store: empty
+    assert {"a", "b"} <= set(mine) and set(mine.values()) == {0}
+    shown = gpuq("queues", "--show", "nodes", "--format", "json", cfg=other)      # not in the API: the store
+    assert shown.returncode == 0 and json.loads(shown.stdout) == [], shown.stderr
+
+    srv.wait_until(lambda: any(u["queue"] == "a" for u in srv.get("/accounting/usage?from=-1h").json()),
+                   20, "a1's admission in the store")
+    u = gpuq("usage", "--from", "-1h", "--format", "json", cfg=other)
+    assert u.returncode == 0, u.stderr
+    assert {r["queue"] for r in json.loads(u.stdout) if r["gpu_seconds"] > 0} == {"a"}
+    lu = gpuq("usage", "--from", "-1h", "--format", "json", "--local", cfg=other)
+    assert lu.returncode == 0 and json.loads(lu.stdout) == [], lu.stderr
+
+    with socket.socket() as silent:             # listens, never answers: the store after ~0.5 s
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        mute = _config_beside(cfg, "mute", port=silent.getsockname()[1])
+        q = gpuq("queues", "--format", "json", cfg=mute)
+    assert q.returncode == 0, q.stderr
+    assert {r["queue"]: r["allocated"] for r in json.loads(q.stdout)} == mine
 
 
 @pytest.mark.timeout(120)

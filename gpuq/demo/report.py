@@ -97,6 +97,21 @@ def _usage(config: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def held_seconds(events: list[dict[str, Any]]) -> dict[str, float]:
+    """GPU-seconds each workload held by the scheduler's events (admit to finish, preempt or cancel),
+    for the workloads with no run still open at the end."""
+    seconds: dict[str, float] = {}
+    open_: dict[str, tuple[float, int]] = {}
+    for e in events:
+        w = e["workload"]
+        if e["event"] == "admit":
+            open_[w] = (e["t"], sum(e["placement"].values()))
+        elif e["event"] in ("finish", "preempt", "cancel") and w in open_:
+            t, n = open_.pop(w)
+            seconds[w] = seconds.get(w, 0.0) + n * (e["t"] - t)
+    return {w: s for w, s in seconds.items() if w not in open_}
+
+
 def summary(config: Path, t0_s: float, gang: str, idle: tuple[str, ...], labels: dict[str, str]) -> list[str]:
     """The story read back from ``scheduler_events`` and ``gpu_samples``."""
     ev = query(config, "SELECT t, event, workload, queue, placement, by, reason FROM scheduler_events "
@@ -120,6 +135,13 @@ def summary(config: Path, t0_s: float, gang: str, idle: tuple[str, ...], labels:
     elif sub is not None:
         lines.append(f"gang {gang}: submitted t={sub - t0_s:.1f}s, not admitted by the end")
     usage = _usage(config)
+    billed: dict[str, float] = {}
+    for u in usage:
+        billed[u["workload"]] = billed.get(u["workload"], 0.0) + float(u["gpu_seconds"])
+    done = held_seconds(ev)
+    if done:
+        lines.append("GPU-seconds of the finished workloads, scheduler events / billed: "
+                     + ", ".join(f"{w} {s:.0f} / {billed.get(w, 0.0):.0f}" for w, s in sorted(done.items())))
     for wid in idle:
         for u in usage:
             if u["workload"] in (wid, f"gpuq-{wid}") and u["gpu_seconds"]:
