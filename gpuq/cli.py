@@ -36,6 +36,8 @@ Read the accounting:
   gpuq queues                each queue now: allocated, guaranteed, borrowed, lent, idle
   gpuq usage --from -7d      GPU-hours, idle GPU-hours and cost per queue over a period
   gpuq query "SQL"           any read-only SQL on the collected data
+  (queues and usage ask a running gpuq serve when one answers, so they show what its API shows;
+   --local reads the store instead)
 
 Try a policy before using it:
   gpuq simulate FILE --out DIR   replay a recorded or invented workload mix (docs/SCENARIOS.md)
