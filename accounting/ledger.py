@@ -106,7 +106,7 @@ def dedup(allocations: Iterable[Allocation]) -> list[Allocation]:
         if not a.workload_id:
             out.append(a)
             continue
-        a = a if a.queue else replace(a, queue=queue[a.workload_id])
+        a = a if a.queue else replace(a, queue=queue.get(a.workload_id, ""))
         r, k = rank(a.source), (a.workload_id, a.node)
         covers = [(s, e) for rr, s, e in spans[k] if rr < r] if r > best[k] else []
         if not covers:

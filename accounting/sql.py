@@ -19,7 +19,9 @@ _W = ("fromUnixTimestamp64Milli({f:Int64}, 'UTC') AS wf, fromUnixTimestamp64Mill
 # better source of its (workload, node) is open (accounting.ledger.uncovered; `cv` are those rows'
 # spans in ms, an open end the largest Int64; a piece starts at the row's start or a cover's end and runs to
 # the next cover's start or the row's end), a later piece named `<uid>#<start ms>`. A row with no
-# queue of its own takes its workload's (a placement group's queue is the admission's). Spans are
+# queue of its own takes its workload's (a placement group's queue is the admission's), from the
+# rows in the window, else from any row of the workload (`wqmap`: a placement group the collector
+# closes a little after the admission ended, read in a window after that end). Spans are
 # gathered only in partitions that hold more than one source (`worst` > `best`).
 _OPEN_MS = "toInt64(9223372036854775807)"
 _PIECES = """arrayFilter(p -> p.2 > p.1,
@@ -27,8 +29,13 @@ _PIECES = """arrayFilter(p -> p.2 > p.1,
         arrayFilter(c -> NOT arrayExists(x -> x.1 <= c AND x.2 > c, cv),
           arrayDistinct(arrayConcat([s_ms], arrayFilter(x -> x > s_ms AND x < e_ms, arrayMap(x -> x.2, cv)))))))"""
 LEDGER = f"""(
+  WITH (SELECT CAST(mapFromArrays(groupArray(workload_id), groupArray(q)), 'Map(String, String)') FROM (
+          SELECT workload_id, max(queue) AS q FROM {{db}}.@ALLOC@
+          WHERE workload_id IN (SELECT workload_id FROM {{db}}.@ALLOC@
+                                WHERE queue = '' AND workload_id != '' AND start < wt AND (end IS NULL OR end > wf))
+          GROUP BY workload_id)) AS wqmap
   SELECT * EXCEPT (rank, best, worst, wq, s_ms, e_ms, cv, pieces, piece) REPLACE (
-           if(queue = '', wq, queue) AS queue,
+           if(queue = '', if(wq != '', wq, wqmap[workload_id]), queue) AS queue,
            if(piece.1 = s_ms, uid, concat(uid, '#', toString(piece.1))) AS uid,
            if(piece.1 = s_ms, start, fromUnixTimestamp64Milli(piece.1, 'UTC')) AS start,
            if(piece.2 = e_ms, end, if(piece.2 = {_OPEN_MS}, NULL, fromUnixTimestamp64Milli(piece.2, 'UTC'))) AS end)

@@ -35,7 +35,7 @@ from accounting.audit import audit
 from accounting.intervals import clip, running, to_aggs
 from accounting.inventory import declared, inventory
 from accounting.ledger import admission_rows, combine, dedup
-from accounting.model import Allocation, Window
+from accounting.model import Allocation, Window, milli
 from accounting.now import NowSnapshot, NowView, compute_now
 from accounting.queues import parse_queue_config
 from accounting.resolve import UNASSIGNED, Resolver
@@ -102,7 +102,7 @@ def from_row(row: Sequence[Any]) -> Versioned:
     r = dict(zip(COLUMNS["gpu_allocations"], row))
     end = r["end"]
     return int(r["version"]), Allocation(
-        r["cluster"], r["namespace"], r["pod"], r["uid"], r["queue"], r["node"], r["gpu_model"], float(r["gpus"]),
+        r["cluster"], r["namespace"], r["pod"], r["uid"], r["queue"], r["node"], r["gpu_model"], milli(float(r["gpus"])),
         r["start"].timestamp(), None if end is None else end.timestamp(), r["gpu_resource"], int(r["priority"]),
         r["ray_cluster"], r["source"], r["workload_id"], r["owner_kind"], r["owner"])
 
@@ -161,7 +161,7 @@ class World:
         self.t = T0
         resolver = Resolver(CONFIG)
         self.foreign = [Allocation(CLUSTER, "other", f"f{i}", f"f{i}", q, nodes[n].name, LABEL[nodes[n].gpu_type],
-                                   float(g), T0, None) for i, (n, g, q) in enumerate(foreign)]
+                                   milli(g), T0, None) for i, (n, g, q) in enumerate(foreign)]
         if self.foreign:
             self.write([(version(a), a) for a in self.foreign])
             self.svc.set_observed(self.foreign, lambda a: resolver.queue(a.queue, a.namespace), lambda a: a.node,
@@ -227,11 +227,11 @@ class World:
         for node, g in sorted(run.placement.items()):
             if s.pg:
                 out.append(Allocation(CLUSTER, NS, f"gpuq-{run.wid}", f"pg-{run.wid}@{ms}/{node}", "", node, label,
-                                      float(g), start, None, source="placement_group", workload_id=run.wid))
+                                      milli(g), start, None, source="placement_group", workload_id=run.wid))
             for _ in range(g // gpp):
                 if self.index[node] in s.pod_nodes:
                     out.append(Allocation(CLUSTER, NS, f"{run.wid}-w{j}", f"pod-{run.wid}-w{j}@{ms}",
-                                          run.queue if s.pod_queue else "", node, label, float(gpp), start, None,
+                                          run.queue if s.pod_queue else "", node, label, milli(gpp), start, None,
                                           source="pod", workload_id=run.wid, owner_kind="RayJob", owner=run.wid))
                 j += 1
         return out
@@ -362,7 +362,8 @@ def pure_now(world: World, now: float) -> tuple[list[tuple[str, NowView, list[Al
     """The "now" view both ways: serve's (observed rows plus the live admissions) and the stored
     path's (the stored admission rows); and the ledger's stored rows at ``now``."""
     resolver = Resolver(CONFIG)
-    stored = dedup(world.table.overlapping(Window(now, now + 1e-3)))
+    w = Window(now, now + 1e-3)
+    stored = Table.overlapping_rows(dedup(world.table.overlapping(w)), w)   # as LEDGER: pieces in the window
     views = []
     for name, allocs in (("live", combine(stored, world.svc.admitted_allocations())), ("stored", stored)):
         view = compute_now(NowSnapshot(now, tuple(allocs), world.inventory), resolver)
@@ -451,7 +452,9 @@ def test_a_replayed_batch_counts_once() -> None:
     window = Window(T0, now)
     assert pure_usage(twice, window, now) == pure_usage(once, window, now)
     (run,) = once.runs
-    assert sum(u.gpu_seconds for u in pure_usage(once, window, now)) == pytest.approx(16 * (run.end - run.start) + 8 * 2.0)
+    # n0: the admission until its pod is seen (3 s late), the pod until the collector saw it end (5 s
+    # after the finish); n1: the admission throughout (issue 16: the source order per moment)
+    assert sum(u.gpu_seconds for u in pure_usage(once, window, now)) == pytest.approx(16 * (run.end - run.start) + 8 * 5.0)
     once.svc.close()
     twice.svc.close()
 
@@ -501,7 +504,7 @@ def test_the_store_keeps_the_same_books(case: Case, store: Any) -> None:
 def test_helpers_are_what_the_store_does() -> None:
     """The test's own emulation of the store: the highest version of a uid wins, whatever the
     order; a row is read for a window it overlaps."""
-    a = Allocation(CLUSTER, NS, "p", "u", "a", "n0", "H100", 1.0, T0, None)
+    a = Allocation(CLUSTER, NS, "p", "u", "a", "n0", "H100", 1000, T0, None)
     ended = dataclasses.replace(a, end_s=T0 + 10)
     t = Table()
     t.insert([(version(ended), ended), (version(a), a)])
@@ -511,33 +514,34 @@ def test_helpers_are_what_the_store_does() -> None:
     assert math.isclose(from_row(to_row(version(a), a))[1].start_s, T0)
 
 
-# -- what the property found (issue 16): known problems, each xfail until fixed ----------------------
+# -- what the property found (issue 16), fixed: each case kept -----------------------------------------
 
 def _pg_after_admission() -> list[Allocation]:
     """A Ray gang's admission on one node, ended at T0 + 100, and its placement group row there,
     which the collector wrote late (from T0 + 5, ended at T0 + 110): no queue of its own."""
     adm = admission_rows("g", "a", cluster=CLUSTER, namespace=NS, gpu_type="H100", placement={"n0": 8},
                          start_s=T0, end_s=T0 + 100)
-    pg = Allocation(CLUSTER, NS, "gpuq-g", "pg-g/n0", "", "n0", LABEL["H100"], 8.0, T0 + 5, T0 + 110,
+    pg = Allocation(CLUSTER, NS, "gpuq-g", "pg-g/n0", "", "n0", LABEL["H100"], 8000, T0 + 5, T0 + 110,
                     source="placement_group", workload_id="g")
     return [*adm, pg]
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason="accounting.ledger.dedup: a workload whose rows in the "
-                   "window all lack a queue (a placement group outliving its admission by the collector's "
-                   "lateness) raises KeyError; serve's refresh (combine) at such a moment raises too")
-def test_a_placement_group_outliving_its_admission_keeps_its_queue() -> None:
+def test_a_placement_group_outliving_its_admission_keeps_its_queue(store: Any) -> None:
+    """Found by the property (issue 16): a placement group the collector closes after its
+    admission ended has no queue of its own. The pure rule, given no row that names the queue,
+    keeps it unnamed rather than raising (serve's refresh raised KeyError); the store's reading
+    names it from the workload's other rows, so serve's view and bills have it."""
     rows = _pg_after_admission()
     window = Window(T0 + 100, T0 + 200)
     (pg,) = dedup(Table.overlapping_rows(rows, window))
-    assert pg.queue == "a"
-    # serve, at a moment inside that lateness: the open row, the workload no longer admitted
+    assert pg.queue == ""
     (live,) = combine([replace(pg, end_s=None)], [])
-    assert live.queue == "a"
+    assert live.queue == ""
+    store.insert("gpu_allocations", [to_row(version(a), a) for a in rows], COLUMNS["gpu_allocations"])
+    (got,) = read_allocations(store, Window(T0 + 105, T0 + 106), T0 + 200)
+    assert (got.source, got.queue) == ("placement_group", "a")
 
 
-@pytest.mark.xfail(strict=True, reason="accounting.sql.LEDGER: the same case bills the placement group's tail "
-                   "to queue '' ((unassigned)): its queue comes from rows inside the window only")
 def test_a_placement_group_outliving_its_admission_keeps_its_queue_in_sql(store: Any) -> None:
     rows = _pg_after_admission()
     store.insert("gpu_allocations", [to_row(version(a), a) for a in rows], COLUMNS["gpu_allocations"])
@@ -546,11 +550,8 @@ def test_a_placement_group_outliving_its_admission_keeps_its_queue_in_sql(store:
         ("a", "g"): pytest.approx(8 * 10.0)}
 
 
-@pytest.mark.xfail(strict=True, reason="accounting.ledger: precedence per (workload, node) over a whole window: "
-                   "a run seen by its pods on a node hides a later run's admission there, which no "
-                   "collector saw (usage drops it while the now view counted it)")
 def test_a_later_run_on_the_same_node_is_billed_once_seen_or_not() -> None:
-    run1 = Allocation(CLUSTER, NS, "w-w0", "pod-w-w0@1", "a", "n0", LABEL["H100"], 8.0, T0, T0 + 100,
+    run1 = Allocation(CLUSTER, NS, "w-w0", "pod-w-w0@1", "a", "n0", LABEL["H100"], 8000, T0, T0 + 100,
                       source="pod", workload_id="w")
     rows = [run1, *admission_rows("w", "a", cluster=CLUSTER, namespace=NS, gpu_type="H100", placement={"n0": 8},
                                   start_s=T0, end_s=T0 + 100),
