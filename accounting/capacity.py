@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from accounting.model import MILLI, Allocation, NodeCapacity, as_gpus, milli
+from accounting.model import MILLI, Allocation, NodeCapacity, as_gpus
 from accounting.resolve import Resolver
 
 SHAPES = (1, 2, 4, 8)
@@ -34,6 +34,7 @@ class NodeFree:
     free: float
     schedulable: bool
     overcommitted: float = 0.0
+    milli: tuple[int, int, int] = (0, 0, 0)    # (capacity, allocated, free) in milli-GPUs, for exact sums
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,18 +71,20 @@ def node_free(nodes: Iterable[NodeCapacity], running: Iterable[Allocation], reso
         alloc = min(h, n.milli_gpus)
         free = n.milli_gpus - alloc if n.schedulable else 0
         out.append(NodeFree(n.cluster, n.node, resolver.gpu_type(n.gpu_model), as_gpus(n.milli_gpus), as_gpus(alloc),
-                            as_gpus(free), n.schedulable, as_gpus(max(0, h - n.milli_gpus))))
+                            as_gpus(free), n.schedulable, as_gpus(max(0, h - n.milli_gpus)),
+                            (n.milli_gpus, alloc, free)))
     return tuple(out)
 
 
 def _summary(gpu_type: str, nodes: Sequence[NodeFree], shapes: Sequence[int]) -> TypeCapacity:
-    fits = {k: sum(milli(n.free) // (k * MILLI) for n in nodes) for k in shapes}
+    ms = [n.milli for n in nodes]
+    fits = {k: sum(f // (k * MILLI) for _, _, f in ms) for k in shapes}
     return TypeCapacity(
         gpu_type=gpu_type,
-        capacity=as_gpus(sum(milli(n.capacity) for n in nodes)),
-        allocated=as_gpus(sum(milli(n.allocated) for n in nodes)),
-        free=as_gpus(sum(milli(n.free) for n in nodes)),
-        fragmented_free=as_gpus(sum(milli(n.free) for n in nodes if 0 < n.free < n.capacity)),
+        capacity=as_gpus(sum(c for c, _, _ in ms)),
+        allocated=as_gpus(sum(a for _, a, _ in ms)),
+        free=as_gpus(sum(f for _, _, f in ms)),
+        fragmented_free=as_gpus(sum(f for c, _, f in ms if 0 < f < c)),
         fits=MappingProxyType(fits),
     )
 

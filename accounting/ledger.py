@@ -11,18 +11,20 @@ Sources, in order of precedence (:data:`SOURCES`):
 ``admission``
     what gpuq admitted and has not been seen yet by any of the above (the scheduler).
 
-The ledger counts per **(workload, node) and moment**: a workload on several nodes (a gang) is
-counted on each of them, and the precedence of sources is applied per workload and node, at each
-moment. On each node a workload holds, a row counts where no row of a better source of the same
-workload on that node is open (an admitted RayJob's pods, not also its admission; a Ray gang's
-placement group, not also its admission), so a gang whose pods are seen on one node and not yet on
-the other counts the pods on the first and the admission on the second, and an admission counts
-from the moment gpuq admitted the workload until its placement group (or pods) appear, and again
-from when they are gone until gpuq saw the workload end: gpuq held those GPUs for it all along
-(:func:`uncovered`; a row cut so keeps its uid for its first piece, ``<uid>#<start ms>`` for
-later ones). A row with no queue of its own (a placement group) takes its workload's queue from
-the other rows (the admission). Rows without a workload id (work gpuq did not admit: pods of
-other schedulers, jobs started before gpuq) always count: they are *foreign*.
+The ledger counts per **(workload, node)**: a workload on several nodes (a gang) is counted on
+each of them, and the precedence of sources is applied per workload and node. On each node a
+workload holds, its observed rows count from the best source seen there (an admitted RayJob's
+pods, not also a placement group inside them), and its admission counts from the admit until the
+workload is seen there: cut at the earliest start of its observed rows on that node that end
+after the admit (:func:`dedup`). So a gang whose pods are seen on one node and not yet on the
+other counts the pods on the first and the admission on the second, and a Ray gang is billed from
+its admit, not from when its job created its placement group seconds later. Decision: once the
+workload has been seen on a node, the admission does not count there again (after its pods are
+gone and before gpuq saw it end): the collectors' record of the release wins, and a workload that
+gpuq still holds but no collector sees is what the audit (:mod:`accounting.audit`) and the
+reconciler report. A row with no queue of its own (a placement group) takes the queue of its
+workload's rows on that node (the admission's). Rows without a workload id (work gpuq did not
+admit: pods of other schedulers, jobs started before gpuq) always count: they are *foreign*.
 
 Restarts (:func:`slot`): a Kubernetes pod runs on one node at a time, so a pod's rows are one
 *slot* per ``(cluster, namespace, pod)`` and a later row of the same pod ends an earlier one left
@@ -41,6 +43,7 @@ from accounting.model import Allocation, milli
 SOURCES = ("pod", "placement_group", "ray_job", "admission")
 _RANK = {s: i for i, s in enumerate(SOURCES)}
 ADMISSION = "admission"
+_ADMIT = len(SOURCES) - 1          # the admission's rank (and any unknown source's)
 
 
 def rank(source: str) -> int:
@@ -68,60 +71,54 @@ def holder(index: Mapping[Slot, Allocation], cluster: str, namespace: str, pod: 
     return index.get((cluster, namespace, pod, "")) or (index.get((cluster, namespace, pod, node)) if node else None)
 
 
-def uncovered(start_s: float, end_s: float | None,
-              covers: Iterable[tuple[float, float | None]]) -> list[tuple[float, float | None]]:
-    """The pieces of [start_s, end_s) outside every one of ``covers`` (None: open), in order: each
-    starts at ``start_s`` or where a cover ends, and runs to the next cover's start or ``end_s``.
-    The same rule in SQL is in :data:`accounting.sql.LEDGER`."""
-    spans = list(covers)
-    inf = float("inf")
-    end = inf if end_s is None else end_s
-    starts = sorted({start_s, *(e for _, e in spans if e is not None and start_s < e < end)})
-    out: list[tuple[float, float | None]] = []
-    for c in starts:
-        if any(s <= c < (inf if e is None else e) for s, e in spans):
-            continue
-        stop = min([end, *(s for s, _ in spans if s > c)])
-        if stop > c:
-            out.append((c, None if stop == inf else stop))
-    return out
+def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> list[Allocation]:
+    """The allocations that count, in their input order (:data:`accounting.sql.LEDGER` is the same
+    rule): every foreign row; per (workload, node), the observed rows of the best source there, and
+    the admission until the workload is seen there (cut at the earliest start of its observed rows
+    there that end after the admit; whole when there is none). A row with no queue takes the queue
+    of its workload's rows on that node (a placement group's is the admission's).
 
-
-def dedup(allocations: Iterable[Allocation]) -> list[Allocation]:
-    """The allocations that count, in their input order: per (workload, node), each row where no
-    row of a better source there is open (a row cut in pieces: its pieces); every foreign row."""
+    ``since_s`` (a window's start): observed rows that ended by then only cut admissions (they are
+    the history a window needs, not part of it), and rows that end by then are left out."""
     allocs = list(allocations)
-    spans: dict[tuple[str, str], list[tuple[int, float, float | None]]] = {}
     best: dict[tuple[str, str], int] = {}
-    queue: dict[str, str] = {}
+    seen: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
+    queue: dict[tuple[str, str], str] = {}
     for a in allocs:
         if a.workload_id:
             r, k = rank(a.source), (a.workload_id, a.node)
-            spans.setdefault(k, []).append((r, a.start_s, a.end_s))
-            best[k] = min(r, best.get(k, r))
-            if a.queue > queue.get(a.workload_id, ""):
-                queue[a.workload_id] = a.queue
+            if r < _ADMIT:
+                seen.setdefault(k, []).append((a.start_s, a.end_s))
+                if since_s is None or a.end_s is None or a.end_s > since_s:
+                    best[k] = min(r, best.get(k, r))
+            if a.queue > queue.get(k, ""):
+                queue[k] = a.queue
     out = []
     for a in allocs:
-        if not a.workload_id:
+        if a.workload_id:
+            r, k = rank(a.source), (a.workload_id, a.node)
+            if r < _ADMIT and r != best.get(k):
+                continue
+            if not a.queue:
+                a = replace(a, queue=queue.get(k, ""))
+            if r == _ADMIT:
+                cut = min((s for s, e in seen.get(k, ()) if e is None or e > a.start_s), default=None)
+                if cut is not None:
+                    if cut <= a.start_s:
+                        continue
+                    if a.end_s is None or cut < a.end_s:
+                        a = replace(a, end_s=cut)
+        if since_s is None or a.end_s is None or a.end_s > since_s:
             out.append(a)
-            continue
-        a = a if a.queue else replace(a, queue=queue.get(a.workload_id, ""))
-        r, k = rank(a.source), (a.workload_id, a.node)
-        covers = [(s, e) for rr, s, e in spans[k] if rr < r] if r > best[k] else []
-        if not covers:
-            out.append(a)
-            continue
-        for s, e in uncovered(a.start_s, a.end_s, covers):
-            uid = a.uid if s == a.start_s else f"{a.uid}#{round(s * 1000)}"
-            out.append(a if (s, e) == (a.start_s, a.end_s) else replace(a, uid=uid, start_s=s, end_s=e))
     return out
 
 
-def combine(observed: Iterable[Allocation], admitted: Iterable[Allocation]) -> list[Allocation]:
+def combine(observed: Iterable[Allocation], admitted: Iterable[Allocation], since_s: float | None = None,
+            history: Iterable[Allocation] = ()) -> list[Allocation]:
     """The ledger now: what the collectors observed (any stored ``admission`` rows dropped: the
-    scheduler's live ``admitted`` rows replace them) plus what gpuq admitted, deduplicated."""
-    return dedup([*(a for a in observed if a.source != ADMISSION), *admitted])
+    scheduler's live ``admitted`` rows replace them) plus what gpuq admitted, deduplicated;
+    ``history``: gpuq's observed rows that ended before ``since_s`` (they cut admissions)."""
+    return dedup([*history, *(a for a in observed if a.source != ADMISSION), *admitted], since_s)
 
 
 def node_of(name: str, cluster: str) -> tuple[str, str]:

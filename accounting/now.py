@@ -37,6 +37,7 @@ class NowSnapshot:
     nodes: tuple[NodeCapacity, ...]
     pending: tuple[PendingDemand, ...] = ()
     idle_runs: tuple[IdleRun, ...] = ()      # idle runs over the trailing idle window
+    history: tuple[Allocation, ...] = ()     # gpuq's observed rows that ended before at_s (accounting.ledger.combine)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,9 +63,11 @@ def now_snapshot(store: Store, now_s: float, params: IdleParams = DEFAULT_PARAMS
     """``pending``: demand the caller knows (the scheduler's queue); else Pending pods.
     ``declared``: the scheduler's nodes file, merged into the one inventory (:mod:`accounting.inventory`)."""
     trailing = Window(now_s - params.window_s - params.max_gap_s, now_s)
+    allocations, history = sa.read_ledger(store, Window(now_s, now_s + 1e-3), now_s)
     return NowSnapshot(
         at_s=now_s,
-        allocations=tuple(sa.read_allocations(store, Window(now_s, now_s + 1e-3), now_s)),
+        allocations=tuple(allocations),
+        history=tuple(history),
         nodes=inventory(sa.read_nodes(store, now_s), declared),
         pending=tuple(sa.read_pending(store, now_s) if pending is None else pending),
         idle_runs=tuple(sa.read_idle_runs(store, trailing, now_s, params, "1m")),

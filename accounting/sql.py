@@ -13,53 +13,37 @@ UTIL = "DCGM_FI_DEV_GPU_UTIL"
 _W = ("fromUnixTimestamp64Milli({f:Int64}, 'UTC') AS wf, fromUnixTimestamp64Milli({t:Int64}, 'UTC') AS wt, "
       "fromUnixTimestamp64Milli({n:Int64}, 'UTC') AS wn")
 
-# The ledger (accounting.ledger.dedup): the allocations overlapping [wf, wt), each gpuq workload
-# counted once on each node it holds, at each moment from its best source there (pod, then placement
-# group, then Ray job, then the admission): a row counts in the pieces of its span where no row of a
-# better source of its (workload, node) is open (accounting.ledger.uncovered; `cv` are those rows'
-# spans in ms, an open end the largest Int64; a piece starts at the row's start or a cover's end and runs to
-# the next cover's start or the row's end), a later piece named `<uid>#<start ms>`. A row with no
-# queue of its own takes its workload's (a placement group's queue is the admission's), from the
-# rows in the window, else from any row of the workload (`wqmap`: a placement group the collector
-# closes a little after the admission ended, read in a window after that end). Spans are
-# gathered only in partitions that hold more than one source (`worst` > `best`).
+# The ledger (accounting.ledger.dedup; the same rule, kept equal by tests/test_ledger.py and
+# tests/test_books_conservation.py): the allocations overlapping [wf, wt). Foreign rows (no workload
+# id) count as they are. A gpuq workload counts on each node it holds: its observed rows there from
+# their best source in the window (pod, then placement group, then Ray job: `bo`), and its admission
+# there from the admit until the workload is seen there (`cut`: the earliest start of its observed
+# rows there that end after the admit, found as the rows after the admission in the order of observed
+# ends and admission starts; the whole admission when there is none). gpuq's rows are read from
+# `_REACH` before the window too, so that the cut and a workload's queue (a placement group the
+# collector closed a little after its admission ended takes the admission's) do not depend on where
+# the window starts. A foreign row is a partition of its own (`_PART`): the windows cost nothing for
+# the rows most stores hold. No lambda and no ARRAY JOIN: their analysis is what a query of this
+# size pays most for.
 _OPEN_MS = "toInt64(9223372036854775807)"
-_PIECES = """arrayFilter(p -> p.2 > p.1,
-      arrayMap(c -> (c, arrayMin(arrayConcat([e_ms], arrayMap(x -> x.1, arrayFilter(x -> x.1 > c, cv))))),
-        arrayFilter(c -> NOT arrayExists(x -> x.1 <= c AND x.2 > c, cv),
-          arrayDistinct(arrayConcat([s_ms], arrayFilter(x -> x > s_ms AND x < e_ms, arrayMap(x -> x.2, cv)))))))"""
+_REACH = "toIntervalDay(1)"
+_PART = "workload_id, if(workload_id = '', uid, node)"
 LEDGER = f"""(
-  WITH (SELECT CAST(mapFromArrays(groupArray(workload_id), groupArray(q)), 'Map(String, String)') FROM (
-          SELECT workload_id, max(queue) AS q FROM {{db}}.@ALLOC@
-          WHERE workload_id IN (SELECT workload_id FROM {{db}}.@ALLOC@
-                                WHERE queue = '' AND workload_id != '' AND start < wt AND (end IS NULL OR end > wf))
-          GROUP BY workload_id)) AS wqmap
-  SELECT * EXCEPT (rank, best, worst, wq, s_ms, e_ms, cv, pieces, piece) REPLACE (
-           if(queue = '', if(wq != '', wq, wqmap[workload_id]), queue) AS queue,
-           if(piece.1 = s_ms, uid, concat(uid, '#', toString(piece.1))) AS uid,
-           if(piece.1 = s_ms, start, fromUnixTimestamp64Milli(piece.1, 'UTC')) AS start,
-           if(piece.2 = e_ms, end, if(piece.2 = {_OPEN_MS}, NULL, fromUnixTimestamp64Milli(piece.2, 'UTC'))) AS end)
+  SELECT * EXCEPT (rank, s_ms, e_ms, bo, wq, cut) REPLACE (
+           if(queue = '', wq, queue) AS queue,
+           if(cut < e_ms, fromUnixTimestamp64Milli(cut, 'UTC'), end) AS end)
   FROM (
-    SELECT *, if(empty(cv), [(s_ms, e_ms)], {_PIECES}) AS pieces
-    FROM (
-      SELECT * EXCEPT (spans), arrayMap(x -> (x.2, x.3), arrayFilter(x -> x.1 < rank, spans)) AS cv
-      FROM (
-        SELECT *, if(worst = best, [], groupArrayIf((rank, s_ms, e_ms), worst > best AND rank < worst)
-                                          OVER (PARTITION BY workload_id, node)) AS spans
-        FROM (
-          SELECT *, multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, 3) AS rank,
-                 toUnixTimestamp64Milli(start) AS s_ms, ifNull(toUnixTimestamp64Milli(end), {_OPEN_MS}) AS e_ms,
-                 if(workload_id = '', rank, min(rank) OVER (PARTITION BY workload_id, node)) AS best,
-                 if(workload_id = '', rank, max(rank) OVER (PARTITION BY workload_id, node)) AS worst,
-                 if(workload_id = '', '', max(queue) OVER (PARTITION BY workload_id)) AS wq
-          FROM {{db}}.@ALLOC@ FINAL
-          WHERE start < wt AND (end IS NULL OR end > wf)
-        )
-      )
-    )
+    SELECT *, multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, 3) AS rank,
+           toUnixTimestamp64Milli(start) AS s_ms, ifNull(toUnixTimestamp64Milli(end), {_OPEN_MS}) AS e_ms,
+           minIf(rank, rank < 3 AND e_ms > toUnixTimestamp64Milli(wf)) OVER (PARTITION BY {_PART}) AS bo,
+           max(queue) OVER (PARTITION BY {_PART}) AS wq,
+           if(rank = 3, greatest(s_ms, min(if(rank < 3, s_ms, {_OPEN_MS}))
+                                         OVER (PARTITION BY {_PART} ORDER BY if(rank < 3, e_ms, s_ms) DESC, rank DESC
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)), e_ms) AS cut
+    FROM {{db}}.@ALLOC@ FINAL
+    WHERE start < wt AND (end IS NULL OR end > if(workload_id = '', wf, wf - {_REACH}))
   )
-  ARRAY JOIN pieces AS piece
-  WHERE piece.1 < toUnixTimestamp64Milli(wt) AND piece.2 > toUnixTimestamp64Milli(wf)
+  WHERE (workload_id = '' OR rank = bo OR (rank = 3 AND cut > s_ms)) AND cut > toUnixTimestamp64Milli(wf)
 )"""
 
 # A row's slot (accounting.ledger.slot): a pod's rows run one at a time; the rows of the other
@@ -92,6 +76,19 @@ GROUP BY cluster, queue, namespace, workload, gpu_model, gpu_resource
 HAVING gpu_seconds > 0
 ORDER BY cluster, queue, namespace, workload, gpu_model, gpu_resource"""
 
+# The ledger's raw rows for a window, the rule not applied (accounting.store_adapter.read_allocations
+# applies accounting.ledger.dedup in Python: the same rule, and on a few thousand rows cheaper than
+# LEDGER's windows): foreign rows overlapping [wf, wt), gpuq's from _REACH before it.
+LEDGER_ROWS = f"""
+WITH {_W}
+SELECT cluster, namespace, pod, uid, queue, node, gpu_model, milli_gpus, toUnixTimestamp64Milli(start) / 1000,
+       if(end IS NULL, NULL, toUnixTimestamp64Milli(assumeNotNull(end)) / 1000), gpu_resource, priority, ray_cluster,
+       source, workload_id, owner_kind, owner
+FROM {{db}}.@ALLOC@ FINAL
+WHERE start < wt AND (end IS NULL OR end > if(workload_id = '', wf, wf - {_REACH}))
+ORDER BY cluster, namespace, pod, start, uid"""
+
+# The same through LEDGER (tests/test_ledger.py checks it gives read_allocations' rows).
 ALLOCATIONS = f"""
 WITH {_W}
 SELECT cluster, namespace, pod, uid, queue, node, gpu_model, milli_gpus, toUnixTimestamp64Milli(start) / 1000,
@@ -212,12 +209,17 @@ SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, {BILLED_AS.for
        a.gpu_model, a.gpu_resource,
        sum(a.milli_gpus * greatest(0, toUnixTimestamp64Milli(least(a.eff_end, wt))
                                       - toUnixTimestamp64Milli(greatest(a.start, wf)))) / 1e6 AS gpu_seconds,
-       sum(arraySum((s, e, nd) -> if(a.source = 'pod' OR nd = a.node,
-                    greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
-                                - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))), 0),
-                    r.ss, r.es, r.ns)) / 1000 AS idle_gpu_seconds
+       sum(if(a.source = 'pod',
+              arraySum((s, e) -> greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
+                                          - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))),
+                       r.ss, r.es),
+              arraySum((s, e, nd) -> if(nd = cityHash64(a.node),
+                       greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
+                                   - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))), 0),
+                       r.ss, r.es, r.ns))) / 1000 AS idle_gpu_seconds
 FROM ({ALLOC_SPANS}) AS a
-LEFT JOIN (SELECT hp, groupArray(s) AS ss, groupArray(e) AS es, groupArray(node) AS ns FROM (@SUB@) GROUP BY hp) AS r
+LEFT JOIN (SELECT hp, groupArray(s) AS ss, groupArray(e) AS es, groupArray(cityHash64(node)) AS ns FROM (@SUB@)
+           GROUP BY hp) AS r
   ON {POD_HASH.format(p='a.')} = r.hp
 GROUP BY a.cluster, a.queue, a.namespace, workload, a.gpu_model, a.gpu_resource
 HAVING gpu_seconds > 0 OR idle_gpu_seconds > 0

@@ -9,11 +9,13 @@ stretch shorter than its hours is missed: a lower bound of the exact figure, for
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from accounting import sql
 from accounting.errors import AccountingQueryError
 from accounting.idle import IdleParams
+from accounting.ledger import ADMISSION, dedup
 from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand, UsageAgg, Window, milli
 from gpuq.errors import StoreError
 from gpuq.store import Store
@@ -67,11 +69,25 @@ def read_allocations(store: Store, window: Window, now_s: float,
                      sources: tuple[str, ...] = ()) -> list[Allocation]:
     """The ledger's allocations overlapping the window (:mod:`accounting.ledger`), of ``sources``
     only when given (after the ledger chose each workload's source)."""
-    rows = _q(store, _alloc(store, sql.ALLOCATIONS, window), {**_window(window, now_s), "sources": ",".join(sources)})
-    return [Allocation(str(c), str(ns), str(p), str(u), str(q), str(n), str(m), int(g), float(s),
-                       None if e is None else float(e), str(r), int(pr), str(rc), str(src), str(wid), str(ok),
-                       str(o))
-            for c, ns, p, u, q, n, m, g, s, e, r, pr, rc, src, wid, ok, o in rows]
+    rows, _ = read_ledger(store, window, now_s)
+    return [a for a in rows if not sources or a.source in sources]
+
+
+def read_ledger(store: Store, window: Window, now_s: float) -> tuple[list[Allocation], list[Allocation]]:
+    """The ledger's allocations overlapping the window, and the history it was cut with: gpuq's
+    observed rows that ended before the window (:func:`accounting.ledger.combine` takes them when
+    the scheduler's live admissions are added)."""
+    rows = [_allocation(r) for r in _q(store, _alloc(store, sql.LEDGER_ROWS, window), _window(window, now_s))]
+    history = [a for a in rows if a.workload_id and a.source != ADMISSION and a.end_s is not None
+               and a.end_s <= window.start_s]
+    kept = [a for a in dedup(rows, window.start_s) if a.start_s < window.end_s]
+    return kept, history
+
+
+def _allocation(row: Sequence[Any]) -> Allocation:
+    c, ns, p, u, q, n, m, g, s, e, r, pr, rc, src, wid, ok, o = row
+    return Allocation(str(c), str(ns), str(p), str(u), str(q), str(n), str(m), int(g), float(s),
+                      None if e is None else float(e), str(r), int(pr), str(rc), str(src), str(wid), str(ok), str(o))
 
 
 def _runs_query(source: IdleSource, params: IdleParams, scan: dict[str, int]) -> tuple[str, dict[str, Any]]:

@@ -151,6 +151,29 @@ def store(store_dsn: str) -> Iterator["object"]:
         s.close()
 
 
+@contextmanager
+def store_before(store_dsn: str, version: int, **migrate_kw: Any) -> Iterator[Any]:
+    """A store migrated up to (not including) migration ``version``, as an older gpuq left it; the
+    test then runs the real migrations on it. Dropped afterwards."""
+    import importlib
+
+    from gpuq.store import connect
+    mig = importlib.import_module("gpuq.store.migrate")     # the module (gpuq.store.migrate is also a function)
+    s = connect(store_dsn)
+    everything = mig.load_migrations
+    try:
+        mig.load_migrations = lambda: [x for x in everything() if x.version < version]
+        try:
+            mig.migrate(s, **migrate_kw)
+        finally:
+            mig.load_migrations = everything
+        s.use_database()
+        yield s
+    finally:
+        s.command(f"DROP DATABASE IF EXISTS {s.database}")
+        s.close()
+
+
 # For recorded data with fixed times (tests/data): everything kept 100 years, the longest retention
 # accepted, so the data's dates stay inside it until 2126 whatever today's date.
 LONG_RETENTION = {"raw_days": 36_500, "rollup_days": 36_500, "events_days": 36_500}

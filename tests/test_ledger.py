@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from accounting.ledger import combine, dedup, uncovered
+from accounting.ledger import combine, dedup
 from accounting.model import Allocation, Window
 from accounting.store_adapter import read_allocations, read_usage
 from gpuq.store.schema import COLUMNS
@@ -156,86 +156,87 @@ def test_idle_runs_count_on_their_own_node_only() -> None:
     assert agg.idle_gpu_seconds == pytest.approx(40)
 
 
-def test_migration_0008_forgets_hours_billed_for_one_node_of_a_gang(store_dsn: str,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_migration_0008_forgets_hours_billed_for_one_node_of_a_gang(store_dsn: str) -> None:
     """A store whose materialised hours billed a 2-node placement group for one node (the rule
     before 0008): the migration removes those hours (and only those), and the usage then reads
     both nodes from the ledger."""
-    import importlib
-
     from accounting.idle import IdleParams
-    from accounting.model import Window
     from accounting.rollup import materialize_hours
     from accounting.service import usage_report
-    from gpuq.store import connect
+    from gpuq.store import migrate
     from tests.accounting_helpers import config
-    mig = importlib.import_module("gpuq.store.migrate")
-    s = connect(store_dsn)
-    everything = mig.load_migrations
-    try:
-        with monkeypatch.context() as m:
-            m.setattr(mig, "load_migrations", lambda: [x for x in everything() if x.version < 8])
-            mig.migrate(s)
-        s.use_database()
+    from tests.conftest import store_before
+    with store_before(store_dsn, 8) as s:
         gang = _gang("placement_group", "g", start=0, end=3600.0, pod="gpuq-g")
         lone = [led("solo", "pod", "", node="n3", start=7200, end=10800.0, queue="prod")]
         s.insert("gpu_allocations", [_row(a) for a in (*gang, *lone)], COLUMNS["gpu_allocations"])
         now = T0 + 86400
-        params = IdleParams()
-        stale = materialize_hours(s, now, params, since_s=T0, max_hours=4)      # hours T0 .. T0 + 3 h
+        stale = materialize_hours(s, now, IdleParams(), since_s=T0, max_hours=4)      # hours T0 .. T0 + 3 h
         assert stale == [T0, T0 + 3600, T0 + 7200, T0 + 10800]
         # as the old rule billed them: the gang's first hour for one node (4 GPUs, not 8)
         s.command(f"ALTER TABLE {s.database}.accounting_usage_1h UPDATE gpu_seconds = gpu_seconds / 2 "
                   f"WHERE hour = toDateTime({int(T0)}, 'UTC') SETTINGS mutations_sync = 2")
-        before = {dict(r.keys)["queue"]: r.gpu_seconds for r in usage_report(s, config(), Window(T0, T0 + 4 * 3600), now, ["queue"])}
+        window = Window(T0, T0 + 4 * 3600)
+        before = {dict(r.keys)["queue"]: r.gpu_seconds for r in usage_report(s, config(), window, now, ["queue"])}
         assert before["research.vision"] == pytest.approx(4 * 3600)
-        assert mig.migrate(s) == [8]
+        assert migrate(s) == [8]
         hours = [float(r[0]) for r in s.query(f"SELECT toUnixTimestamp(hour) FROM {s.database}.accounting_hours "
                                               "FINAL ORDER BY 1").rows]
         assert hours == [T0 + 7200, T0 + 10800]                  # the pod's hours stay materialised
-        after = {dict(r.keys)["queue"]: r.gpu_seconds for r in usage_report(s, config(), Window(T0, T0 + 4 * 3600), now, ["queue"])}
+        after = {dict(r.keys)["queue"]: r.gpu_seconds for r in usage_report(s, config(), window, now, ["queue"])}
         assert after == pytest.approx({"research.vision": 8 * 3600, "prod": 4 * 3600})
-    finally:
-        s.command(f"DROP DATABASE IF EXISTS {s.database}")
-        s.close()
 
 
 
 
-# -- per moment: an admission counts until its group appears and after it is gone (issue 16) ---------
+# -- an admission counts until the workload is seen on its node (issue 16) ----------------------------
 
-@pytest.mark.parametrize("span, covers, pieces", [
-    pytest.param((0, 10), [], [(0, 10)], id="nothing-better"),
-    pytest.param((0, 10), [(2, 8)], [(0, 2), (8, 10)], id="before-and-after"),
-    pytest.param((0, 10), [(0, 10)], [], id="covered"),
-    pytest.param((0, 10), [(-5, None)], [], id="covered-by-an-open-row"),
-    pytest.param((0, None), [(3, None)], [(0, 3)], id="open-until-the-group-appears"),
-    pytest.param((0, None), [(3, 5)], [(0, 3), (5, None)], id="open-after-the-group-is-gone"),
-    pytest.param((0, 10), [(2, 4), (3, 6), (7, 12)], [(0, 2), (6, 7)], id="overlapping-covers"),
+@pytest.mark.parametrize("adm, seen, kept", [
+    pytest.param((0, 10), [], (0, 10), id="never-seen"),
+    pytest.param((0, 10), [(2, 8)], (0, 2), id="seen-after-2"),
+    pytest.param((0, None), [(3, None)], (0, 3), id="open-until-the-group-appears"),
+    pytest.param((0, 10), [(-5, None)], None, id="seen-before-the-admit-clocks-apart"),
+    pytest.param((0, 10), [(-5, 0)], (0, 10), id="an-earlier-run-that-ended-at-the-admit"),
+    pytest.param((0, 10), [(-5, 1), (4, 6)], None, id="the-earliest-of-those-ending-after-the-admit"),
+    pytest.param((20, 30), [(2, 8)], (20, 30), id="admitted-again-after-the-first-run-was-seen"),
 ])
-def test_uncovered_pieces(span: tuple[float, float | None], covers: list[tuple[float, float | None]],
-                          pieces: list[tuple[float, float | None]]) -> None:
-    assert uncovered(span[0], span[1], covers) == pieces
+def test_an_admission_counts_until_the_workload_is_seen(adm: tuple[float, float | None],
+                                                        seen: list[tuple[float, float | None]],
+                                                        kept: tuple[float, float | None] | None) -> None:
+    rows = [led("w", "admission", "w", start=adm[0], end=adm[1]),
+            *(led(f"p{i}", "pod", "w", start=s, end=e) for i, (s, e) in enumerate(seen))]
+    got = [(a.start_s - T0, None if a.end_s is None else a.end_s - T0) for a in dedup(rows) if a.source == "admission"]
+    assert got == ([] if kept is None else [kept])
 
 
-def test_a_gang_is_billed_from_admission_to_finish_in_sql_and_python(store: Any) -> None:
+def test_a_gang_is_billed_from_admission_in_sql_and_python(store: Any) -> None:
     """As in the demo on Ray: the gang's job starts its placement group 2.4 s after the admission
-    and removes it 0.6 s before the scheduler sees the job end; gpuq held the GPUs throughout."""
+    and removes it 0.6 s before the scheduler sees the job end. Billed from the admit to the
+    group's end on both nodes, in SQL and in Python, whatever the window (the cut is taken from
+    rows before the window too)."""
     from accounting.intervals import clip, to_aggs
+    from accounting.store_adapter import read_ledger
     rows = [*_gang("admission", "g", start=0, end=14.0, pod="g"),
             *_gang("placement_group", "g", start=2.4, end=13.4, pod="gpuq-g"),
             *_gang("admission", "h", gpus=2, start=20, end=None, pod="h", nodes=("n3",)),
             *_gang("placement_group", "h", gpus=2, start=23, end=None, pod="gpuq-h", nodes=("n3",))]
     store.insert("gpu_allocations", [_row(a) for a in rows], COLUMNS["gpu_allocations"])
     now = T0 + 50
-    for window, want in ((Window(T0, now), {"g": 8 * 14.0, "h": 2 * 30.0}),
-                         (Window(T0 + 5, T0 + 22), {"g": 8 * 9.0, "h": 2 * 2.0})):
+    for window, want in ((Window(T0, now), {"g": 8 * 13.4, "h": 2 * 30.0}),
+                         (Window(T0 + 5, T0 + 22), {"g": 8 * 8.4, "h": 2 * 2.0}),
+                         (Window(T0 + 13.5, T0 + 22), {"h": 2 * 2.0})):
         sql = {u.workload: u.gpu_seconds for u in read_usage(store, window, now)}
-        py = {u.workload: u.gpu_seconds for u in to_aggs(clip(dedup(rows), window, now))}
+        py = {u.workload: u.gpu_seconds for u in to_aggs(clip(dedup(rows, window.start_s), window, now))}
         assert sql == pytest.approx(want) and py == pytest.approx(want), window
+        # the now view's path (Python over the raw rows) and LEDGER's give the same rows
+        got, _ = read_ledger(store, window, now)
+        from accounting import sql as q
+        from accounting.store_adapter import _allocation, _alloc, _q, _window
+        ledger = [_allocation(r) for r in _q(store, _alloc(store, q.ALLOCATIONS, window),
+                                             {**_window(window, now), "sources": ""})]
+        key = lambda a: (a.uid, a.source, a.queue, a.node, a.milli_gpus, a.start_s, a.end_s)   # noqa: E731
+        assert sorted(map(key, got)) == sorted(map(key, ledger)), window
     got = sorted((a.uid, a.source, a.start_s - T0, None if a.end_s is None else a.end_s - T0)
                  for a in read_allocations(store, Window(T0, now), now) if a.node == "n1")
-    assert got == sorted((a.uid, a.source, a.start_s - T0, None if a.end_s is None else a.end_s - T0)
-                         for a in dedup(rows) if a.node == "n1")
-    assert [(u, src) for u, src, *_ in got] == [("g/n1", "admission"), (f"g/n1#{round((T0 + 13.4) * 1000)}", "admission"),
-                                                ("gpuq-g/n1", "placement_group")]
+    assert got == [("g/n1", "admission", 0.0, pytest.approx(2.4)), ("gpuq-g/n1", "placement_group",
+                                                                      pytest.approx(2.4), pytest.approx(13.4))]

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuq.errors import StoreUnavailable
-from gpuq.store import COLUMNS, Retention, connect
+from gpuq.store import COLUMNS, Retention
 from gpuq.store.client import Store
 from gpuq.store.writer import BatchWriter
 
@@ -171,19 +171,11 @@ def test_the_insert_asks_the_views_to_deduplicate(store: Store) -> None:
 
 
 @pytest.fixture
-def old_store(store_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
+def old_store(store_dsn: str) -> Iterator[Store]:
     """A store made before migration 0006 (its rollups had no deduplication window)."""
-    s = connect(store_dsn)
-    everything = mig.load_migrations
-    with monkeypatch.context() as m:
-        m.setattr(mig, "load_migrations", lambda: [x for x in everything() if x.version < 6])
-        mig.migrate(s, retention=Retention(raw_days=2, rollup_days=30))
-    s.use_database()
-    try:
+    from tests.conftest import store_before
+    with store_before(store_dsn, 6, retention=Retention(raw_days=2, rollup_days=30)) as s:
         yield s
-    finally:
-        s.command(f"DROP DATABASE IF EXISTS {s.database}")
-        s.close()
 
 
 def test_the_migration_repairs_inflated_rollups(old_store: Store) -> None:

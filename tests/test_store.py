@@ -137,28 +137,17 @@ def test_unreachable_server_is_unavailable() -> None:
         connect(f"http://127.0.0.1:{port}/gpuq", connect_timeout_s=1)
 
 
-def test_the_milli_gpu_migration_converts_existing_rows(store_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_milli_gpu_migration_converts_existing_rows(store_dsn: str) -> None:
     """A store made before 0007 holds ledger rows in GPUs only: after the migration every reader
     gets their milli-GPUs, stored in the rows' parts (MATERIALIZE COLUMN), not only computed."""
     import datetime as dt
 
-    import importlib
-
-    from gpuq.store import connect
-    mig = importlib.import_module("gpuq.store.migrate")     # the module (gpuq.store.migrate is also a function)
-    s = connect(store_dsn)
-    everything = mig.load_migrations
-    try:
-        with monkeypatch.context() as m:
-            m.setattr(mig, "load_migrations", lambda: [x for x in everything() if x.version < 7])
-            mig.migrate(s)
+    from gpuq.store import migrate
+    from tests.conftest import store_before
+    with store_before(store_dsn, 7) as s:
         t = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-        cols = [c for c in COLUMNS["gpu_allocations"]]
         s.insert("gpu_allocations", [("c", "ns", "p", "old", "q", "n", "H100", "nvidia.com/gpu", 0.25, 0, "", t, None,
-                                      1, "pod", "", "", "")], cols)
-        assert mig.migrate(s) == [7, 8]
+                                      1, "pod", "", "", "")], COLUMNS["gpu_allocations"])
+        assert migrate(s) == [7, 8]
         rows = s.query(f"SELECT uid, milli_gpus FROM {s.database}.gpu_allocations FINAL").rows
         assert rows == [("old", 250)]
-    finally:
-        s.command(f"DROP DATABASE IF EXISTS {s.database}")
-        s.close()

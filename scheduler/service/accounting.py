@@ -143,7 +143,7 @@ class LiveAccounting:
         if scheduled is None and self.pending is not None:
             scheduled = self.pending()
         at = max([snap.at_s, *(a.start_s for a in admitted)])    # an admission after the snapshot is now
-        live = replace(snap, at_s=at, allocations=tuple(combine(snap.allocations, admitted)),
+        live = replace(snap, at_s=at, allocations=tuple(combine(snap.allocations, admitted, snap.at_s, snap.history)),
                        pending=self._demand(snap, scheduled))
         return compute_now(live, Resolver(self._config), self.params, self.starvation_s)
 
@@ -158,7 +158,7 @@ class LiveAccounting:
             return ()
         on_nodes = _on_capacity_nodes(admitted, snap.nodes)
         at = max([snap.at_s, *(a.start_s for a in on_nodes)])
-        live = running(combine(snap.allocations, on_nodes), at)
+        live = running(combine(snap.allocations, on_nodes, snap.at_s, snap.history), at)
         resolver = Resolver(config)
         types = {n.name: n.gpu_type for n in nodes}
         return audit(live, placed, resolver, node_name,
