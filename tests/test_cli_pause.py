@@ -4,13 +4,14 @@ and resuming admits."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.test_serve import TOKEN, Server, gpuq, setup  # noqa: F401 - setup is a fixture
+from tests.test_serve import TOKEN, Server, gpuq, servers, setup  # noqa: F401 - setup, servers: fixtures
 
 ADMIN = "admin-secret"
 
@@ -66,3 +67,33 @@ def test_pause_status_resume_from_the_command_line(admin_cfg: tuple[Path, str], 
              "--format", "json", cfg=cfg)
     assert q.returncode == 0, q.stderr
     assert [e["event"] for e in json.loads(q.stdout)] == ["pause", "resume", "admit"]
+
+
+@pytest.mark.timeout(150)
+def test_an_acknowledged_pause_survives_sigkill(tmp_path: Path, servers: list[Server]) -> None:  # noqa: F811
+    """Issue 17: the pause is durable before the 200. The scheduler's writer flushes once an hour
+    here, so only the pause's own flush can have stored it: SIGKILL right after the answer, restart,
+    still paused (and the same for a resume)."""
+    from tests.test_serve import serve_config
+    cfg, url = serve_config(tmp_path, batch_interval_s=3600)
+    conf = yaml.safe_load(cfg.read_text())
+    conf["api"]["tokens"].append({"token": ADMIN, "role": "admin", "name": "oncall"})
+    cfg.write_text(yaml.safe_dump(conf))
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    for action, want in (("pause", True), ("resume", False)):
+        srv = Server(cfg, url)
+        servers.append(srv)
+        r = srv.client.post(f"/admin/{action}", headers=admin, json={"reason": "incident 42"} if want else None)
+        assert r.status_code == 200 and r.json()["paused"] is want, r.text
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait(timeout=10)
+        srv.client.close()
+        again = Server(cfg, url)
+        servers.append(again)
+        status = again.get("/scheduler/status").json()
+        assert status["paused"] is want, (action, status)
+        if want:
+            assert status["pause_reason"] == "incident 42" and status["paused_by"].startswith("oncall"), status
+        again.proc.send_signal(signal.SIGKILL)
+        again.proc.wait(timeout=10)
+        again.client.close()

@@ -505,23 +505,35 @@ class SchedulerService:
         return self._paused
 
     def pause(self, now: float, by: str = "", reason: str = "") -> Pause:
-        """Stop acting until :meth:`resume` (recorded: a restart stays paused); idempotent."""
+        """Stop acting until :meth:`resume`; idempotent. Durable before it returns (the record is
+        in the store, or fsynced in the writer's spill files that a restart replays first), so an
+        acknowledged pause survives a crash right after it (issue 17)."""
         with self._lock:
             if self._paused is None:
                 self._paused = Pause(ev.round_t(now), by, reason)
                 self._emit_row(now, "pause", "", "", by=by, reason=reason)
                 log.warning("acting paused by %s: %s", by or "?", reason or "no reason given")
-            return self._paused
+            paused = self._paused
+        self._persist()
+        return paused
 
     def resume(self, now: float, by: str = "") -> bool:
-        """Act again from the next cycle; False when it was not paused."""
+        """Act again from the next cycle; False when it was not paused. Durable before it returns."""
         with self._lock:
             if self._paused is None:
                 return False
             self._paused = None
             self._emit_row(now, "resume", "", "", by=by)
             log.warning("acting resumed by %s", by or "?")
-            return True
+        self._persist()
+        return True
+
+    def _persist(self) -> None:
+        """Write what the sink holds now (outside the lock: the store may be slow); a sink that
+        cannot be flushed (a plain list in tests) holds it already."""
+        flush = getattr(self._sink, "flush", None)
+        if flush is not None:
+            flush()
 
     def note_reload(self, now: float, by: str, result: str) -> None:
         """Who reloaded the queue file over the API, as a cluster-wide ``reload`` row (``by``, and
