@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from itertools import chain
 from enum import Enum
 
+# Workload ids the Kubernetes source gives the objects it finds (``rayjob/<namespace>/<name>``,
+# ``raycluster/<namespace>/<name>``): reserved, refused from the API (issue 17: an operator's
+# workload of that id made the real object be skipped).
+SOURCE_ID_PREFIXES = ("rayjob/", "raycluster/")
+
 
 @dataclass(frozen=True, slots=True)
 class Node:

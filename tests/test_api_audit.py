@@ -55,3 +55,25 @@ def test_a_flood_from_one_client_is_counted_but_logged_once_per_interval(caplog:
     assert audit.counter.labels("401", "GET")._value.get() == 1002
     last = [r.getMessage() for r in caplog.records if "10.0.0.9" in r.getMessage()][-1]
     assert "999 more from this client held back" in last
+
+
+def test_the_limit_keys_on_the_client_address_and_paths_are_logged_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 17: every connection has a port of its own, so a flood from one address over many
+    connections is one line per interval (it was a line per request); a decoded ``%0a`` in a path
+    is logged escaped, so it cannot forge a log line."""
+    import asyncio
+
+    import httpx
+    api = make_api(make_service())
+    caplog.set_level(logging.WARNING, logger="gpuq.api.audit")
+
+    async def go() -> None:
+        for port in range(5000, 5040):
+            transport = httpx.ASGITransport(app=api.app, client=("10.0.0.9", port))
+            async with httpx.AsyncClient(transport=transport, base_url="http://gpuq.test") as c:
+                await c.post("/workloads/x%0aINFO forged line", json=job("j1", "a.x"))
+    asyncio.run(go())
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpuq.api.audit"]
+    assert len(lines) == 1, lines
+    assert "\n" not in lines[0] and "\\n" in lines[0] and "from 10.0.0.9 " in lines[0], lines
+    assert _refused(api, "401", "POST") == 40

@@ -417,3 +417,14 @@ def test_gpuq_serve_exits_on_a_public_address_without_tokens(tmp_path: Path) -> 
     assert r.returncode == 2, r.stderr
     assert "api.host" in r.stderr and "api.insecure" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "data").exists()          # refused before the store was opened
+
+
+@pytest.mark.parametrize("wid", ["rayjob/prod-ns/nightly", "raycluster/team/x", "RayJob/prod-ns/nightly"])
+def test_the_kubernetes_sources_id_forms_are_reserved(api: Api, wid: str) -> None:
+    """Issue 17: an operator's workload named like the Kubernetes source's made the real RayJob be
+    skipped: such ids are refused (422 naming the field), on submit and on dry-run."""
+    for path in ("/workloads", "/dry-run"):
+        r = api("POST", path, "admin-t", json={"id": wid, "queue": "a.x", "gpus_per_pod": 8})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"].startswith("body.id"), r.json()
+    assert api("POST", "/workloads", "admin-t", json=job("rayjobs-are-fine", "a.x")).status_code == 201

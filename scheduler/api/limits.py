@@ -66,8 +66,16 @@ class RefusalLog:
                 return False
             self._last[key] = (now, 0)
         more = f" ({held} more from this client held back)" if held else ""
-        log.warning("refused %d %s %s from %s (%s)%s", status, method, path, client, who, more)
+        log.warning("refused %d %s %s from %s (%s)%s", status, printable(method), printable(path), client, who, more)
         return True
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` as a log line may show it: control and other unprintable characters escaped (a
+    decoded ``%0a`` in a path cannot start a forged line), at most ``limit`` characters kept."""
+    out = text if text.isprintable() else "".join(c if c.isprintable() else c.encode("unicode_escape").decode()
+                                                   for c in text)
+    return out if len(out) <= limit else out[:limit] + f"... ({len(out)} characters)"
 
 
 class Guard:
@@ -92,8 +100,9 @@ class Guard:
         async def audited(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] in REFUSED:
                 client = scope.get("client")
+                # keyed on the client's address: every new connection has a port of its own
                 refusals.refused(message["status"], scope.get("method", ""), scope.get("path", ""),
-                                 f"{client[0]}:{client[1]}" if client else "unknown", self._who(headers))
+                                 str(client[0]) if client else "unknown", self._who(headers))
             await send(message)
         return audited
 

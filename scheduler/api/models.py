@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 from scheduler.actuators.base import Target
 from scheduler.api.problems import FieldError
-from scheduler.model import Workload
+from scheduler.model import SOURCE_ID_PREFIXES, Workload
 
 WorkloadId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}$")]
 # Kubernetes names: a namespace is a DNS-1123 label, an object name a DNS-1123 subdomain
@@ -80,6 +80,13 @@ class WorkloadIn(_Body):
     checkpoint: bool = False
     originator: bool = False
     target: TargetIn = Field(default_factory=TargetIn)
+
+    @model_validator(mode="after")
+    def _not_a_source_id(self) -> "WorkloadIn":
+        if self.id.lower().startswith(SOURCE_ID_PREFIXES):
+            raise FieldError("id", f"ids starting with {' or '.join(SOURCE_ID_PREFIXES)} are the Kubernetes "
+                                   "source's (the objects it finds): choose another id")
+        return self
 
     def to_workload(self, now_s: float) -> Workload:
         return Workload(self.id, self.queue, pods=self.pods, gpus_per_pod=self.gpus_per_pod,

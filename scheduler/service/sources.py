@@ -21,13 +21,13 @@ from typing import Any, Protocol
 
 from scheduler.actuators.base import Actuator, Target
 from scheduler.errors import SchedulerError
-from scheduler.model import Workload
+from scheduler.model import SOURCE_ID_PREFIXES, Workload
 from scheduler.service.core import SchedulerService
 from scheduler.service.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
-SOURCE_PREFIXES = ("rayjob/", "raycluster/")
+SOURCE_PREFIXES = SOURCE_ID_PREFIXES
 
 
 class WorkloadLister(Protocol):
