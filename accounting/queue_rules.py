@@ -18,6 +18,7 @@ from typing import Any
 
 from accounting.errors import QueueConfigError
 from accounting.queues import ROOT, GpuType, Queue, QueueConfig, QueueMapping, _unknown_keys
+from gpuq.errors import shown
 
 _TYPE_KEYS = frozenset({"price_per_hour", "node_labels"})
 _MAPPING_KEYS = frozenset({"labels", "annotations", "namespaces", "default"})
@@ -111,15 +112,15 @@ def parse_gpu_types(raw: Any) -> Mapping[str, GpuType]:
         _unknown_keys(spec, _TYPE_KEYS, where)
         price = spec.get("price_per_hour", 0.0)
         if isinstance(price, bool) or not isinstance(price, (int, float)):
-            raise QueueConfigError(f"{where}.price_per_hour", f"expected a number, got {price!r}")
+            raise QueueConfigError(f"{where}.price_per_hour", f"expected a number, got {shown(price)}")
         if price < 0:
             raise QueueConfigError(f"{where}.price_per_hour", f"must not be negative, got {price}")
         labels = spec.get("node_labels") or []
         if not isinstance(labels, list) or not all(isinstance(v, str) and v for v in labels):
-            raise QueueConfigError(f"{where}.node_labels", f"expected a list of label values, got {labels!r}")
+            raise QueueConfigError(f"{where}.node_labels", f"expected a list of label values, got {shown(labels)}")
         for value in [name, *labels]:
             if value in owner and owner[value] != name:
-                raise QueueConfigError(f"{where}.node_labels", f"{value!r} already means {owner[value]}")
+                raise QueueConfigError(f"{where}.node_labels", f"{shown(value)} already means {owner[value]}")
             owner[value] = name
         out[name] = GpuType(name=name, price_per_hour=float(price), node_labels=tuple(labels))
     return MappingProxyType(out)
@@ -127,9 +128,9 @@ def parse_gpu_types(raw: Any) -> Mapping[str, GpuType]:
 
 def _leaf(value: Any, where: str, queues: Mapping[str, Queue]) -> str:
     if not isinstance(value, str) or value not in queues or value == ROOT:
-        raise QueueConfigError(where, f"unknown queue {value!r}")
+        raise QueueConfigError(where, f"unknown queue {shown(value)}")
     if queues[value].children:
-        raise QueueConfigError(where, f"queue {value!r} is not a leaf (only leaf queues take pods)")
+        raise QueueConfigError(where, f"queue {shown(value)} is not a leaf (only leaf queues take pods)")
     return value
 
 
@@ -138,7 +139,7 @@ def _strings(spec: Mapping[str, Any], key: str, default: tuple[str, ...]) -> tup
         return default
     value = spec[key] or []
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise QueueConfigError(f"mapping.{key}", f"expected a list of names, got {value!r}")
+        raise QueueConfigError(f"mapping.{key}", f"expected a list of names, got {shown(value)}")
     return tuple(value)
 
 
@@ -151,7 +152,7 @@ def parse_mapping(raw: Any, queues: Mapping[str, Queue]) -> QueueMapping:
     base = QueueMapping()
     namespaces = raw.get("namespaces") or {}
     if not isinstance(namespaces, Mapping):
-        raise QueueConfigError("mapping.namespaces", f"expected a mapping of namespace to queue, got {namespaces!r}")
+        raise QueueConfigError("mapping.namespaces", f"expected a mapping of namespace to queue, got {shown(namespaces)}")
     ns = {str(k): _leaf(v, f"mapping.namespaces.{k}", queues) for k, v in namespaces.items()}
     default = raw.get("default")
     return QueueMapping(

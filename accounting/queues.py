@@ -51,6 +51,7 @@ from typing import Any
 
 from accounting.errors import QueueConfigError
 from accounting.quantity import cpu_millicores, gpu_count, memory_bytes
+from gpuq.errors import shown
 
 ROOT = "root"
 
@@ -144,7 +145,7 @@ def _resources(raw: Any, where: str, gpu_types: Mapping[str, GpuType] | None) ->
         if key == "gpu" or key.startswith("gpu/"):
             if key.startswith("gpu/") and gpu_types is not None and key[4:] not in gpu_types:
                 known = ", ".join(sorted(gpu_types)) or "none"
-                raise QueueConfigError(f"{where}.{key}", f"unknown gpu type {key[4:]!r} (declared: {known})")
+                raise QueueConfigError(f"{where}.{key}", f"unknown gpu type {shown(key[4:])} (declared: {known})")
             amount, err = gpu_count(value)
         elif key == "cpu":
             amount, err = cpu_millicores(value)
@@ -164,14 +165,14 @@ def _number(spec: Mapping[str, Any], key: str, default: float, where: str, *, in
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok:
         kind = "an integer" if integer else "a number"
-        raise QueueConfigError(f"{where}.{key}", f"expected {kind}, got {value!r}")
+        raise QueueConfigError(f"{where}.{key}", f"expected {kind}, got {shown(value)}")
     return value
 
 
 def _flag(spec: Mapping[str, Any], key: str, where: str) -> bool:
     value = spec.get(key, False)
     if not isinstance(value, bool):
-        raise QueueConfigError(f"{where}.{key}", f"expected true or false, got {value!r}")
+        raise QueueConfigError(f"{where}.{key}", f"expected true or false, got {shown(value)}")
     return value
 
 
@@ -191,7 +192,7 @@ def _queue(name: Any, spec: Any, parent: str, path: str, where: str,
     _unknown_keys(spec, QUEUE_KEYS, where)
     weight = float(_number(spec, "weight", 1.0, where))
     if weight <= 0:
-        raise QueueConfigError(f"{where}.weight", f"must be positive, got {spec['weight']!r}")
+        raise QueueConfigError(f"{where}.weight", f"must be positive, got {shown(spec['weight'])}")
     pre = spec.get("preemption") or {}
     if not isinstance(pre, Mapping):
         raise QueueConfigError(f"{where}.preemption", f"expected a mapping, got {type(pre).__name__}")
@@ -209,6 +210,9 @@ def _queue(name: Any, spec: Any, parent: str, path: str, where: str,
         strict_fifo=_flag(spec, "strict_fifo", where),
     )
     return queue, kids
+
+
+MAX_QUEUES = 10_000          # a queue file with more is refused (issue 17: a 639-byte file was 262,126 queues)
 
 
 def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
@@ -233,6 +237,9 @@ def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
         names: list[str] = []
         for name, spec in raw.items():
             path = f"{prefix}{name}"
+            if len(queues) + len(names) >= MAX_QUEUES:
+                raise QueueConfigError(f"{source}.{path}", f"more than {MAX_QUEUES:,} queues: gpuq takes at most "
+                                       f"{MAX_QUEUES:,} (accounting.queues.MAX_QUEUES); split the cluster or merge queues")
             queue, kids_raw = _queue(name, spec, parent, path, f"{source}.{path}", declared)
             kids = walk(kids_raw, path, f"{path}.")
             queues[path] = replace(queue, children=kids)
@@ -254,12 +261,14 @@ def load_queue_config(path: str | Path) -> QueueConfig:
     """Read and validate a queue file; errors carry the file and the line of the YAML path."""
     import yaml
 
+    from gpuq.yamlsafe import safe_load
+
     from accounting.queue_rules import line_of
 
     p = Path(path)
     try:
         text = p.read_text()
-        data = yaml.safe_load(text) or {}
+        data = safe_load(text) or {}
     except OSError as exc:
         raise QueueConfigError(str(p), f"cannot read: {exc.strerror or exc}", file=str(p)) from exc
     except yaml.YAMLError as exc:

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from gpuq.yamlsafe import safe_load
+
 from accounting.errors import QueueConfigError
 from accounting.queue_rules import line_of
 from accounting.queues import QueueConfig, parse_queue_config
@@ -93,7 +95,7 @@ class QueueConfigWatcher:
     def _parse(self, text: str) -> QueueConfig:
         file = str(self.path)
         try:
-            data = yaml.safe_load(text) or {}
+            data = safe_load(text) or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             raise QueueConfigError(file, f"invalid YAML: {getattr(exc, 'problem', None) or exc}",

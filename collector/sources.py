@@ -89,9 +89,11 @@ def _queue_mapping(settings: Settings) -> Any:
         return QueueKeys()
     import yaml
 
+    from gpuq.yamlsafe import safe_load
+
     try:
         with open(settings.queues_file, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
+            data = safe_load(fh.read()) or {}
     except (OSError, yaml.YAMLError) as exc:
         log.warning("queue mapping not read from %s: %s", settings.queues_file, exc)
         return QueueKeys()

@@ -50,3 +50,16 @@ class MigrationError(StoreError):
     def __init__(self, version: int, message: str) -> None:
         self.version = version
         super().__init__(f"migration {version:04d}: {message}")
+
+
+def shown(value: object, limit: int = 200) -> str:
+    """``repr(value)`` for an error message, at most about ``limit`` characters (a value from a
+    hostile file can be huge once expanded: issue 17); a large container's repr is never built
+    whole (``reprlib``: a few items per level, a few levels)."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 3, 8, 8, 8, 8
+    r.maxstring = r.maxother = r.maxlong = limit
+    text = r.repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -89,10 +89,12 @@ def load_nodes(path: str) -> list[Node]:
     """A node list file: ``[{name, gpu_type, gpus, count}, ...]`` or ``{nodes: [...]}``."""
     import yaml
 
+    from gpuq.yamlsafe import safe_load
+
     from scheduler.simulator.scenario import parse_scenario
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = safe_load(Path(path).read_text())
     except OSError as exc:
         raise ScenarioError("(file)", f"cannot read: {exc.strerror or exc}", path) from exc
     except yaml.YAMLError as exc:

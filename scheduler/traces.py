@@ -50,6 +50,8 @@ from typing import Any
 
 import yaml
 
+from gpuq.yamlsafe import safe_load
+
 from scheduler.progress import Progress
 from scheduler.traces_queues import Assignment, TraceError, default_quotas, parse_assignment
 
@@ -478,7 +480,7 @@ def import_trace_main(argv: list[str], settings: object = None) -> int:
 
 def _read_queue_file(path: Path) -> Mapping[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = safe_load(path.read_text()) or {}
     except OSError as exc:
         raise TraceError(str(path), f"cannot read: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:

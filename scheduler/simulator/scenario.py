@@ -15,6 +15,7 @@ from typing import Any
 
 from accounting.errors import QueueConfigError
 from accounting.queues import parse_queue_config
+from gpuq.errors import shown
 from scheduler.errors import ScenarioError, SnapshotError
 from scheduler.model import Node, Workload
 from scheduler.snapshot import Cluster, Settings, build_cluster
@@ -57,22 +58,22 @@ class _Reader:
     def int(self, v: Any, where: str, minimum: int = 1) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
             kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-            raise self.fail(where, f"expected {kind}, got {v!r}")
+            raise self.fail(where, f"expected {kind}, got {shown(v)}")
         return v
 
     def num(self, v: Any, where: str, positive: bool = False) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (positive and v == 0):
-            raise self.fail(where, f"expected a {'positive' if positive else 'non-negative'} number, got {v!r}")
+            raise self.fail(where, f"expected a {'positive' if positive else 'non-negative'} number, got {shown(v)}")
         return float(v)
 
     def flag(self, v: Any, where: str) -> bool:
         if not isinstance(v, bool):
-            raise self.fail(where, f"expected true or false, got {v!r}")
+            raise self.fail(where, f"expected true or false, got {shown(v)}")
         return v
 
     def text(self, v: Any, where: str) -> str:
         if isinstance(v, bool) or not isinstance(v, (str, int)) or str(v) == "":
-            raise self.fail(where, f"expected a non-empty string, got {v!r}")
+            raise self.fail(where, f"expected a non-empty string, got {shown(v)}")
         return str(v)
 
     def items(self, v: Any, where: str) -> list[Any]:
@@ -87,10 +88,11 @@ def load_yaml(path: str | Path, what: str = "scenario") -> Any:
     """A YAML file's content; ScenarioError names the file and the line of a syntax error."""
     import yaml
 
+    from gpuq.yamlsafe import safe_load
+
     p = Path(path)
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)     # libyaml: several times faster
     try:
-        return yaml.load(p.read_text(), Loader=loader)  # noqa: S506 (a safe loader)
+        return safe_load(p.read_text())         # libyaml where installed; aliases bounded (gpuq.yamlsafe)
     except OSError as exc:
         raise ScenarioError("(file)", f"cannot read {what}: {exc.strerror or exc}", str(p)) from exc
     except yaml.YAMLError as exc:
@@ -194,9 +196,9 @@ def _workload(r: _Reader, raw: Any, where: str, at: str, queues: Mapping[str, An
     wid = r.text(spec["id"], f["id"])
     queue = r.text(spec["queue"], f["queue"])
     if queue not in queues or queue == "root":
-        raise r.fail(f["queue"], f"unknown queue {queue!r}")
+        raise r.fail(f["queue"], f"unknown queue {shown(queue)}")
     if not queues[queue].is_leaf:
-        raise r.fail(f["queue"], f"queue {queue!r} is not a leaf (only leaf queues take workloads)")
+        raise r.fail(f["queue"], f"queue {shown(queue)} is not a leaf (only leaf queues take workloads)")
     types = r.items(spec.get("gpu_types"), f["gpu_types"])
     base = Workload(
         id=wid, queue=queue,
@@ -215,7 +217,7 @@ def _workload(r: _Reader, raw: Any, where: str, at: str, queues: Mapping[str, An
     first = origin or where
     for one in ids:
         if one in seen:
-            raise r.fail(f["id"], f"duplicate workload id {one!r} (first at {seen[one]})")
+            raise r.fail(f["id"], f"duplicate workload id {shown(one)} (first at {seen[one]})")
         seen[one] = first
         out.append(base if one == wid else _with_id(base, one))
 
