@@ -281,3 +281,28 @@ def test_rows_still_held_at_close_are_counted_as_lost(store, disk: Disk,
         w.close()
     assert w.stats.rows_dropped == {("ray_resources", "exit"): 300} and w.held_rows() == 0
     assert "exiting with 300 rows of ray_resources neither written nor spilled" in caplog.text
+
+
+def test_a_spill_file_of_bad_values_does_not_stop_the_later_ones(store, tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 17: a value the client cannot encode ("not-a-number" for a Float64) is bad data, not a
+    store that is down: that file is refused once and left for a human, and the newer ones are
+    replayed; a folder of an unknown table is quarantined once, not logged at every flush."""
+    spill = tmp_path / "spill"
+    token = uuid.uuid4().hex
+    bad = write_spill(spill, "ray_resources", f"{token}-1",
+                      f'[{{"$dt":{NOW.timestamp()}}},"c","n","GPU","USED","not-a-number"]\n'.encode(), age_s=30)
+    unknown = write_spill(spill, "no_such_table", f"{token}-2", good_lines(0, 1), age_s=20)
+    write_spill(spill, "ray_resources", f"{token}-3", good_lines(0, 3), age_s=10)
+    w = BatchWriter(store, spill)
+    with caplog.at_level(logging.WARNING, logger="gpuq.store.writer"):
+        w.start()
+        w.flush()
+        w.flush()
+    w.close()
+    assert values(store) == [0.0, 1.0, 2.0]                     # the newer file, replayed
+    assert bad.exists() and w.stats.rows_refused == {"ray_resources": 1}
+    assert caplog.text.count(f"spilled batch {bad} refused by the database") == 1
+    assert not unknown.exists() and (spill / "quarantine" / "no_such_table" / unknown.name).exists()
+    assert caplog.text.count("unknown table 'no_such_table'") == 1
+    assert "store unavailable" not in caplog.text

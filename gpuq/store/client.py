@@ -136,6 +136,10 @@ class Store:
         from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
         text = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
+        # by what it means, not where it was raised (issue 17): rows the client cannot encode (a
+        # ValueError for "t": "not-a-number") are bad data, not a database that is down
+        if isinstance(exc, (ValueError, TypeError, OverflowError)) and not isinstance(exc, DatabaseError):
+            return StoreQueryError(f"{self.dsn.display}: {what}: {type(exc).__name__}: {text}")
         if isinstance(exc, OperationalError) or not isinstance(exc, DatabaseError):
             return StoreUnavailable(f"{self.dsn.display}: {what}: {text}")
         return StoreQueryError(f"{self.dsn.display}: {what}: {text}")

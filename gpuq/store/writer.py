@@ -359,8 +359,8 @@ class BatchWriter:
         done = 0
         for path in files:
             table = path.parent.name
-            if table not in COLUMNS:
-                log.error("spill file %s names unknown table %r: left in place", path, table)
+            if table not in COLUMNS:                 # quarantined once, not logged at every flush
+                self._quarantine(path, table, BadSpillFile(path, 0, f"names an unknown table {table!r}"))
                 continue
             try:
                 rows = _read_spill(path, len(COLUMNS[table]))
