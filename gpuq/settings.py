@@ -210,6 +210,8 @@ class ApiSettings(_Section):
     port: int = Field(default=8377, ge=0, le=65535)
     tokens: list[ApiToken] = []
     insecure: bool = False               # allow a non-loopback host without tokens (auth off)
+    allowed_hosts: list[str] = []        # with auth off, Host/Origin names a mutating request may carry
+                                         # besides localhost, 127.0.0.1, ::1 and api.host (issue 17)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)   # larger request bodies: 413
     max_spec_bytes: int = Field(default=65_536, ge=1024)      # a submitted workload's spec as stored
 

@@ -194,7 +194,9 @@ def _call(args: argparse.Namespace, settings: Any, prog: str, path: str,
     token = args.token or (settings.api.tokens[0].token if settings.api.tokens else None)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        r = httpx.request(method, base + path, params=params, headers=headers, json=body, timeout=10.0)
+        # a change is always sent as JSON (with auth off, the API takes nothing else: issue 17)
+        json_body = body if body is not None or method == "GET" else {}
+        r = httpx.request(method, base + path, params=params, headers=headers, json=json_body, timeout=10.0)
     except httpx.HTTPError as exc:
         print(f"{prog}: error: cannot reach {base}: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc

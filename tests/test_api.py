@@ -43,7 +43,7 @@ class Api:
     def __call__(self, method: str, url: str, token: str | None = None, **kw: Any) -> httpx.Response:
         async def go() -> httpx.Response:
             transport = httpx.ASGITransport(app=self.app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://gpuq.test") as c:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
                 headers = {**kw.pop("headers", {}), **({"Authorization": f"Bearer {token}"} if token else {})}
                 return await c.request(method, url, headers=headers, **kw)
         return asyncio.run(go())
@@ -298,3 +298,31 @@ def test_admin_reload_takes_a_new_file_and_refuses_orphans(live: tuple[Api, Sche
     queue_file.write_text(yaml.safe_dump({"queues": QUEUES}))
     assert api("POST", "/admin/reload-queues", token="admin-t").json()["result"] == "loaded"
     assert "c" not in svc.config.leaves()
+
+
+def test_with_auth_off_a_browser_cannot_forge_a_change(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 17: with no tokens (loopback only), a page in a browser could pause, resume and reload
+    through a cross-origin text/plain POST, or through a DNS name rebound to 127.0.0.1. A change now
+    needs JSON, a Host this API answers as, and (when present) such an Origin; the CLI's requests
+    (JSON, Host 127.0.0.1, no Origin) still pass."""
+    import httpx
+    svc = make_service()
+    app = create_app(svc, None, load_settings(None, api={"allowed_hosts": ["gpuq.internal"]}), clock=lambda: 1000.0)
+
+    def post(path: str, host: str, **kw: Any) -> httpx.Response:
+        async def go() -> httpx.Response:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=f"http://{host}") as c:
+                return await c.post(path, **kw)
+        return asyncio.run(go())
+
+    assert post("/admin/pause", "127.0.0.1:8377", content=b'{"reason": "x"}',
+                headers={"content-type": "text/plain"}).status_code == 415
+    assert post("/admin/pause", "evil.example:8377", json={}).status_code == 403          # a rebound name
+    assert post("/admin/pause", "127.0.0.1:8377", json={},
+                headers={"origin": "https://evil.example"}).status_code == 403            # cross-origin
+    assert svc.paused is None
+    assert post("/admin/pause", "gpuq.internal:8377", json={}).status_code == 200        # api.allowed_hosts
+    assert post("/admin/resume", "127.0.0.1:8377", json={},
+                headers={"origin": "http://localhost:8377"}).status_code == 200
+    assert svc.paused is None
+    assert post("/workloads", "[::1]:8377", json=body()).status_code == 201

@@ -70,7 +70,7 @@ def test_the_limit_keys_on_the_client_address_and_paths_are_logged_escaped(caplo
     async def go() -> None:
         for port in range(5000, 5040):
             transport = httpx.ASGITransport(app=api.app, client=("10.0.0.9", port))
-            async with httpx.AsyncClient(transport=transport, base_url="http://gpuq.test") as c:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
                 await c.post("/workloads/x%0aINFO forged line", json=job("j1", "a.x"))
     asyncio.run(go())
     lines = [r.getMessage() for r in caplog.records if r.name == "gpuq.api.audit"]

@@ -44,7 +44,7 @@ class Api:
 
     def __call__(self, method: str, url: str, token: str | None = None, **kw: Any) -> httpx.Response:
         async def go() -> httpx.Response:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://gpuq.test") as c:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://localhost") as c:
                 headers = {**kw.pop("headers", {}), **({"Authorization": f"Bearer {token}"} if token else {})}
                 return await c.request(method, url, headers=headers, **kw)
         return asyncio.run(go())

@@ -77,7 +77,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
     install(app)
     # auth from the headers and the size cap, before anything reads the body
     app.add_middleware(Guard, auth=auth, max_body_bytes=settings.api.max_body_bytes, routes=app.router.routes,
-                       refusals=RefusalLog(registry))
+                       refusals=RefusalLog(registry), hosts=(settings.api.host, *settings.api.allowed_hosts))
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:

@@ -22,7 +22,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -78,12 +80,39 @@ def printable(text: str, limit: int = 200) -> str:
     return out if len(out) <= limit else out[:limit] + f"... ({len(out)} characters)"
 
 
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
 class Guard:
     def __init__(self, app: ASGIApp, *, auth: Auth, max_body_bytes: int, routes: Any,
-                 refusals: RefusalLog | None = None) -> None:
+                 refusals: RefusalLog | None = None, hosts: Sequence[str] = ()) -> None:
         self.app, self.auth, self.max_body = app, auth, max_body_bytes
         self.routes = routes                 # the FastAPI app's routes, matched as the router will
         self.refusals = refusals
+        self.hosts = frozenset(h.lower().strip("[]") for h in (*LOOPBACK_NAMES, *hosts) if h)
+
+    def _forged(self, scope: Scope, headers: dict[bytes, bytes]) -> Problem | None:
+        """With auth off, a mutating request must be JSON, carry a Host this API answers as, and an
+        Origin (when a browser sends one) of such a host: a page in a browser cannot then pause,
+        resume or reload through a cross-origin ``text/plain`` POST or a rebound DNS name (issue
+        17). The CLI sends JSON and no Origin."""
+        ctype = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+        if ctype != b"application/json":
+            return Problem(415, "with authentication off, a request that changes something must be "
+                                "application/json")
+        for name in (b"host", b"origin"):
+            value = headers.get(name)
+            if value is None:
+                if name == b"host":
+                    return Problem(403, "no Host header")
+                continue
+            text = value.decode("latin-1")
+            host = urlsplit(text if name == b"origin" else f"//{text}").hostname or ""
+            if host.lower() not in self.hosts:
+                return Problem(403, f"{name.decode().capitalize()} {printable(text, 80)!r} is not one this API "
+                                    "answers as (api.host, loopback names, api.allowed_hosts)")
+        return None
 
     def _who(self, headers: dict[bytes, bytes]) -> str:
         header = headers.get(b"authorization")
@@ -122,6 +151,11 @@ class Guard:
             return
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         send = self._audited(scope, send, headers)
+        if not self.auth.enabled and scope.get("method") in MUTATING:
+            forged = self._forged(scope, headers)
+            if forged is not None:
+                await _answer(scope, send, forged)
+                return
         if self.auth.enabled:
             role = self.role_of(scope)
             if role is not None:
