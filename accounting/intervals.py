@@ -38,8 +38,7 @@ class Interval:
 def effective_ends(allocs: Iterable[Allocation], now_s: float) -> list[tuple[Allocation, float]]:
     """Each allocation with the end it really had (see the module rules), in a stable order:
     ``(slot, start_s, uid)``."""
-    ordered = sorted(allocs, key=lambda a: (a.cluster, a.namespace, a.pod, "" if a.source == "pod" else a.node,
-                                            a.start_s, a.uid))        # (slot, start, uid), inlined: a hot path
+    ordered = sorted(allocs, key=lambda a: (slot(a), a.start_s, a.uid))
     out: list[tuple[Allocation, float]] = []
     for i, a in enumerate(ordered):
         end = now_s if a.end_s is None else min(a.end_s, now_s)

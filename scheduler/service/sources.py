@@ -27,9 +27,6 @@ from scheduler.service.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
-SOURCE_PREFIXES = SOURCE_ID_PREFIXES
-
-
 class WorkloadLister(Protocol):
     def pending(self) -> list[tuple[Workload, Target]]: ...
 
@@ -59,7 +56,7 @@ def sync_listed(service: SchedulerService, source: WorkloadLister, now: float) -
             unknown.append(w.id)
             log.warning("%s was admitted by gpuq but is unknown to the scheduler (its events are lost)", w.id)
     for wid in service.active_ids():
-        if wid.startswith(SOURCE_PREFIXES) and wid not in listed:
+        if wid.startswith(SOURCE_ID_PREFIXES) and wid not in listed:
             service.remove(wid, now, "its object was deleted")
             removed.append(wid)
     return SyncReport(tuple(submitted), tuple(removed), tuple(unknown))
