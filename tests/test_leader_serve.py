@@ -8,7 +8,9 @@
 * the leader stopped (SIGTERM): it releases the Lease after closing the store, and the standby
   takes it within one retry period;
 * no action with a duplicate effect: the RayJobs' mutating requests are counted across both
-  processes and leaderships.
+  processes and leaderships;
+* the lease metrics: the standby shows them at 0, the replica that takes an expired Lease counts it
+  (``how="expired"``: the killed leader lost it), the one that takes a released Lease does not.
 
 The store is chDB: the standby opens it only once it leads (chDB allows one process per path; with
 a ClickHouse server both could), which this test relies on as the chart's scaled shape does not.
@@ -150,6 +152,10 @@ def test_one_replica_acts_takeover_after_kill_and_after_sigterm(cluster: tuple[P
     standby = p2.client.get("/readyz")
     assert standby.status_code == 503 and "pod-1" in standby.json()["detail"]
     assert p2.client.get("/workloads").status_code == 503
+    standby_metrics = p2.client.get("/metrics").text                 # the series the leader will go on with
+    for line in ("gpuq_leader 0.0", "gpuq_scheduler_lease_lost_total 0.0",
+                 'gpuq_scheduler_lease_acquired_total{how="expired"} 0.0'):
+        assert line in standby_metrics, line
 
     for wid in ("b1", "b2"):
         assert p1.submit(wid, "b").status_code == 201
@@ -168,6 +174,9 @@ def test_one_replica_acts_takeover_after_kill_and_after_sigterm(cluster: tuple[P
     assert took <= LEASE_S + 2 * RETRY_S + 0.5, f"takeover after a kill took {took:.2f} s"
     wait(p2.ready, 40, "pod-2 ready as leader", started)
     assert p2.health()["role"] == "leader"
+    leader_metrics = p2.client.get("/metrics").text                  # pod-1 lost the Lease: seen here
+    assert "gpuq_leader 1.0" in leader_metrics
+    assert 'gpuq_scheduler_lease_acquired_total{how="expired"} 1.0' in leader_metrics
     assert (p2.state("b1"), p2.state("b2")) == ("running", "running")    # restored from the store
     time.sleep(1.5)                                                  # cycles of the new leader
     assert rayjob_mutations(k8s) == before_kill, "the new leader acted again on what was done"
@@ -189,6 +198,7 @@ def test_one_replica_acts_takeover_after_kill_and_after_sigterm(cluster: tuple[P
     assert took <= RETRY_S + 0.5, f"takeover after SIGTERM took {took:.2f} s"
     wait(p3.ready, 40, "pod-3 ready as leader", started)
     assert p3.state("a1") == "running"
+    assert 'gpuq_scheduler_lease_acquired_total{how="released"} 1.0' in p3.client.get("/metrics").text
     time.sleep(1.5)
     watch.stop.set()
     watch.thread.join(5)

@@ -1,4 +1,6 @@
 """Actuators: carry the scheduler's decisions out (see :mod:`scheduler.actuators.base`)."""
-from scheduler.actuators.base import Action, ActionResult, Actuator, DryRunActuator, Target, with_retries
+from scheduler.actuators.base import (FENCED, Action, ActionResult, Actuator, DryRunActuator, Fence, Target, fenced,
+                                      with_retries)
 
-__all__ = ["Action", "ActionResult", "Actuator", "DryRunActuator", "Target", "with_retries"]
+__all__ = ["FENCED", "Action", "ActionResult", "Actuator", "DryRunActuator", "Fence", "Target", "fenced",
+           "with_retries"]

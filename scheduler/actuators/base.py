@@ -24,6 +24,16 @@ Actuators, chosen by ``scheduler.actuator`` in the settings:
 action by ``scheduler.actuator_budget_s``
 (:mod:`scheduler.service.acting`); with spans configured each call is a span
 (:mod:`scheduler.actuators.traced`).
+
+**Fencing** (issue 17, finding 5): with leader election, a replica that no longer holds the Lease
+must not act, although its queued actions and retries would otherwise go on for up to the action
+budget. A :data:`Fence` answers whether this replica may still act (``gpuq serve`` passes the
+elector's :meth:`~scheduler.service.leader.LeaderElector.holds_lease`: a monotonic-clock check
+against the last renewal, no API call). :func:`with_retries` asks it before every attempt, and the
+``kubernetes`` and ``ray`` actuators ask it again right before each request that changes the world
+(the PATCH, the eviction, the job submission or stop), after the reads that precede it. A fenced
+call answers :func:`fenced` (``detail["fenced"]``, not retryable): nothing was sent. Without
+election there is no fence (None): never fenced.
 """
 from __future__ import annotations
 
@@ -76,6 +86,28 @@ class Actuator(Protocol):
     def cancel(self, workload: Workload, target: Target) -> ActionResult: ...
 
 
+Fence = Callable[[], bool]
+"""True while this replica may act (it holds the Lease); asked before each attempt and each
+mutating request. None where there is no leader election: never fenced."""
+
+FENCED = "fenced"           # detail key of an action the fence stopped
+
+
+def fenced(what: str = "", after: ActionResult | None = None, tries: int = 0) -> ActionResult:
+    """The answer of an action the fence stopped: before ``what`` (a request: not sent) or before
+    it started; ``after``: the last answer when it stopped retries (``tries`` attempts made)."""
+    why = "this replica no longer holds the Lease (fenced)"
+    if after is None:
+        return ActionResult(False, f"{what}: not sent: {why}" if what else f"not carried out: {why}", False,
+                            {FENCED: True})
+    return ActionResult(False, f"{after.message} (stopped after {tries} attempts: {why})", False,
+                        {**after.detail, FENCED: True, "attempts": tries})
+
+
+def may_act(fence: Fence | None) -> bool:
+    return fence is None or fence()
+
+
 @dataclass(frozen=True, slots=True)
 class Action:
     verb: str                      # admit | preempt | cancel
@@ -109,21 +141,27 @@ class DryRunActuator:
 def with_retries(call: Callable[[], ActionResult], *, attempts: int = 4, backoff_s: float = 0.2,
                  cap_s: float = 5.0, sleep: Callable[[float], None] = time.sleep,
                  rng: random.Random | None = None, budget_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> ActionResult:
+                 clock: Callable[[], float] = time.monotonic, fence: Fence | None = None) -> ActionResult:
     """Retry ``call`` while it answers ``retryable`` failures, with capped, jittered backoff.
     ``budget_s``: no attempt starts after this long since the first (the action's total budget).
-    A failure that outlived several attempts says so in its message and ``detail["attempts"]``."""
+    A failure that outlived several attempts says so in its message and ``detail["attempts"]``.
+    ``fence``: asked before every attempt, the first included; once it answers False no attempt
+    starts (the answer is :func:`fenced`)."""
     rng = rng or random.Random()
     delay = backoff_s
     start = clock()
+    if not may_act(fence):
+        return fenced()
     result = call()
     tries = 1
-    while tries < attempts and not result.ok and result.retryable:
+    while tries < attempts and not result.ok and result.retryable and not result.detail.get(FENCED):
         pause = min(cap_s, delay) * (0.5 + rng.random() / 2)
         if budget_s is not None and clock() - start + pause >= budget_s:
             return ActionResult(False, f"{result.message} (gave up after {tries} attempts: the "
                                        f"{budget_s:g} s budget is spent)", True, {**result.detail, "attempts": tries})
         sleep(pause)
+        if not may_act(fence):                   # lost the Lease while waiting: no further attempt
+            return fenced(after=result, tries=tries)
         delay *= 2
         result = call()
         tries += 1

@@ -2,7 +2,8 @@
 
 ``dry-run`` needs nothing; ``kubernetes`` and ``ray`` are imported only when chosen (their
 clients are heavy), as ``scheduler.actuators.kubernetes.KubernetesActuator(settings)`` and
-``scheduler.actuators.ray.RayActuator(settings)``.
+``scheduler.actuators.ray.RayActuator(settings)``. ``fence`` (leader election) goes to the actuators
+that send requests; the dry-run actuator sends none (the service's retries ask the fence all the same).
 """
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import importlib
 from typing import Any
 
 from gpuq.errors import ConfigError
-from scheduler.actuators.base import Actuator, DryRunActuator
+from scheduler.actuators.base import Actuator, DryRunActuator, Fence
 
 _LAZY = {"kubernetes": ("scheduler.actuators.kubernetes", "KubernetesActuator"),
          "ray": ("scheduler.actuators.ray", "RayActuator")}
 
 
-def make_actuator(settings: Any) -> Actuator:
+def make_actuator(settings: Any, fence: Fence | None = None) -> Actuator:
     """``settings``: the gpuq settings tree. Raises ConfigError for an unknown or unavailable one."""
     name = settings.scheduler.actuator
     if name == "dry-run":
@@ -28,7 +29,7 @@ def make_actuator(settings: Any) -> Actuator:
         factory = getattr(importlib.import_module(module), cls)
     except (ImportError, AttributeError) as exc:
         raise ConfigError("scheduler.actuator", f"the {name} actuator is not available: {exc}") from exc
-    actuator: Actuator = factory(settings, **_options(name, settings))
+    actuator: Actuator = factory(settings, **_options(name, settings), fence=fence)
     return actuator
 
 

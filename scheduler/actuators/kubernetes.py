@@ -55,6 +55,11 @@ suspended object with nothing to restore, answers ok without a PATCH (``detail["
 Every call goes through :func:`with_retries`: 5xx, 429, 409 and connection errors are retried
 (each attempt GETs afresh); 400/401/403/404/405/422 are not. Failures name the verb, the API
 path, the status and the API's message.
+
+**Fencing**: with a ``fence`` (leader election), every attempt (Events' included) and, after its
+GET, every PATCH and eviction asks it right before the request is sent: a replica that no longer
+holds the Lease sends no write at all (:func:`~scheduler.actuators.base.fenced`). So the Event of an
+action that was in flight at the loss is not created (the object's ``gpuq.io/*`` marks tell it).
 """
 from __future__ import annotations
 
@@ -72,7 +77,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuq.kube import load_configuration
 from gpuq.settings import KubernetesTarget, Settings
-from scheduler.actuators.base import ActionResult, Target, with_retries
+from scheduler.actuators.base import ActionResult, Fence, Target, fenced, may_act, with_retries
 from scheduler.actuators.k8s_events import EventRecorder, Involved
 from scheduler.actuators.k8s_templates import (
     ADMISSION_ANNOTATION,
@@ -146,7 +151,8 @@ class KubernetesActuator:
     GPU type -> value of ``node_label_key`` (default: the queue file's ``gpu_types.*.node_labels``;
     an unlisted type is its own value); ``gpu_resources``: what makes a template a GPU pod set
     (MIG slices always do); ``attempts``/``backoff_s``: :func:`with_retries`; ``events``: create
-    Kubernetes Events (:mod:`scheduler.actuators.k8s_events`), ``clock``/``instance`` for them.
+    Kubernetes Events (:mod:`scheduler.actuators.k8s_events`), ``clock``/``instance`` for them;
+    ``fence``: asked right before each attempt and each mutating request (None: never fenced).
     """
 
     name = "kubernetes"
@@ -156,8 +162,10 @@ class KubernetesActuator:
                  node_label_key: str = GPU_PRODUCT_LABEL, gpu_resources: Sequence[str] = GPU_RESOURCES,
                  attempts: int = 4, backoff_s: float = 0.2, timeout_s: float = 10.0,
                  sleep: Callable[[float], None] = time.sleep, events: bool = True,
-                 clock: Callable[[], float] = time.time, instance: str | None = None) -> None:
+                 clock: Callable[[], float] = time.time, instance: str | None = None,
+                 fence: Fence | None = None) -> None:
         self.target = target or kubernetes_target(settings)
+        self.fence = fence
         self._client = api_client or make_api_client(self.target)
         self._custom = CustomObjectsApi(self._client)
         self._core = CoreV1Api(self._client)
@@ -270,6 +278,8 @@ class KubernetesActuator:
         path = f"/api/v1/namespaces/{target.namespace}/pods/{target.name}/eviction"
         body = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": target.name, "namespace": target.namespace}}
+        if not may_act(self.fence):
+            return fenced(f"kubernetes: POST {path}")
         try:
             # the generated client sets no Content-Type for this call (nor honours _content_type)
             resp: Any = self._core.create_namespaced_pod_eviction(
@@ -324,6 +334,8 @@ class KubernetesActuator:
         base = copy.deepcopy(dict(before))
         base.setdefault("metadata", {}).pop("resourceVersion", None)
         body = merge_patch(base, after)
+        if not may_act(self.fence):               # the GET may have taken a while: ask again
+            raise _Failed(fenced(f"kubernetes: PATCH {path}"))
         try:
             resp: Any = self._custom.patch_namespaced_custom_object(
                 RAY_GROUP, RAY_VERSION, target.namespace, PLURALS[target.kind], target.name, body,
@@ -344,7 +356,8 @@ class KubernetesActuator:
         return obj if isinstance(obj, dict) else None
 
     def _retry(self, call: Callable[[], ActionResult]) -> ActionResult:
-        return with_retries(call, attempts=self.attempts, backoff_s=self.backoff_s, sleep=self._sleep)
+        return with_retries(call, attempts=self.attempts, backoff_s=self.backoff_s, sleep=self._sleep,
+                            fence=self.fence)
 
     def _api_failure(self, verb: str, path: str, exc: ApiException) -> ActionResult:
         status = int(exc.status) if exc.status else 0

@@ -38,7 +38,9 @@ metadata=...)`` becomes one Ray job per admission:
   the service to learn that a job finished.
 
 Every call goes through :func:`with_retries` (httpx, sync, with timeouts): connection errors,
-timeouts and 5xx are retried; 4xx are not.
+timeouts and 5xx are retried; 4xx are not. With a ``fence`` (leader election), every attempt and
+every POST (submit, stop) asks it right before it is sent; a replica that no longer holds the Lease
+sends nothing more (:func:`~scheduler.actuators.base.fenced`). Reads are not fenced.
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ import httpx
 from gpuq.errors import ConfigError
 from gpuq.ray_names import placement_group_name
 from gpuq.settings import Settings
-from scheduler.actuators.base import ActionResult, Target, with_retries
+from scheduler.actuators.base import ActionResult, Fence, Target, fenced, may_act, with_retries
 from scheduler.errors import SchedulerError
 from scheduler.model import Placement, Workload
 
@@ -116,8 +118,10 @@ class RayActuator:
                  headers: Mapping[str, str] | None = None, pin_accelerator_type: bool = True,
                  accelerator_resources: Mapping[str, str] | None = None,
                  transport: httpx.BaseTransport | None = None, python: str = "python",
-                 placement_namespace: str = "gpuq", placement_timeout_s: float = 60.0) -> None:
+                 placement_namespace: str = "gpuq", placement_timeout_s: float = 60.0,
+                 fence: Fence | None = None) -> None:
         self.url = (dashboard or dashboard_url(settings)).rstrip("/")
+        self.fence = fence                         # asked before each attempt and each POST
         self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s),
                                   headers=dict(headers or {}), transport=transport)
         self.attempts, self.backoff_s, self._sleep = attempts, backoff_s, sleep
@@ -272,6 +276,8 @@ class RayActuator:
         return found
 
     def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        if method != "GET" and not may_act(self.fence):
+            raise _Failed(fenced(f"ray: {method} {self.url}{path}"))
         try:
             return self._http.request(method, path, **kw)
         except httpx.HTTPError as exc:
@@ -287,7 +293,8 @@ class RayActuator:
                             {"url": f"{self.url}{path}", "status": resp.status_code})
 
     def _retry(self, call: Callable[[], ActionResult]) -> ActionResult:
-        return with_retries(call, attempts=self.attempts, backoff_s=self.backoff_s, sleep=self._sleep)
+        return with_retries(call, attempts=self.attempts, backoff_s=self.backoff_s, sleep=self._sleep,
+                            fence=self.fence)
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:

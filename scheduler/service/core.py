@@ -19,6 +19,13 @@ is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the t
   decides and shows it), the preemption limit holds back admissions that would preempt too much,
   and a victim whose eviction a PodDisruptionBudget refused is not preempted again before its
   backoff;
+* the **fence** (``fence``, leader election; :data:`~scheduler.actuators.base.Fence`): once this
+  replica no longer holds the Lease, :meth:`cycle` decides nothing and every action not yet carried
+  out is dropped: a queued one finds the fence closed when its turn comes and calls no actuator,
+  one retrying stops before its next attempt (the actuators ask again before each mutating
+  request). The dropped actions are counted (``stats.actions_fenced``) and recorded as nothing:
+  no event is written for them, so whoever leads next replays a store in which they never
+  happened and decides them again from there (:meth:`restore`, then the observed world);
 * :meth:`dry_run` answers "what would you do if this arrived now" on a copy;
 * :meth:`explain`, :meth:`workloads`, :meth:`nodes`, :meth:`preemptions` read.
 
@@ -44,7 +51,7 @@ from accounting.ledger import admission_rows
 from accounting.model import Allocation, PendingDemand, milli
 from accounting.queues import ROOT, QueueConfig
 from scheduler import events as ev
-from scheduler.actuators.base import ActionResult, Actuator, Target, with_retries
+from scheduler.actuators.base import FENCED, ActionResult, Actuator, Fence, Target, may_act, with_retries
 from scheduler.service.acting import Lanes
 from scheduler.service.brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Pause, PreemptionBrake
 from scheduler.cycle import never_fits, schedule
@@ -99,8 +106,11 @@ class SchedulerService:
                  sleep: Callable[[float], None] = time.sleep, history: int = 1000,
                  keep_finished: int = 10_000, retry_attempts: int = 4, workers: int = 4,
                  budget_s: float | None = 60.0, brake: PreemptionBrake | None = None,
-                 refused_backoff_s: float = 30.0) -> None:
+                 refused_backoff_s: float = 30.0, fence: Fence | None = None) -> None:
+        """``fence``: True while this replica may act (leader election; None: always)."""
         self.actuator = actuator
+        self._fence = fence
+        self._fenced_at: float | None = None          # the first cycle that found the fence closed
         self.settings = settings or Settings()
         self.cluster_name = cluster
         self.stats = ServiceStats()
@@ -286,6 +296,12 @@ class SchedulerService:
         have run (tests, one-shot callers); ``gpuq serve`` passes False and keeps cycling while
         they run."""
         with self._deciding:
+            if not may_act(self._fence):                # lost the Lease: decide nothing, act on nothing
+                if self._fenced_at is None:
+                    self._fenced_at = now
+                    log.error("fenced: this replica no longer holds the Lease: the scheduler stops deciding "
+                              "and drops the %d actions not carried out yet", self._lanes.in_flight())
+                return Decisions(now, (), (), ())
             t0 = time.perf_counter()
             with self._lock:
                 for e in [e for e in self._entries.values() if _due(e, now)]:
@@ -481,14 +497,25 @@ class SchedulerService:
                 return ActionResult(False, f"{self.actuator.name}: {type(exc).__name__}: {exc}", retryable=True)
 
         t0 = time.perf_counter()
-        result = with_retries(guarded, attempts=self._retry_attempts, sleep=self._sleep, budget_s=self._budget_s)
+        result = with_retries(guarded, attempts=self._retry_attempts, sleep=self._sleep, budget_s=self._budget_s,
+                              fence=self._fence)
+        dropped = bool(result.detail.get(FENCED))        # the fence stopped it: dropped, not failed
         with self._lock:
             self.stats.actuator_seconds[verb] = self.stats.actuator_seconds.get(verb, 0.0) + time.perf_counter() - t0
-            if not result.ok:
+            if dropped:
+                bump(self.stats.actions_fenced, verb)
+            elif not result.ok:
                 bump(self.stats.actuator_failures, verb)
-        if not result.ok:
+        if dropped:
+            log.warning("%s dropped: %s", verb, result.message)
+        elif not result.ok:
             log.warning("%s failed: %s", verb, result.message)
         return result
+
+    @property
+    def fenced(self) -> bool:
+        """True once this replica may no longer act (it lost the Lease); never without a fence."""
+        return not may_act(self._fence)
 
     def wait_acting(self, timeout: float | None = None) -> bool:
         """Wait until no action is queued or in flight; False at ``timeout``."""

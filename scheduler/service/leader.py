@@ -20,16 +20,42 @@ client:
 So after a leader is killed a standby leads within ``lease_duration_s`` plus two retry periods
 (one to notice the record has stopped changing, one to take it), and within one retry period after
 a leader stopped on SIGTERM.
+
+**Fencing** (issue 17, finding 5). Stopping the loops is not enough: actions already queued on the
+actuator's workers, and retries with backoff, would go on for up to ``actuator_budget_s`` (60 s)
+while another replica may lead after ``lease_duration_s`` (15 s). So every actuator call asks
+:meth:`LeaderElector.holds_lease` just before it acts (each attempt, and each mutating request
+after the reads that precede it): True while the last successful take or renew, **as timed on
+this process's monotonic clock at the start of that request**, is younger than
+``renew_deadline_s``. No API call per action. The margin is explicit: another candidate may take
+the Lease only ``lease_duration_s`` after it *observed* that renewal, which it can observe no
+earlier than the request started, so this replica is fenced at least ``lease_duration_s -
+renew_deadline_s`` (5 s by default) before anyone else may lead. That margin is also what covers a
+request that passed the check just before the deadline and is on its way (a request already sent
+cannot be recalled); its answer is recorded as what happened. The Lease records the duration
+rounded *up* to whole seconds, so the others never wait less than this replica assumes.
+
+The loss is counted (``gpuq_scheduler_lease_lost_total``, once per leadership that ends other
+than by :meth:`LeaderElector.release`), and so is how this replica took the Lease
+(``gpuq_scheduler_lease_acquired_total{how}``: ``created``, ``released`` by its holder, ``expired``
+in another holder's hands, or held by this identity's own ``earlier`` process). A replica that
+loses the Lease exits within seconds, often before a scrape; the replica that takes over after an
+expiry runs on, and stood by with the counter at 0, so ``how="expired"`` is the dependable signal
+of a lost Lease (alert ``GpuqLeaseLost``).
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +75,9 @@ class LeaseConfig:
                              f"(got {self.lease_duration_s}, {self.renew_deadline_s}, {self.retry_period_s})")
 
 
+ACQUIRED_HOW = ("created", "released", "expired", "earlier")
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -64,15 +93,46 @@ class LeaderElector:
         self._renewed_at: float | None = None                   # our last successful take or renew
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._count = threading.Lock()
+        self._leading = False                                   # a leadership not yet ended
+        self._deposed = False                                   # lost one: never leads again
         self.transitions = 0
+        self.lost = 0                                           # leaderships ended without a release
+        self.acquired: dict[str, int] = dict.fromkeys(ACQUIRED_HOW, 0)
         self.last_error = ""
 
     # -- state ------------------------------------------------------------------------------------
+    def holds_lease(self) -> bool:
+        """The fence: True while the last successful take or renew (timed at the start of its
+        request) is younger than ``renew_deadline_s`` on this process's monotonic clock. No API
+        call: every actuator call asks this just before it acts. The first False after leading
+        counts the loss (once), and from then on it stays False: this candidate is deposed (a renewal
+        that succeeds late does not reopen the fence; the process exits and stands by afresh)."""
+        at = self._renewed_at
+        held = not self._deposed and at is not None and self.clock() - at < self.cfg.renew_deadline_s
+        if not held and self._leading:
+            self._ended(lost=True)
+        return held
+
     @property
     def is_leader(self) -> bool:
-        """True while the last take or renew is younger than the renew deadline."""
-        at = self._renewed_at
-        return at is not None and self.clock() - at < self.cfg.renew_deadline_s
+        """True while the last take or renew is younger than the renew deadline (:meth:`holds_lease`)."""
+        return self.holds_lease()
+
+    def _ended(self, lost: bool, why: str = "") -> None:
+        with self._count:
+            if not self._leading:
+                return
+            self._leading = False
+            if lost:
+                self.lost += 1
+                self._deposed = True
+        if lost:
+            at = self._renewed_at
+            since = "never renewed" if at is None else f"last renewed {self.clock() - at:.1f} s ago"
+            log.error("fenced: lease %s/%s no longer held (%s%s; renew deadline %g s, lease duration %g s): "
+                      "acting stops now", self.cfg.namespace, self.cfg.name, since, f", {why}" if why else "",
+                      self.cfg.renew_deadline_s, self.cfg.lease_duration_s)
 
     def holder(self) -> str:
         return str(self._observed[0]) if self._observed else ""
@@ -83,6 +143,8 @@ class LeaderElector:
         from kubernetes.client import V1Lease, V1LeaseSpec, V1ObjectMeta
         from kubernetes.client.exceptions import ApiException
 
+        if self._deposed:                                       # it lost the Lease: it neither renews
+            return False                                        # nor takes it again (see holds_lease)
         cfg, now = self.cfg, self.clock()
         where, timeout = f"lease {cfg.namespace}/{cfg.name}", cfg.retry_period_s * 2
         try:
@@ -101,7 +163,7 @@ class LeaderElector:
                 self.api.create_namespaced_lease(cfg.namespace, body, _request_timeout=timeout)
             except Exception as exc:  # noqa: BLE001 - a 409 (another candidate created it) included
                 return self._failed(f"create {where}: {_why(exc)}")
-            return self._took(now, acquired=True)
+            return self._took(now, acquired=True, how="created")
 
         spec = lease.spec or V1LeaseSpec()
         record = (spec.holder_identity or "", spec.renew_time, spec.lease_transitions, spec.lease_duration_seconds)
@@ -111,7 +173,8 @@ class LeaderElector:
         mine = holder == cfg.identity
         duration = float(spec.lease_duration_seconds or cfg.lease_duration_s)
         if not mine and holder and now < self._observed_at + duration:
-            self._renewed_at = None                              # someone else leads
+            self._ended(lost=True, why=f"held by {holder!r}")    # someone else leads
+            self._renewed_at = None
             return False
         transitions = int(spec.lease_transitions or 0) + (0 if mine else 1)
         lease.spec = self._spec(V1LeaseSpec, transitions=transitions, acquired_at=spec.acquire_time if mine else None)
@@ -122,19 +185,26 @@ class LeaderElector:
         if not mine:
             log.info("took the lease %s/%s from %r (transition %d)", cfg.namespace, cfg.name, holder or "nobody",
                      transitions)
-        return self._took(now, acquired=not mine)
+        return self._took(now, acquired=not mine, how="released" if not holder else "earlier" if mine else "expired")
 
     def _spec(self, cls: Any, *, transitions: int, acquired_at: Any = None) -> Any:
-        """This candidate's record, renewed now; acquired now unless ``acquired_at`` is kept."""
+        """This candidate's record, renewed now; acquired now unless ``acquired_at`` is kept. The
+        duration is rounded up: the others must never wait less than this replica's fence assumes."""
         t = _now()
-        return cls(holder_identity=self.cfg.identity, lease_duration_seconds=max(1, round(self.cfg.lease_duration_s)),
+        return cls(holder_identity=self.cfg.identity, lease_duration_seconds=max(1, math.ceil(self.cfg.lease_duration_s)),
                    acquire_time=acquired_at or t, renew_time=t, lease_transitions=transitions)
 
-    def _took(self, now: float, acquired: bool) -> bool:
+    def _took(self, now: float, acquired: bool, how: str) -> bool:
+        if self._leading and not self.holds_lease():       # a renewal that came after the deadline: the
+            return False                                    # fence closed meanwhile (deposed), too late
         if acquired:
             self.transitions += 1
         self._renewed_at = now
         self.last_error = ""
+        with self._count:
+            if not self._leading:                            # a leadership begins
+                self._leading = True
+                self.acquired[how] += 1
         return True
 
     def _failed(self, why: str) -> bool:
@@ -148,6 +218,7 @@ class LeaderElector:
         """Give the Lease up (holder cleared, 1 s duration) if this candidate holds it; True when
         released. Call after this process has stopped acting."""
         self.stop()
+        self._ended(lost=False)                              # a leadership given up is not lost
         cfg = self.cfg
         try:
             lease = self.api.read_namespaced_lease(cfg.name, cfg.namespace, _request_timeout=2)
@@ -194,6 +265,38 @@ class LeaderElector:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(self.cfg.retry_period_s * 3 + 5)
+
+
+class LeaderCollector(Collector):
+    """The elector's metrics, on the standby's ``/metrics`` and the leader's alike (the same series
+    across a takeover)::
+
+        gpuq_leader                                  1 while this replica holds the Lease and acts
+        gpuq_scheduler_lease_lost_total              leaderships that ended without a release (fenced)
+        gpuq_scheduler_lease_acquired_total{how}     leaderships begun: created, released, expired, earlier
+    """
+
+    def __init__(self, elector: LeaderElector) -> None:
+        self._elector = elector
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
+
+    def collect(self) -> Iterator[Any]:
+        e = self._elector
+        yield GaugeMetricFamily("gpuq_leader", "1 when this replica holds the Lease and acts",
+                                value=1.0 if e.holds_lease() else 0.0)
+        yield CounterMetricFamily("gpuq_scheduler_lease_lost",
+                                  "Leaderships of this process that ended without releasing the Lease (it "
+                                  "could not renew in time, or another holder took it): acting stopped at once.",
+                                  value=e.lost)
+        acquired = CounterMetricFamily("gpuq_scheduler_lease_acquired",
+                                       "Leaderships of this process begun, by how the Lease was taken: created, "
+                                       "released by its holder, expired in another holder's hands (that holder "
+                                       "lost it), or held by this identity's earlier process.", labels=["how"])
+        for how in ACQUIRED_HOW:
+            acquired.add_metric([how], e.acquired[how])
+        yield acquired
 
 
 def _why(exc: Exception) -> str:

@@ -9,6 +9,8 @@ bookkeeping; register on the serving process's registry next to the accounting's
     gpuq_scheduler_admissions_total{queue}           admissions (a preempted workload counts again)
     gpuq_scheduler_preemptions_total{queue}          preempted workloads, by the victim's queue
     gpuq_scheduler_actuator_failures_total{verb}     admit / preempt / cancel that failed after retries
+    gpuq_scheduler_actions_fenced_total{verb}        actions dropped (not carried out, or retries stopped)
+                                                     because this replica no longer holds the Lease
     gpuq_scheduler_pending_workloads{queue}          pending now
     gpuq_scheduler_running_workloads{queue}          running now
     gpuq_scheduler_wait_seconds{queue}               histogram of the wait from submission to first admission
@@ -99,6 +101,9 @@ class SchedulerCollector(Collector):
             yield _counter(name, doc, ["queue"], {(q,): n for q, n in data.items()})
         yield _counter("gpuq_scheduler_actuator_failures", "Actuator calls that failed after their retries.",
                        ["verb"], {(v,): n for v, n in st.actuator_failures.items()})
+        yield _counter("gpuq_scheduler_actions_fenced", "Actions dropped because this replica no longer holds "
+                       "the Lease (not carried out, or their retries stopped).", ["verb"],
+                       {(v,): n for v, n in st.actions_fenced.items()})
         for state in (PENDING, RUNNING):
             g = GaugeMetricFamily(f"gpuq_scheduler_{state}_workloads", f"Workloads {state} now.", labels=["queue"])
             for (q, s), n in sorted(counts.items()):

@@ -59,7 +59,10 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
           collect: bool = True, clock: Callable[[], float] = time.time, leader: Any = None) -> int:
     """Run until ``stop`` is set; 0 on a clean stop, 1 when the API could not start. ``leader``: the
     :class:`~scheduler.service.leader.LeaderElector` whose Lease this replica holds (``gpuq serve`` with
-    ``leader.enabled``), shown in ``/healthz`` and the ``gpuq_leader`` gauge."""
+    ``leader.enabled``), shown in ``/healthz`` and its metrics (``gpuq_leader``, lease lost and
+    acquired), and the fence of every action: once it no longer holds the Lease the scheduler
+    decides nothing and the actions not carried out yet are dropped
+    (:meth:`~scheduler.service.leader.LeaderElector.holds_lease`)."""
     import uvicorn
     from prometheus_client import CollectorRegistry
 
@@ -95,7 +98,8 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
                                     declared=declared([(n.name, n.gpu_type, n.gpus) for n in nodes or ()],
                                                       cluster))
         sc = settings.scheduler
-        actuator = make_actuator(settings)
+        fence = leader.holds_lease if leader is not None else None    # no election: never fenced
+        actuator = make_actuator(settings, fence=fence)
         spans, _ = make_tracer(settings.collector.otel_exporter, "gpuq.scheduler")
         if settings.collector.otel_exporter != "none":    # every actuator call is a span
             from scheduler.actuators.traced import TracedActuator
@@ -107,7 +111,8 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
                                    settings=CoreSettings(sc.preemption, sc.preemption_delay_s), sink=writer,
                                    cluster=cluster, retry_attempts=1, workers=sc.actuator_workers,
                                    budget_s=sc.actuator_budget_s, refused_backoff_s=sc.refused_backoff_s,
-                                   brake=PreemptionBrake(limit.per_queue_per_hour, limit.cluster_per_hour))
+                                   brake=PreemptionBrake(limit.per_queue_per_hour, limit.cluster_per_hour),
+                                   fence=fence)
         writer.start()                               # replays spilled events first, so the restore sees them
         service.restore(read_restart(store, cluster))   # scheduler_events + scheduler_state (no TTL)
         service.load_brakes(store, clock())          # a restart neither lifts a pause nor resets the brake
@@ -163,10 +168,9 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             log.info("no collector sources configured: not collecting (see collector.* in the config)")
 
         if leader is not None:
-            from prometheus_client import Gauge
+            from scheduler.service.leader import LeaderCollector
 
-            Gauge("gpuq_leader", "1 when this replica holds the Lease and acts", registry=registry).set_function(
-                lambda: 1.0 if leader.is_leader else 0.0)
+            registry.register(LeaderCollector(leader))   # the standby's series, continued
         app = create_app(service, accounting, settings, clock=clock, registry=registry,
                          leader=leader.cfg.identity if leader is not None else None)
         # what is alive now (the imported modules, the restored state) lives as long as the

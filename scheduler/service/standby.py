@@ -4,7 +4,9 @@ nothing, and answers on the API port only what probes and people need to know:
 * ``/healthz`` 200 ``{"status": "ok", "role": "standby", "leader": "<holder>"}`` (the process is
   fine: no restart);
 * ``/readyz`` 503 (the Service sends traffic to the leader only);
-* ``/metrics`` ``gpuq_leader 0``;
+* ``/metrics`` the elector's metrics (:class:`~scheduler.service.leader.LeaderCollector`:
+  ``gpuq_leader 0``, leases lost and acquired at 0 until this replica leads, so that the series the
+  leader goes on with has a value to rise from: a takeover after an expiry is seen by ``increase()``);
 * anything else 503, naming the leader.
 
 :func:`stand_by` tries for the Lease every retry period and returns True once this replica leads
@@ -18,13 +20,18 @@ import threading
 import time
 from typing import Any
 
-from scheduler.service.leader import LeaderElector
+from scheduler.service.leader import LeaderCollector, LeaderElector
 
 log = logging.getLogger(__name__)
 
 
 def standby_app(elector: LeaderElector) -> Any:
     """A bare ASGI app (nothing to validate, no body read)."""
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(LeaderCollector(elector))
+
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
@@ -33,8 +40,8 @@ def standby_app(elector: LeaderElector) -> Any:
         if path == "/healthz":
             status, body, ctype = 200, {"status": "ok", "role": "standby", "leader": leader}, "application/json"
         elif path == "/metrics":
-            status, ctype = 200, "text/plain; version=0.0.4; charset=utf-8"
-            body = "# HELP gpuq_leader 1 when this replica holds the Lease and acts\n# TYPE gpuq_leader gauge\ngpuq_leader 0.0\n"
+            status, ctype = 200, CONTENT_TYPE_LATEST
+            body = generate_latest(registry).decode()
         else:
             status, ctype = 503, "application/problem+json"
             body = {"type": "urn:gpuq:problem:standby", "title": "Service Unavailable", "status": 503,

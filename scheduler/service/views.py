@@ -149,6 +149,7 @@ class ServiceStats:
     submitted: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     actuator_failures: dict[str, int] = field(default_factory=dict)   # by verb
+    actions_fenced: dict[str, int] = field(default_factory=dict)      # by verb: dropped at a lost Lease
     actuator_seconds: dict[str, float] = field(default_factory=dict)  # by verb: time in the actuator
     # by queue: bucket counts (WAIT_BUCKETS_S, cumulative), count and sum of first-admission waits
     wait_buckets: dict[str, list[int]] = field(default_factory=dict)
@@ -177,6 +178,7 @@ class ServiceStats:
                                    admissions=dict(self.admissions), preemptions=dict(self.preemptions),
                                    submitted=dict(self.submitted), rejected=dict(self.rejected),
                                    actuator_failures=dict(self.actuator_failures),
+                                   actions_fenced=dict(self.actions_fenced),
                                    actuator_seconds=dict(self.actuator_seconds),
                                    wait_buckets={q: list(b) for q, b in self.wait_buckets.items()},
                                    wait_count=dict(self.wait_count), wait_sum_s=dict(self.wait_sum_s))
