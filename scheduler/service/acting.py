@@ -8,6 +8,11 @@ each answer. A job names the workloads it touches (an admission: its victims and
 sharing a workload run in submission order, others in parallel on ``workers`` threads. So a
 Kubernetes API that hangs holds one worker for the length of its request timeout, never the API
 or the cycle.
+
+The lanes know nothing of leader election: a job's actuator calls ask the fence first
+(:meth:`scheduler.service.core.SchedulerService._call`, and the actuators before each write), so a
+job still queued when this replica loses the Lease runs only its bookkeeping, calls no actuator
+and is counted as dropped; it is never carried out later.
 """
 from __future__ import annotations
 
