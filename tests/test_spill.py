@@ -176,6 +176,37 @@ def test_a_failure_naming_no_cause_with_a_store_that_answers_does_not_block(
     assert w.stats.rows_refused == {"ray_resources": 2}
 
 
+def test_finding_3_again_a_scheduler_spill_file_with_t_not_a_number(
+        store, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The probe's file, again: gpuq serve's scheduler spill folder, a scheduler_events row with
+    "t": "not-a-number", newer valid files after it. Before: replay stopped at it ("store
+    unavailable") and logged a traceback at every flush."""
+    root = tmp_path / "spill" / "scheduler"
+
+    def event(t: Any, seq: int) -> tuple:
+        return (NOW, "c", t, seq, "submit", f"w{seq}", "prod", "H100", {}, "alice (operator)", "", "{}")
+
+    bad = write_format1(root / "scheduler_events" / "probe-1.jsonl", [event(BAD, 1)])
+    newer = [write_format1(root / "scheduler_events" / f"later-{i}.jsonl", [event(float(i), i)]) for i in (2, 3)]
+    for age, p in enumerate((bad, *newer)):
+        os.utime(p, (1_000_000 + age, 1_000_000 + age))
+    w = BatchWriter(store, root, batch_interval_s=3600)
+    with caplog.at_level(logging.DEBUG):
+        w.start()
+        for _ in range(5):
+            w.write("scheduler_events", [event(float(10), 10)])
+            w.flush()
+        w.close()
+    got = store.query(f"SELECT seq FROM {store.database}.scheduler_events ORDER BY seq").rows
+    assert got == [(2,), (3,), (10,), (10,), (10,), (10,), (10,)]
+    assert not bad.exists() and w.spilled_files() == 0
+    assert w.quarantined_by_table() == {"scheduler_events": 1}
+    why = read_reason(root / "quarantine" / "scheduler_events" / bad.name)
+    assert why is not None and why.kind == "refused"
+    assert caplog.text.count("Traceback") <= 1                 # the client's own, once: not every flush
+    assert "store unavailable" not in caplog.text
+
+
 # -- the spill format --------------------------------------------------------------------------------
 def test_format_2_has_a_header_and_a_trailer_with_count_and_checksum(tmp_path: Path) -> None:
     path = spill_format2(tmp_path / "spill", rr(0, 3))
