@@ -10,11 +10,17 @@ global one, so tests and several collectors in one process do not collide):
 * ``rows_written_total{table}`` / ``rows_spilled_total{table}`` / ``rows_replayed_total{table}``
 * ``rows_buffered{table}`` and ``spill_files``           what the writer holds now
 * ``store_write_errors_total``, ``watch_errors_total{kind}``
-* ``rows_refused_total{table}``                       rows the database refused (kept in the spill directory)
+* ``rows_refused_total{table}``                       rows the database refused for a cause outside them (a
+                                                       missing table, a permission): kept waiting in the spill
+                                                       directory; rows refused for their values are quarantined
 * ``rows_dropped_total{table,reason}``                rows lost on purpose: ``spill_failed`` = store down,
                                                        spill failing and the memory bound reached
 * ``spill_errors_total``                              failed spill attempts (disk full, read-only ...)
-* ``spill_files_quarantined_total{table}``            unreadable spill files moved to ``quarantine/``
+* ``spill_files_quarantined_total{table}``            spill files moved to ``quarantine/`` (refused for their
+                                                       values, or unreadable): a counter of arrivals
+* ``spill_quarantined_files{table}``                  files in ``quarantine/`` now (the collectors' and the
+                                                       scheduler's spill directory): what alert
+                                                       GpuqSpillFileQuarantined watches
 * ``series_refused_total{source,cluster,target}``     series over ``collector.max_series_per_target``
 * ``series{source,cluster,target}``                   distinct series known for the target (capped)
 """
@@ -47,7 +53,7 @@ class _WriterCollector(Collector):
             ("gpuq_collector_rows_replayed", st.rows_replayed, "Spilled rows replayed into the store"),
             # every table from the start at 0: an alert's increase() sees the first refusal
             ("gpuq_collector_rows_refused", {t: 0 for t in COLUMNS} | st.rows_refused,
-             "Rows the database refused (they stay in the spill directory)"),
+             "Rows the database refused for a cause outside them (they wait in the spill directory)"),
         ):
             fam = CounterMetricFamily(name, doc, labels=["table"])
             for table, n in sorted(data.items()):
@@ -63,11 +69,20 @@ class _WriterCollector(Collector):
             dropped.add_metric([table, reason], n)
         yield dropped
         quarantined = CounterMetricFamily("gpuq_collector_spill_files_quarantined",
-                                          "Unreadable spill files moved to <spill_dir>/quarantine",
+                                          "Spill files moved to <spill_dir>/quarantine (refused for "
+                                          "their values, or unreadable)",
                                           labels=["table"])
         for table, n in sorted(({t: 0 for t in COLUMNS} | st.files_quarantined).items()):
             quarantined.add_metric([table], n)
         yield quarantined
+        # what is there now (files leave it by gpuq spill replay or by hand), every table at 0
+        in_quarantine = GaugeMetricFamily("gpuq_collector_spill_quarantined_files",
+                                          "Spill files in <spill_dir>/quarantine now: refused for their "
+                                          "values or unreadable, their rows not in the store",
+                                          labels=["table"])
+        for table, n in sorted(({t: 0 for t in COLUMNS} | self._writer.quarantined_by_table()).items()):
+            in_quarantine.add_metric([table], n)
+        yield in_quarantine
         spill_err = CounterMetricFamily("gpuq_collector_spill_errors", "Failed spill attempts")
         spill_err.add_metric([], st.spill_errors)
         yield spill_err

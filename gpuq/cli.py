@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from gpuq.errors import GpuqError
 from gpuq.output import render
@@ -46,6 +47,8 @@ Try a policy before using it:
 Keep it running:
   gpuq collect               only the collectors (Kubernetes, Ray, DCGM, NVML)
   gpuq migrate               create or upgrade the tables
+  gpuq spill list            batches the store has not taken yet, and those in quarantine (why)
+  gpuq spill replay          try them again now (--quarantined: the quarantined ones too)
 
 Every command takes --config FILE (settings; GPUQ_* environment variables override them) and
 --help for its own options.
@@ -82,6 +85,88 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
         store.close()
     print(f"schema up to date in {store.database}; applied now: {applied or 'none'}")
     return 0
+
+
+SPILL_COLUMNS = ("state", "table", "rows", "age", "written", "kind", "reason", "file")
+
+
+def cmd_spill_list(args: argparse.Namespace, settings: Settings) -> int:
+    """Every spill file (the collectors' and the scheduler's), waiting or in quarantine; needs no
+    store, so it works while gpuq serve holds an embedded one."""
+    import time
+
+    from gpuq.store.schema import COLUMNS
+    from gpuq.store.spillfile import clip, entries
+    from gpuq.timefmt import ago, iso
+
+    now = time.time()
+    rows = [(e.state, e.table, e.rows, ago(now - e.written), iso(e.written), e.kind,
+             clip(e.reason, 160) if args.format == "table" else e.reason, str(e.path))
+            for e in entries(settings.store.spill_dir, COLUMNS)]
+    sys.stdout.write(render(SPILL_COLUMNS, rows, args.format))
+    return 0
+
+
+def _spill_root(spill_dir: str, name: str) -> tuple[Path, Path]:
+    """``name`` as a spill file of ``spill_dir`` (waiting or in quarantine) and the spill root it
+    belongs to; a GpuqError names what is wrong with it."""
+    from gpuq.store.spillfile import is_quarantined, roots
+
+    path = Path(name).resolve()
+    if path.suffix != ".jsonl" or not path.is_file():
+        raise GpuqError(f"{name}: not a spill file (a <table>/<token>.jsonl that exists)")
+    root = path.parents[2] if is_quarantined(path) else path.parents[1]
+    if root not in [r.resolve() for r in roots(spill_dir)]:
+        raise GpuqError(f"{name}: not in the spill directory {spill_dir} (store.spill_dir) nor its "
+                        f"quarantine; move it to {spill_dir}/<table>/ to replay it")
+    return root, path
+
+
+def cmd_spill_replay(args: argparse.Namespace, settings: Settings) -> int:
+    """Insert spill files now: those waiting (and with --quarantined those in quarantine), or the
+    FILEs named. Exit 0 when the store took every one, 1 when some stay (refused: in quarantine
+    with the new reason; or waiting for a cause outside their rows), 2 on an error (a FILE that is
+    no spill file of this configuration, a store that cannot be reached: what was replayed before
+    it is done)."""
+    from gpuq.store.spillfile import QUARANTINE, is_quarantined, quarantined, roots, waiting
+    from gpuq.store.writer import BatchWriter, Outcome
+
+    st = settings.store
+    todo: dict[Path, list[Path]] = {}
+    if args.files:
+        for name in args.files:
+            root, path = _spill_root(st.spill_dir, name)
+            todo.setdefault(root, []).append(path)
+    else:
+        for root in roots(st.spill_dir):
+            files = waiting(root) + (quarantined(root) if args.quarantined else [])
+            if files:
+                todo[root.resolve()] = files
+    if not todo:
+        print(f"nothing to replay in {st.spill_dir}" + ("" if args.quarantined else
+              " (the quarantined files are tried with --quarantined)"))
+        return 0
+    store = _store(settings)
+    left = 0
+    try:
+        for root, paths in todo.items():
+            writer = BatchWriter(store, root, retry_attempts=st.retry_attempts, retry_backoff_s=st.retry_backoff_s)
+            for path in paths:
+                for _, outcome, rows, reason in writer.replay_paths([path]):
+                    if outcome is Outcome.REPLAYED:
+                        print(f"replayed     {path} ({rows} rows)")
+                    elif outcome is Outcome.GONE:
+                        print(f"gone         {path} (replayed by a running writer meanwhile)")
+                    else:
+                        left += 1
+                        where = path
+                        if outcome is Outcome.QUARANTINED and not is_quarantined(path):
+                            where = root / QUARANTINE / path.parent.name / path.name
+                        print(f"{outcome.value:<12} {where}: {reason}")
+                sys.stdout.flush()
+    finally:
+        store.close()
+    return 1 if left else 0
 
 
 def cmd_collect(args: argparse.Namespace, settings: Settings) -> int:
@@ -143,6 +228,34 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Create the store's tables, or upgrade them to this version of gpuq, "
                        "and print what was applied.")
     m.set_defaults(func=cmd_migrate)
+
+    sp = sub.add_parser("spill", parents=[common], help="batches the store has not taken: list them, replay them",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="The spill directory (store.spill_dir) holds the batches the store\n"
+                        "did not take: waiting ones (the store was down; gpuq replays them by itself) and\n"
+                        "quarantined ones (refused for their values, or unreadable: kept for a person,\n"
+                        "with the reason). docs/OPERATIONS.md, 'The spill directory'.\n\n"
+                        "  gpuq spill list [--format table|json|csv]       every file: state, table, rows, age, reason\n"
+                        "  gpuq spill replay [--quarantined] [FILE...]     insert them now (exit 0 all taken, 1 some\n"
+                        "                                                  refused, 2 error)")
+    spill = sp.add_subparsers(dest="spill_command", required=True, title="actions", metavar="ACTION")
+    sl = spill.add_parser("list", parents=[common], help="every spill file: state, table, rows, age, reason",
+                          description="List the spill files, waiting then quarantined, oldest first: "
+                          "table, rows, age, and why a file is in quarantine (or would be at its "
+                          "replay). Needs no store. Exit 0, or 2 on an error.")
+    sl.add_argument("--format", "-f", choices=["table", "json", "csv"], default="table",
+                    help="an aligned table (default), a JSON array of rows, or CSV")
+    sl.set_defaults(func=cmd_spill_list)
+    sr = spill.add_parser("replay", parents=[common], help="insert spill files into the store now",
+                          description="Insert the waiting spill files into the configured store now "
+                          "(with --quarantined the quarantined ones too; with FILEs just those, "
+                          "wherever they are). A file the store takes is removed; one it refuses for "
+                          "its values, or that cannot be read, is (still) in quarantine with the new "
+                          "reason. Exit 0: every file taken; 1: some stay (listed with the reason); "
+                          "2: an error (a FILE outside the spill directory, the store unreachable).")
+    sr.add_argument("--quarantined", action="store_true", help="also retry every file in quarantine")
+    sr.add_argument("files", nargs="*", metavar="FILE", help="spill files to retry (waiting or quarantined)")
+    sr.set_defaults(func=cmd_spill_replay)
 
     for name, module, func, text in (
         ("queues", "accounting.cli", "queues_main", "each queue now: allocated, guaranteed, borrowed, idle"),
@@ -213,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return int(args.func(args, settings))
 
             return accounting_command(args.command, args.rest, settings, local)
-        if args.command in STORE_COMMANDS:
+        if args.command in STORE_COMMANDS or getattr(args, "spill_command", None) == "replay":
             from gpuq.remote import locked_chdb_path, locked_error
 
             held = locked_chdb_path(settings)

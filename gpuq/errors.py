@@ -8,6 +8,8 @@ Hierarchy::
     └── StoreError                  the ClickHouse store failed
         ├── StoreUnavailable        cannot reach the database (retryable)
         ├── StoreQueryError         the database refused a statement (not retryable)
+        │   └── StoreDataError      ... for the values of the rows it was given: this batch can
+        │                           never be written as it is, other batches can
         └── MigrationError          a schema migration failed; ``version`` names it
 """
 from __future__ import annotations
@@ -39,11 +41,29 @@ class StoreError(GpuqError):
 
 
 class StoreUnavailable(StoreError):
+    """The database cannot be reached, or said "not now" (overloaded, a replica without its
+    coordinator): trying again later can help. ``unclassified``: the client failed in a way that
+    names no cause (not a network error, not an answer of the database); it is taken as
+    unavailability, which keeps the rows, and the writer checks that the store answers before it
+    waits on it (a store that answers was not the cause)."""
+
     retryable = True
+
+    def __init__(self, message: str, *, unclassified: bool = False) -> None:
+        super().__init__(message)
+        self.unclassified = unclassified
 
 
 class StoreQueryError(StoreError):
     pass
+
+
+class StoreDataError(StoreQueryError):
+    """The database, or its client while encoding them, refused rows for their values ("t":
+    "not-a-number" for a Float64, None in a non-Nullable column, a text it cannot parse): the same
+    rows will be refused again, other rows will not. The writer quarantines such a batch and goes on
+    (:mod:`gpuq.store.writer`); a refusal that is not about the rows (a missing table, a read-only
+    user) stays a plain :class:`StoreQueryError` and the batch waits for the cause to be fixed."""
 
 
 class MigrationError(StoreError):

@@ -286,8 +286,10 @@ def test_rows_still_held_at_close_are_counted_as_lost(store, disk: Disk,
 def test_a_spill_file_of_bad_values_does_not_stop_the_later_ones(store, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     """Issue 17: a value the client cannot encode ("not-a-number" for a Float64) is bad data, not a
-    store that is down: that file is refused once and left for a human, and the newer ones are
+    store that is down: that file is quarantined once with its reason, and the newer ones are
     replayed; a folder of an unknown table is quarantined once, not logged at every flush."""
+    from gpuq.store.spillfile import read_reason
+
     spill = tmp_path / "spill"
     token = uuid.uuid4().hex
     bad = write_spill(spill, "ray_resources", f"{token}-1",
@@ -301,8 +303,12 @@ def test_a_spill_file_of_bad_values_does_not_stop_the_later_ones(store, tmp_path
         w.flush()
     w.close()
     assert values(store) == [0.0, 1.0, 2.0]                     # the newer file, replayed
-    assert bad.exists() and w.stats.rows_refused == {"ray_resources": 1}
-    assert caplog.text.count(f"spilled batch {bad} refused by the database") == 1
+    moved = spill / "quarantine" / "ray_resources" / bad.name
+    assert not bad.exists() and moved.exists() and w.stats.rows_refused == {}
+    why = read_reason(moved)
+    assert why is not None and why.kind == "refused" and "not-a-number" in why.reason and why.rows == 1
+    assert caplog.text.count(f"{bad}: ") == 1 and caplog.text.count("quarantined (refused)") == 1
     assert not unknown.exists() and (spill / "quarantine" / "no_such_table" / unknown.name).exists()
     assert caplog.text.count("unknown table 'no_such_table'") == 1
+    assert w.stats.files_quarantined == {"ray_resources": 1, "no_such_table": 1}
     assert "store unavailable" not in caplog.text

@@ -17,6 +17,7 @@ selects its rows with a subquery), and :meth:`Store.mutation_target` names the l
 from __future__ import annotations
 
 import re
+import struct
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from gpuq.errors import ConfigError, StoreQueryError, StoreUnavailable
+from gpuq.errors import ConfigError, StoreDataError, StoreError, StoreQueryError, StoreUnavailable
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # An insert with a dedup token: dropped by the table it names when that token is in its window, and
@@ -34,6 +35,85 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # need a window of their own (migration 0006, docs/SCHEMA.md "Rollups exactly once").
 DEDUP_SETTINGS: dict[str, Any] = {"insert_deduplicate": 1, "deduplicate_blocks_in_dependent_materialized_views": 1}
 _LOCK = threading.RLock()
+
+# ClickHouse error codes (src/Common/ErrorCodes.cpp) by what they mean for the statement that got
+# them. The rows' values: the same rows are refused again, other rows are not.
+DATA_CODES = frozenset({
+    6,    # CANNOT_PARSE_TEXT
+    26,   # CANNOT_PARSE_QUOTED_STRING
+    27,   # CANNOT_PARSE_INPUT_ASSERTION_FAILED
+    38,   # CANNOT_PARSE_DATE
+    41,   # CANNOT_PARSE_DATETIME
+    70,   # CANNOT_CONVERT_TYPE
+    72,   # CANNOT_PARSE_NUMBER
+    117,  # INCORRECT_DATA
+    131,  # TOO_LARGE_STRING_SIZE
+    190,  # SIZES_OF_ARRAYS_DOESNT_MATCH
+    321,  # VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+    349,  # CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+    376,  # CANNOT_PARSE_UUID
+    467,  # CANNOT_PARSE_BOOL
+    469,  # VIOLATED_CONSTRAINT
+})
+# The database is there but cannot take the statement now: trying again later can help.
+TRANSIENT_CODES = frozenset({
+    159,  # TIMEOUT_EXCEEDED
+    202,  # TOO_MANY_SIMULTANEOUS_QUERIES
+    203,  # NO_FREE_CONNECTION
+    209,  # SOCKET_TIMEOUT
+    210,  # NETWORK_ERROR
+    225,  # NO_ZOOKEEPER
+    236,  # ABORTED
+    241,  # MEMORY_LIMIT_EXCEEDED
+    242,  # TABLE_IS_READ_ONLY (a replica that lost its coordinator)
+    243,  # NOT_ENOUGH_SPACE
+    252,  # TOO_MANY_PARTS
+    279,  # ALL_CONNECTION_TRIES_FAILED
+    285,  # TOO_FEW_LIVE_REPLICAS
+    319,  # UNKNOWN_STATUS_OF_INSERT
+    394,  # QUERY_WAS_CANCELLED
+    439,  # CANNOT_SCHEDULE_TASK
+    999,  # KEEPER_EXCEPTION
+})
+# What the client raises while encoding rows it cannot put in the columns' types: "not-a-number"
+# for a Float64 (ValueError), a dict for a String (TypeError), a number for a DateTime64
+# (AttributeError), a surrogate in a string (UnicodeEncodeError is a ValueError) ...
+_ENCODING = (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError, struct.error)
+_CODE = re.compile(r"\bCode: (\d+)\b")
+
+
+def classify(exc: BaseException, where: str, rows: bool = False) -> StoreError:
+    """The :class:`StoreError` that says what ``exc`` (raised by clickhouse-connect or chDB for a
+    statement; ``where`` names it) means. In this order: a ClickHouse error code of
+    :data:`DATA_CODES` is bad data and one of :data:`TRANSIENT_CODES` a store to try again later,
+    wherever it was raised; the client's ``DataError``, and for an insert (``rows``) any error of
+    encoding the values, is bad data; a failure to talk to the database (``OperationalError``, an
+    ``OSError``, a broken HTTP exchange) is unavailability, and so is anything else unknown, marked
+    ``unclassified``; any other answer of the database is a refusal (a missing table, a syntax
+    error, a permission)."""
+    from http.client import HTTPException
+
+    from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
+    from urllib3.exceptions import HTTPError
+
+    text = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
+    code = getattr(exc, "code", None)
+    if not isinstance(code, int):
+        m = _CODE.search(str(exc)[:2000])
+        code = int(m.group(1)) if m else None
+    if code in DATA_CODES:
+        return StoreDataError(f"{where}: {text}")
+    if code in TRANSIENT_CODES:
+        return StoreUnavailable(f"{where}: {text}")
+    if isinstance(exc, DataError) or (rows and isinstance(exc, _ENCODING) and not isinstance(exc, DatabaseError)):
+        return StoreDataError(f"{where}: {type(exc).__name__}: {text}")
+    if isinstance(exc, (ValueError, TypeError, OverflowError)) and not isinstance(exc, DatabaseError):
+        return StoreQueryError(f"{where}: {type(exc).__name__}: {text}")   # a value in a query's parameters
+    if isinstance(exc, (OperationalError, OSError, EOFError, HTTPException, HTTPError)):
+        return StoreUnavailable(f"{where}: {text}")
+    if not isinstance(exc, DatabaseError):
+        return StoreUnavailable(f"{where}: {type(exc).__name__}: {text}", unclassified=True)
+    return StoreQueryError(f"{where}: {text}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,17 +212,12 @@ class Store:
         return f"{self.database}.{local_name(table)}{on_cluster(self.cluster)}"
 
     # -- errors --------------------------------------------------------------------------
-    def _wrap(self, exc: Exception, what: str) -> Exception:
-        from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
-
-        text = str(exc).strip().splitlines()[0][:500] if str(exc).strip() else type(exc).__name__
-        # by what it means, not where it was raised (issue 17): rows the client cannot encode (a
-        # ValueError for "t": "not-a-number") are bad data, not a database that is down
-        if isinstance(exc, (ValueError, TypeError, OverflowError)) and not isinstance(exc, DatabaseError):
-            return StoreQueryError(f"{self.dsn.display}: {what}: {type(exc).__name__}: {text}")
-        if isinstance(exc, OperationalError) or not isinstance(exc, DatabaseError):
-            return StoreUnavailable(f"{self.dsn.display}: {what}: {text}")
-        return StoreQueryError(f"{self.dsn.display}: {what}: {text}")
+    def _wrap(self, exc: Exception, what: str, rows: bool = False) -> Exception:
+        """``exc`` as a :class:`StoreError` classed by what it means (issue 17), not by where it was
+        raised: :class:`StoreUnavailable` when trying again later can help, :class:`StoreDataError`
+        when the rows are the cause, :class:`StoreQueryError` for any other refusal. ``rows``: the
+        call sent rows (an insert), whose encoding by the client can fail only because of them."""
+        return classify(exc, f"{self.dsn.display}: {what}", rows)
 
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None,
               settings: Mapping[str, Any] | None = None) -> Result:
@@ -183,7 +258,7 @@ class Store:
                 self._client.insert(f"{self.database}.{table}", rows, column_names=list(columns),
                                     settings=settings)
         except Exception as exc:  # noqa: BLE001
-            raise self._wrap(exc, f"insert into {table} failed") from exc
+            raise self._wrap(exc, f"insert into {table} failed", rows=True) from exc
         return len(rows)
 
     def use_database(self) -> None:

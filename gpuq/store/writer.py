@@ -8,13 +8,28 @@ after an ambiguous failure is written once.
 
 When the database stays down for ``retry_attempts`` tries, the batch is spilled to
 ``spill_dir/<table>/<token>.jsonl`` (written to a temporary name, fsynced, then renamed, so a
-kill leaves either a whole file or none). Spilled batches are replayed oldest first, with their
-token, at start and after each successful flush; a file is removed only after its insert
-succeeded. Nothing accepted is lost, nothing is written twice, in the tables nor in the rollups their
-materialized views feed. A batch spilled by a writer that started before migration 0006 may have been
-inserted before the rollups deduplicated replays: after replaying it the writer rebuilds the rollups
-of its periods from the raw rows (:func:`gpuq.store.rebuild.rebuild_range`), and removes the file
-only then (docs/SCHEMA.md, "Rollups exactly once").
+kill leaves either a whole file or none; the format, with its row count and checksum, is in
+:mod:`gpuq.store.spillfile`). Spilled batches are replayed oldest first, with their token, at
+start and after each successful flush; a file is removed only after its insert succeeded. Nothing
+accepted is lost, nothing is written twice, in the tables nor in the rollups their materialized
+views feed. A batch spilled by a writer that started before migration 0006 may have been inserted
+before the rollups deduplicated replays: after replaying it the writer rebuilds the rollups of its
+periods from the raw rows (:func:`gpuq.store.rebuild.rebuild_range`), and removes the file only
+then (docs/SCHEMA.md, "Rollups exactly once").
+
+Errors are classed by what they mean (:func:`gpuq.store.client.classify`), and no batch blocks the
+others (issue 17):
+
+* the store is *unavailable* (:class:`StoreUnavailable`): the batch is spilled and the flush
+  spills the rest without waiting on the store again; a replay stops there, to go on later. When
+  the client failed in a way that names no cause (``unclassified``) and the store answers a
+  ping, the failure is that batch's: it is left waiting and the others go on;
+* the store refuses the rows *for their values* (:class:`StoreDataError`: a value the client
+  cannot encode, a text the database cannot parse): the batch is *quarantined* with its reason,
+  on a live insert as on a replay, and the others go on;
+* the store refuses for a cause outside the rows (:class:`StoreQueryError`: a missing table, a
+  read-only user): the batch waits in the spill directory, counted once in
+  ``stats.rows_refused``, retried at each replay (written once the cause is fixed).
 
 Faults of the spill itself (disk full, read-only or missing directory: any ``OSError``): the
 partial temporary file is removed and the batch is *held* in memory with its token, retried (insert,
@@ -23,18 +38,21 @@ the bound the newest rows are dropped, logged and counted in ``stats.rows_droppe
 "spill_failed")]`` (metric ``gpuq_collector_rows_dropped_total{table,reason}``). The directory is
 fsynced after each rename, so a spilled file survives a power cut.
 
-A spill file that cannot be read back (not UTF-8, a line that is not JSON, a row that is not a list
-of the table's columns: say a truncated last line) is *quarantined*: moved whole to
-``spill_dir/quarantine/<table>/<name>``, logged with its path and the first bad line number,
-counted in ``stats.files_quarantined[table]``; the other files are replayed. A file is written
-whole (temporary name, fsync, rename), so a bad one is corrupt and none of its lines is trusted:
-it is not replayed in part. Temporary files older than ``STALE_TMP_S`` (a writer killed while
-spilling) are removed at start.
+The quarantine, ``spill_dir/quarantine/<table>/``, holds batches refused for their values and spill
+files that cannot be read back (not UTF-8, a line that is not JSON, a row of the wrong width, a
+last line cut short, a format-2 file without its trailer or whose count or checksum does not
+match, a folder that names no table: moved there once, not logged at every flush). Each file
+there has a reason file next to it (``<name>.reason``), is logged with its path (and first bad
+line), counted in ``stats.files_quarantined[table]`` when it arrives, and in the gauge of files
+there now (:meth:`BatchWriter.quarantined_by_table`). A file is written whole, so a bad one is
+corrupt and none of its lines is trusted: it is not replayed in part. ``gpuq spill list`` shows the
+files and ``gpuq spill replay`` retries them (:meth:`BatchWriter.replay_paths`). Temporary files
+older than ``STALE_TMP_S`` (a writer killed while spilling) are removed at start.
 """
 from __future__ import annotations
 
 import datetime as dt
-import json
+import enum
 import logging
 import os
 import secrets
@@ -45,11 +63,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuq.errors import StoreError, StoreQueryError
+from gpuq.errors import StoreDataError, StoreError, StoreQueryError, StoreUnavailable
 from gpuq.store import rebuild
 from gpuq.store.client import Store
 from gpuq.store.migrate import Retention
 from gpuq.store.schema import COLUMNS
+from gpuq.store.spillfile import (QUARANTINE, BadSpillFile, Reason, is_quarantined, quarantined,
+                                  quarantined_by_table, read_batch, read_reason, reason_path, waiting,
+                                  write_batch, write_reason)
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +78,17 @@ Row = Sequence[Any]
 LAST_TABLES = ("collector_state",)
 REBUILT_FROM = frozenset(source for source, _, _ in rebuild.ROLLUPS.values())   # tables with summed rollups
 ROLLUPS_ONCE = 6              # the migration after which the rollups deduplicate replays
-QUARANTINE = "quarantine"
 STALE_TMP_S = 300.0           # a .tmp this old belongs to no live writer: removed at start
+__all__ = ["QUARANTINE", "BadSpillFile", "BatchWriter", "Outcome", "WriterStats"]
 
 
-class BadSpillFile(ValueError):
-    """A spill file that cannot be read back; ``lineno`` is the first bad line (0: not readable)."""
+class Outcome(str, enum.Enum):
+    """What one replay of a spill file did (:meth:`BatchWriter.replay_paths`)."""
 
-    def __init__(self, path: Path, lineno: int, why: str) -> None:
-        super().__init__(f"{path}: line {lineno}: {why}" if lineno else f"{path}: {why}")
-        self.path = path
-        self.lineno = lineno
+    REPLAYED = "replayed"          # the store took it; the file is gone
+    QUARANTINED = "quarantined"    # refused for its values or unreadable: in quarantine with its reason
+    WAITING = "waiting"            # refused for a cause outside the rows: left where it was
+    GONE = "gone"                  # not there any more (another writer replayed it)
 
 
 @dataclass(slots=True)
@@ -78,71 +99,20 @@ class WriterStats:
     rows_spilled: dict[str, int]
     rows_replayed: dict[str, int]
     write_errors: int = 0
-    # rows the database refused (not retryable: bad rows or schema), by table: they stay in the
-    # spill directory, retried at each replay; each batch counts once
+    # rows the database refused for a cause outside them (a missing table, a permission), by
+    # table: they stay in the spill directory, retried at each replay; each batch counts once
     rows_refused: dict[str, int] = field(default_factory=dict)
     # rows lost on purpose, by (table, reason): "spill_failed" = the store was down, the spill
     # failed too and the in-memory bound was reached (the newest rows go); "exit" = still held
     # in memory when the writer closed
     rows_dropped: dict[tuple[str, str], int] = field(default_factory=dict)
-    files_quarantined: dict[str, int] = field(default_factory=dict)   # unreadable spill files
+    # files moved to the quarantine (refused for their values, or unreadable), by table: a counter
+    files_quarantined: dict[str, int] = field(default_factory=dict)
     spill_errors: int = 0                                                # failed spill attempts
 
     @classmethod
     def empty(cls) -> WriterStats:
         return cls({}, {}, {})
-
-
-def _encode(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
-        return {"$dt": value.timestamp()}
-    raise TypeError(f"cannot spill value of type {type(value).__name__}")
-
-
-def _decode(obj: dict[str, Any]) -> Any:
-    if len(obj) == 1 and "$dt" in obj:
-        return dt.datetime.fromtimestamp(obj["$dt"], tz=dt.timezone.utc)
-    return obj
-
-
-def _read_spill(path: Path, width: int) -> list[Row]:
-    """Rows of a spill file; :class:`BadSpillFile` names the first line that is not a JSON list of
-    ``width`` values (a file is all or nothing)."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadSpillFile(path, _line_of(path, exc.start), f"not UTF-8 ({exc.reason})") from None
-    if text and not text.endswith("\n"):
-        # every row ends with a newline: a missing one means the file was cut short
-        raise BadSpillFile(path, text.count("\n") + 1, "truncated: the last line has no newline")
-    rows: list[Row] = []
-    for lineno, line in enumerate(text.split("\n")[:-1], 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line, object_hook=_decode)
-        except (ValueError, OverflowError, TypeError, OSError) as exc:   # a bad "$dt" too
-            raise BadSpillFile(path, lineno, f"not JSON ({exc})") from None
-        if not isinstance(row, list) or len(row) != width:
-            got = f"{len(row)} values" if isinstance(row, list) else type(row).__name__
-            raise BadSpillFile(path, lineno, f"expected a list of {width} values, got {got}")
-        rows.append(row)
-    return rows
-
-
-def _line_of(path: Path, offset: int) -> int:
-    """1-based line number of byte ``offset`` in ``path``."""
-    with open(path, "rb") as fh:
-        return fh.read(offset).count(b"\n") + 1
-
-
-def _age(p: Path) -> tuple[int, str]:
-    try:
-        return p.stat().st_mtime_ns, p.name
-    except OSError:
-        return 0, p.name
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -226,7 +196,7 @@ class BatchWriter:
         return self._held_rows
 
     def spilled_files(self) -> int:
-        return sum(1 for _ in self.spill_dir.glob("*/*.jsonl")) if self.spill_dir.exists() else 0
+        return sum(1 for _ in self.spill_dir.glob("*/*.jsonl")) if self.spill_dir.is_dir() else 0
 
     # -- flushing --------------------------------------------------------------------------
     def _take(self) -> dict[str, list[Row]]:
@@ -249,11 +219,12 @@ class BatchWriter:
             self.store = self._connect()    # raises StoreUnavailable while the database is down
         return self.store
 
-    def _insert(self, table: str, rows: Sequence[Row], token: str) -> None:
+    def _insert(self, table: str, rows: Sequence[Row], token: str,
+                columns: Sequence[str] | None = None) -> None:
         delay = self.retry_backoff_s
         for attempt in range(1, self.retry_attempts + 1):
             try:
-                self._ensure_store().insert(table, rows, COLUMNS[table], dedup_token=token)
+                self._ensure_store().insert(table, rows, columns or COLUMNS[table], dedup_token=token)
                 return
             except StoreError as exc:
                 self.stats.write_errors += 1
@@ -264,8 +235,19 @@ class BatchWriter:
                 self._sleep(delay)
                 delay *= 2
 
+    def _down(self, exc: StoreError) -> bool:
+        """Whether ``exc`` (the last try of an insert failed with it) means the store is down. An
+        ``unclassified`` failure is checked: a store that answers a ping was not its cause."""
+        if not isinstance(exc, StoreUnavailable) or not exc.unclassified or self.store is None:
+            return True
+        try:
+            return not self.store.ping()
+        except StoreError:
+            return True
+
     def flush(self) -> None:
-        """Write everything buffered now; spill what the database will not take."""
+        """Write everything buffered now; spill what the database will not take, quarantine what
+        it refuses for its values."""
         with self._flush_lock:
             held, self._held, self._held_rows = self._held, [], 0
             batches = list(held)
@@ -279,13 +261,20 @@ class BatchWriter:
                     continue
                 try:
                     self._insert(table, chunk, token)
+                except StoreDataError as exc:
+                    # these rows will be refused again, the next batches will not: set them aside
+                    self._quarantine_batch(table, chunk, token, exc)
                 except StoreQueryError as exc:
-                    # the database refused these rows: keep them on disk for a human
+                    # refused for a cause outside the rows (schema, permissions): they wait on disk
                     log.error("insert into %s refused, spilling %d rows: %s", table, len(chunk), exc)
                     self._spill_or_hold(table, chunk, token)
                 except StoreError as exc:
-                    log.warning("store unavailable, spilling %d rows of %s: %s", len(chunk), table, exc)
-                    down = True
+                    if self._down(exc):
+                        log.warning("store unavailable, spilling %d rows of %s: %s", len(chunk), table, exc)
+                        down = True
+                    else:
+                        log.error("insert of %d rows into %s failed though the store answers, spilling "
+                                  "them: %s", len(chunk), table, exc)
                     self._spill_or_hold(table, chunk, token)
                 else:
                     self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(chunk)
@@ -309,6 +298,9 @@ class BatchWriter:
             self.stats.spill_errors += 1
             log.error("spilling %d rows of %s to %s failed (%s): holding them in memory",
                       len(rows), table, self.spill_dir, exc)
+        self._hold(table, rows, token)
+
+    def _hold(self, table: str, rows: list[Row], token: str) -> None:
         with self._lock:
             room = self.max_buffered_rows - self._held_rows - sum(len(b) for b in self._buf.values())
         keep = rows[:max(room, 0)]
@@ -324,16 +316,15 @@ class BatchWriter:
             self._held.append((table, keep, token))
             self._held_rows += len(keep)
 
-    def _spill(self, table: str, rows: Sequence[Row], token: str) -> None:
-        folder = self.spill_dir / table
+    def _write_file(self, folder: Path, table: str, rows: Sequence[Row], token: str) -> Path:
+        """``folder/<token>.jsonl`` in the current format, whole or not at all (temporary name,
+        fsync, rename, fsync of the folder)."""
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"{token}.jsonl"
         tmp = folder / f".{token}.tmp"
         try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                for row in rows:
-                    fh.write(json.dumps(list(row), default=_encode, separators=(",", ":")))
-                    fh.write("\n")
+            with open(tmp, "wb") as fh:
+                write_batch(fh, table, COLUMNS[table], rows)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
@@ -345,7 +336,36 @@ class BatchWriter:
                 log.warning("cannot remove partial spill file %s: %s", tmp, exc)
             raise
         _fsync_dir(folder)       # the rename itself must survive a power cut
+        return final
+
+    def _spill(self, table: str, rows: Sequence[Row], token: str) -> None:
+        self._write_file(self.spill_dir / table, table, rows, token)
         self.stats.rows_spilled[table] = self.stats.rows_spilled.get(table, 0) + len(rows)
+
+    def _quarantine_batch(self, table: str, rows: list[Row], token: str, exc: StoreError) -> None:
+        """A live batch the store refused for its values: written straight to the quarantine with
+        its reason (the reason first: a file there always has one). If the disk fails, the batch
+        is held like any other and tried again at the next flush."""
+        folder = self.spill_dir / QUARANTINE / table
+        dest = folder / f"{token}.jsonl"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_reason(dest, Reason("refused", str(exc), rows=len(rows), at=time.time()))
+            self._write_file(folder, table, rows, token)
+        except OSError as err:
+            self.stats.spill_errors += 1
+            try:
+                reason_path(dest).unlink(missing_ok=True)      # no reason without its file
+            except OSError:
+                pass
+            log.error("insert of %d rows into %s refused for their values (%s); writing them to the "
+                      "quarantine %s failed (%s): holding them in memory", len(rows), table, exc, folder, err)
+            self._hold(table, rows, token)
+            return
+        self.stats.files_quarantined[table] = self.stats.files_quarantined.get(table, 0) + 1
+        log.error("insert of %d rows into %s refused for their values: batch quarantined to %s, the "
+                  "next batches go on (gpuq spill list; gpuq spill replay --quarantined once fixed): %s",
+                  len(rows), table, dest, exc)
 
     def replay(self) -> int:
         """Insert spilled batches (oldest first) while the store takes them; return rows replayed."""
@@ -353,47 +373,96 @@ class BatchWriter:
             return self._replay_locked()
 
     def _replay_locked(self) -> int:
-        if not self.spill_dir.exists():
-            return 0
-        files = sorted(self.spill_dir.glob("*/*.jsonl"), key=_age)
         done = 0
-        for path in files:
-            table = path.parent.name
-            if table not in COLUMNS:                 # quarantined once, not logged at every flush
-                self._quarantine(path, table, BadSpillFile(path, 0, f"names an unknown table {table!r}"))
-                continue
+        for path in waiting(self.spill_dir):
             try:
-                rows = _read_spill(path, len(COLUMNS[table]))
-            except BadSpillFile as bad:
-                self._quarantine(path, table, bad)
-                continue
-            except OSError as exc:          # vanished (another writer replayed it) or unreadable
-                if path.exists():
-                    log.error("cannot read spill file %s, left in place: %s", path, exc)
-                continue
-            try:
-                self._insert(table, rows, path.stem)
-            except StoreQueryError as exc:
-                if path not in self._refused:
-                    self._refused.add(path)
-                    self.stats.rows_refused[table] = self.stats.rows_refused.get(table, 0) + len(rows)
-                    log.error("spilled batch %s refused by the database, left in place: %s", path, exc)
-                continue
-            except StoreError:
-                return done          # still down: try again later
-            try:
-                self._repair_rollups(path.stem, table, rows)
+                outcome, rows, _ = self._replay_one(path)
             except StoreError as exc:
-                log.warning("rollups of spilled batch %s not rebuilt yet, left in place: %s", path, exc)
-                return done
-            path.unlink()
-            self._refused.discard(path)
-            done += len(rows)
-            self.stats.rows_replayed[table] = self.stats.rows_replayed.get(table, 0) + len(rows)
-            self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(rows)
+                log.debug("replay stopped at %s: %s", path, exc)
+                return done          # still down: try again later
+            if outcome is Outcome.REPLAYED:
+                done += rows
         return done
 
-    def _repair_rollups(self, token: str, table: str, rows: Sequence[Row]) -> None:
+    def replay_paths(self, paths: Sequence[Path]) -> list[tuple[Path, Outcome, int, str]]:
+        """Try these spill files now, waiting or in quarantine (``gpuq spill replay``): a file the
+        store takes is removed, with its reason file; one refused for its values or unreadable is
+        (still) in quarantine with the new reason; one refused for a cause outside its rows is left
+        where it was. Returns each file's outcome, rows replayed and reason ("" when replayed). Raises
+        :class:`StoreUnavailable` (or another :class:`StoreError` that is not a refusal) when the
+        store is down: the files before it are done."""
+        out: list[tuple[Path, Outcome, int, str]] = []
+        with self._flush_lock:
+            for path in paths:
+                outcome, rows, reason = self._replay_one(path)
+                out.append((path, outcome, rows, reason))
+        return out
+
+    def _replay_one(self, path: Path) -> tuple[Outcome, int, str]:
+        """Replay one file (caller holds _flush_lock): the outcome, the rows replayed, and why it
+        was not ("" when it was). Raises :class:`StoreError` when the store is down (the caller
+        stops there)."""
+        table = path.parent.name
+        if table not in COLUMNS:                 # quarantined once, not logged at every flush
+            why = Reason("unknown_table", f"names an unknown table {table!r}")
+            return self._quarantine(path, table, why), 0, why.reason
+        try:
+            batch = read_batch(path, table, COLUMNS[table])
+        except BadSpillFile as bad:
+            why = Reason("corrupt", bad.why, line=bad.lineno)
+            return self._quarantine(path, table, why), 0, why.reason
+        except OSError as exc:          # vanished (another writer replayed it) or unreadable
+            if path.exists():
+                log.error("cannot read spill file %s, left in place: %s", path, exc)
+                return Outcome.WAITING, 0, f"cannot read: {exc}"
+            return Outcome.GONE, 0, "not there any more"
+        rows = batch.rows
+        try:
+            self._insert(table, rows, path.stem, batch.columns)
+        except StoreDataError as exc:
+            why = Reason("refused", str(exc), rows=len(rows))
+            return self._quarantine(path, table, why), 0, why.reason
+        except StoreQueryError as exc:
+            self._refuse(path, table, len(rows), exc)
+            return Outcome.WAITING, 0, str(exc)
+        except StoreError as exc:
+            if self._down(exc):
+                raise
+            self._refuse(path, table, len(rows), exc)     # this file's failure, not the store's
+            return Outcome.WAITING, 0, str(exc)
+        try:
+            self._repair_rollups(path.stem, table, rows, batch.columns)
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
+            log.warning("rollups of spilled batch %s not rebuilt yet, left in place: %s", path, exc)
+            return Outcome.WAITING, 0, f"rollups not rebuilt: {exc}"
+        path.unlink()
+        # its reason goes too; a file a person moved back from the quarantine left its reason there
+        left = self.spill_dir / QUARANTINE / table / path.name
+        reason = reason_path(path) if is_quarantined(path) else None if left.exists() else reason_path(left)
+        if is_quarantined(path):
+            log.warning("quarantined spill file %s replayed: %d rows of %s", path, len(rows), table)
+        if reason is not None:
+            try:
+                reason.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("cannot remove %s: %s", reason, exc)
+        self._refused.discard(path)
+        self.stats.rows_replayed[table] = self.stats.rows_replayed.get(table, 0) + len(rows)
+        self.stats.rows_written[table] = self.stats.rows_written.get(table, 0) + len(rows)
+        return Outcome.REPLAYED, len(rows), ""
+
+    def _refuse(self, path: Path, table: str, rows: int, exc: StoreError) -> None:
+        """A spill file refused for a cause outside its rows: left where it is, counted and logged
+        once (it is tried again at every replay)."""
+        if path not in self._refused:
+            self._refused.add(path)
+            self.stats.rows_refused[table] = self.stats.rows_refused.get(table, 0) + rows
+            log.error("spilled batch %s refused by the database, left in place: %s", path, exc)
+
+    def _repair_rollups(self, token: str, table: str, rows: Sequence[Row],
+                        columns: Sequence[str] | None = None) -> None:
         """A batch spilled by another writer that started before the store's rollups deduplicated
         (migration 0006) may have been inserted then: its replay was dropped by ``table`` but added
         to the rollups again. Rebuild them for the batch's periods (:func:`rebuild.rebuild_range`)."""
@@ -410,7 +479,10 @@ class BatchWriter:
             started_ms = 0                         # not a token of ours: assume the worst
         if started_ms >= self._dedup_since:
             return
-        times = [t.timestamp() for t in (r[COLUMNS[table].index("ts")] for r in rows) if isinstance(t, dt.datetime)]
+        cols = list(columns or COLUMNS[table])
+        if "ts" not in cols:
+            return
+        times = [t.timestamp() for t in (r[cols.index("ts")] for r in rows) if isinstance(t, dt.datetime)]
         if not times:
             return
         now = time.time()
@@ -419,26 +491,44 @@ class BatchWriter:
         log.warning("spilled batch %s predates the rollups' deduplication: rebuilt %s from %s for its "
                     "%d rows", token, ", ".join(done) or "nothing", table, len(rows))
 
-    def _quarantine(self, path: Path, table: str, bad: BadSpillFile) -> None:
+    def _quarantine(self, path: Path, table: str, why: Reason) -> Outcome:
+        """Move ``path`` to the quarantine with its reason (written first: a file there always has
+        one), once; a file already there gets the new reason, one more attempt. Counted when it
+        arrives; a file that cannot be moved is skipped at each replay, counted once."""
+        why = Reason(why.kind, why.reason, why.line, why.rows, why.at or time.time(), why.attempts)
+        if is_quarantined(path):
+            before = read_reason(path)
+            write_reason(path, Reason(why.kind, why.reason, why.line, why.rows, why.at,
+                                      (before.attempts + 1) if before else 2))
+            log.error("quarantined spill file %s refused again, left in quarantine: %s", path, why.reason)
+            return Outcome.QUARANTINED
         dest_dir = self.spill_dir / QUARANTINE / table
         dest = dest_dir / path.name
+        what = f"{path}: line {why.line}: {why.reason}" if why.line else f"{path}: {why.reason}"
         try:
             dest_dir.mkdir(parents=True, exist_ok=True)
+            write_reason(dest, why)
             os.replace(path, dest)
             _fsync_dir(dest_dir)
         except OSError as exc:
-            log.error("corrupt spill file %s (line %d: %s) could not be moved to %s: %s; it is "
-                      "skipped", path, bad.lineno, bad, dest_dir, exc)
+            log.error("spill file %s (%s) could not be moved to %s: %s; it is skipped", what, why.kind,
+                      dest_dir, exc)
             if path in self._refused:
-                return
+                return Outcome.WAITING
             self._refused.add(path)          # counted once, skipped at each replay
-        else:
-            log.error("corrupt spill file %s quarantined to %s: %s", path, dest, bad)
+            self.stats.files_quarantined[table] = self.stats.files_quarantined.get(table, 0) + 1
+            return Outcome.WAITING
+        log.error("spill file quarantined (%s) to %s: %s", why.kind, dest, what)
         self.stats.files_quarantined[table] = self.stats.files_quarantined.get(table, 0) + 1
+        return Outcome.QUARANTINED
 
     def quarantined_files(self) -> list[Path]:
-        q = self.spill_dir / QUARANTINE
-        return sorted(q.glob("*/*.jsonl")) if q.exists() else []
+        return quarantined(self.spill_dir)
+
+    def quarantined_by_table(self) -> dict[str, int]:
+        """Files in quarantine now, by table, under this writer's spill directory and the
+        scheduler's inside it (the gauge ``gpuq_collector_spill_quarantined_files``)."""
+        return quarantined_by_table(self.spill_dir)
 
     def _remove_stale_tmp(self) -> None:
         if not self.spill_dir.exists():

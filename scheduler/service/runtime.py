@@ -68,6 +68,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
 
     from collector.service import make_writer, run_collect
     from gpuq.store import open_store
+    from gpuq.store.spillfile import SCHEDULER
     from scheduler.actuators.factory import make_actuator
     from scheduler.api import create_app
     from scheduler.service.replay import read_restart
@@ -82,7 +83,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     from gpuq.tracing import tracer as make_tracer
 
     store = open_store(st.dsn, default_database=st.database, retention=st.retention, cluster=st.cluster)
-    spill = str(Path(st.spill_dir) / "scheduler")      # apart from the collector's spill files
+    spill = str(Path(st.spill_dir) / SCHEDULER)        # apart from the collector's spill files
     writer, wstore = make_writer(settings.model_copy(update={"store": st.model_copy(update={"spill_dir": spill})}))
     threads: list[threading.Thread] = []
     server: Any = None
