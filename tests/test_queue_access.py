@@ -292,3 +292,22 @@ def test_a_namespace_queue_is_made_on_first_use_with_the_template_and_shown_ever
     assert again.explain(held.id).reason_code == "queue_not_allowed"
     with pytest.raises(InvalidWorkload):
         again.dry_run(wl("d", "tenants.team-y"), clock.t, "team-x")
+
+
+def test_what_a_namespace_runs_past_gpuq_holds_its_own_queues_quota_in_the_scheduler() -> None:
+    """Pods of team-x naming prod, not admitted by gpuq: the scheduler counts them for team-x's own
+    queue (made for them), so team-x's next workload meets that queue's max of 8; prod is untouched."""
+    from accounting.model import Allocation, milli
+
+    svc = make()
+    resolver = Resolver(svc.config)
+    pods = [Allocation("k", "team-x", f"p{i}", f"uid-{i}", "prod", "h-0", "H100", milli(3), 0.0, None)
+            for i in range(2)]
+    svc.set_observed(pods, lambda a: resolver.queue(a.queue, a.namespace), lambda a: a.node, 5.0, None)
+    assert [(r.workload.queue, r.placement.nodes) for r in svc.foreign_running()] == [
+        ("tenants.team-x", (("h-0", 3),)), ("tenants.team-x", (("h-0", 3),))]
+    svc.submit(wl("x1", "tenants", 4), Target("RayJob", "team-x", "x1"), 6.0)
+    svc.submit(wl("p1", "prod", 8), Target("RayJob", "prod-ns", "p1"), 6.0)
+    svc.cycle(7.0)
+    assert svc.explain("x1").reason_code == "quota_max" and "tenants.team-x" in (svc.explain("x1").message or "")
+    assert svc.state_of("p1") == "running"
