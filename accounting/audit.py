@@ -49,10 +49,10 @@ def audit(live: Iterable[Allocation], placed: Iterable[Placed], resolver: Resolv
     """The (queue, type, node) cells where the two records differ, in that order. ``live``: the
     ledger's rows running now; ``type_of(node, row)``: a row's GPU type as the scheduler types
     its node."""
-    leaves = set(resolver.config.leaves())
+    rows = [(resolver.queue(a.queue, a.namespace), a) for a in live]
+    leaves = set(resolver.config.leaves())                     # with the queues placement rules made
     books: dict[tuple[str, str, str], list[int]] = {}          # milli-GPUs: exact
-    for a in live:
-        q = resolver.queue(a.queue, a.namespace)
+    for q, a in rows:
         node = node_name(a)
         cell = books.setdefault((q if q in leaves else OTHER, type_of(node, a), node), [0, 0])
         cell[0] += a.milli_gpus

@@ -5,6 +5,7 @@ Hierarchy::
     AccountingError                 base; ``retryable`` says whether trying again can help
     ├── QueueConfigError            the queue file is invalid; ``where`` is the YAML path,
     │                               ``file``/``line`` where known (not retryable: fix the file)
+    ├── QueueNotCreated             a placement rule could not make a namespace's queue (not retryable)
     ├── TimeSpecError               a ``--from``/``--to`` value cannot be read (not retryable)
     └── AccountingQueryError        the store could not answer an accounting query (retryable)
 """
@@ -44,3 +45,13 @@ class TimeSpecError(AccountingError):
 
 class AccountingQueryError(AccountingError):
     retryable = True
+
+
+class QueueNotCreated(AccountingError):
+    """A placement rule could not make ``path`` (``reason``: the queue limit, or no room in the
+    parent's guarantee); the work goes where it would without the rule."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot make queue {path}: {reason}")

@@ -79,7 +79,7 @@ def _tree(resolver: Resolver, extra: bool) -> dict[str, tuple[str, ...]]:
 
 def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAULT_PARAMS,
                 starvation_s: float = 600.0) -> NowView:
-    config, now = resolver.config, snap.at_s
+    now = snap.at_s
     live = running(snap.allocations, now)
     cap = capacity_view(snap.nodes, live, resolver)
     alloc_m: dict[str, dict[str, int]] = {}       # milli-GPUs: exact sums, GPUs once rolled up
@@ -100,6 +100,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
         if held is not None:
             k = (resolver.queue(held.queue, held.namespace), resolver.gpu_type(held.gpu_model, held.gpu_resource))
             idle_q[k] = idle_q.get(k, 0) + 1
+    config = resolver.config          # read after resolving: with the queues placement rules made
     kids = _tree(resolver, UNASSIGNED in alloc_m or UNASSIGNED in pend_m)
     for m in (alloc_m, pend_m, resv_m):
         _roll(m, kids, ROOT)

@@ -129,7 +129,7 @@ def parse_gpu_types(raw: Any) -> Mapping[str, GpuType]:
 def _leaf(value: Any, where: str, queues: Mapping[str, Queue]) -> str:
     if not isinstance(value, str) or value not in queues or value == ROOT:
         raise QueueConfigError(where, f"unknown queue {shown(value)}")
-    if queues[value].children:
+    if not queues[value].is_leaf:
         raise QueueConfigError(where, f"queue {shown(value)} is not a leaf (only leaf queues take pods)")
     return value
 

@@ -21,7 +21,13 @@ File layout (every section optional except ``queues``)::
         weight: 2                   # share of idle capacity (over-quota), > 0
         preemption: {fence: true}   # no preemption leaves or enters this subtree
         strict_fifo: false
+        namespaces: [ml-team, vision]   # who may submit here (accounting.access); absent: as the parent
         queues: {vision: {...}}
+      tenants:
+        max: {gpu: 32}
+        placement:                  # each namespace gets tenants.<namespace>, made on first use
+          namespace_queues: true
+          template: {guaranteed: {gpu: 0}, max: {gpu: 8}}
 
 Resources
 ---------
@@ -61,6 +67,18 @@ _EMPTY: Mapping[str, int] = MappingProxyType({})
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 QUEUE_KEYS = frozenset({"guaranteed", "max", "priority", "weight", "preemption", "strict_fifo", "queues"})
 TOP_KEYS = frozenset({"queues", "gpu_types", "mapping"})
+# who may use a queue and the queues a parent makes for namespaces (accounting.access)
+ACCESS_KEYS = frozenset({"namespaces", "placement"})
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A parent's placement rule (YuniKorn's ``tag`` rule on the namespace): a namespace allowed
+    there that names the parent, or has no queue of its own, gets ``<parent>.<namespace>``, made on
+    first use with these quotas (:class:`accounting.access.NamespaceQueues`)."""
+
+    guaranteed: Resources = field(default_factory=lambda: _EMPTY)
+    max: Resources = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +95,10 @@ class Queue:
     preemption_fence: bool = False   # no preemption leaves or enters this queue's subtree
     strict_fifo: bool = False        # a blocked head blocks the work behind it
     children: tuple[str, ...] = ()
+    # the Kubernetes namespaces that may use it, as written (None: its parent's; accounting.access)
+    namespaces: frozenset[str] | None = None
+    placement: Placement | None = None   # makes a queue below it for each namespace (a parent, always)
+    made_for: str = ""                   # the namespace a placement rule made it for ("" in the file)
 
     @property
     def name(self) -> str:
@@ -84,7 +106,7 @@ class Queue:
 
     @property
     def is_leaf(self) -> bool:
-        return not self.children
+        return not self.children and self.placement is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +211,7 @@ def _queue(name: Any, spec: Any, parent: str, path: str, where: str,
     spec = {} if spec is None else spec
     if not isinstance(spec, Mapping):
         raise QueueConfigError(where, f"expected a mapping, got {type(spec).__name__}")
-    _unknown_keys(spec, QUEUE_KEYS, where)
+    _unknown_keys(spec, QUEUE_KEYS | ACCESS_KEYS, where)
     weight = float(_number(spec, "weight", 1.0, where))
     if weight <= 0:
         raise QueueConfigError(f"{where}.weight", f"must be positive, got {shown(spec['weight'])}")
@@ -209,6 +231,10 @@ def _queue(name: Any, spec: Any, parent: str, path: str, where: str,
         preemption_fence=_flag(pre, "fence", f"{where}.preemption"),
         strict_fifo=_flag(spec, "strict_fifo", where),
     )
+    if "namespaces" in spec or "placement" in spec:
+        from accounting.access import parse_access
+
+        queue = parse_access(queue, spec, where, gpu_types)
     return queue, kids
 
 
@@ -232,12 +258,15 @@ def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
     gpu_types = parse_gpu_types(data.get("gpu_types"))
     declared = gpu_types if data.get("gpu_types") is not None else None
     queues: dict[str, Queue] = {}
+    seen = 0                       # queues read so far (``queues`` fills in post-order)
 
     def walk(raw: Mapping[str, Any], parent: str, prefix: str) -> tuple[str, ...]:
+        nonlocal seen
         names: list[str] = []
         for name, spec in raw.items():
             path = f"{prefix}{name}"
-            if len(queues) + len(names) >= MAX_QUEUES:
+            seen += 1
+            if seen > MAX_QUEUES:
                 raise QueueConfigError(f"{source}.{path}", f"more than {MAX_QUEUES:,} queues: gpuq takes at most "
                                        f"{MAX_QUEUES:,} (accounting.queues.MAX_QUEUES); split the cluster or merge queues")
             queue, kids_raw = _queue(name, spec, parent, path, f"{source}.{path}", declared)
@@ -254,6 +283,9 @@ def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
     config = QueueConfig(queues=MappingProxyType(queues), gpu_types=gpu_types,
                          mapping=parse_mapping(data.get("mapping"), queues))
     check_quotas(config, source)
+    from accounting.access import check_access
+
+    check_access(config, source)
     return config
 
 

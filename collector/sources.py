@@ -82,7 +82,12 @@ def build_sources(settings: Settings, state: StoreState,
 
 def _queue_mapping(settings: Settings) -> Any:
     """Pod-to-queue mapping from the queue file's ``mapping:`` section as plain values (the
-    collector never imports accounting: the file is read here as YAML). Defaults otherwise."""
+    collector never imports accounting: the file is read here as YAML). Defaults otherwise.
+
+    With a placement rule in the file (``placement: {namespace_queues: true}`` on some queue),
+    ``mapping.default`` is left to the accounting: a pod that names no queue is recorded with none,
+    so that the accounting can put it in its namespace's queue before the default
+    (:mod:`accounting.access`); recorded as the default, it would look as if it named it."""
     from collector.k8s_extract import QueueKeys
 
     if not settings.queues_file:
@@ -103,5 +108,19 @@ def _queue_mapping(settings: Settings) -> Any:
         labels=tuple(m.get("labels", base.labels)),
         annotations=tuple(m.get("annotations", base.annotations)),
         namespaces=dict(m.get("namespaces") or {}),
-        default=m.get("default"),
+        default=None if _has_placement(data.get("queues")) else m.get("default"),
     )
+
+
+def _has_placement(queues: Any, depth: int = 0) -> bool:
+    """Whether a queue of this ``queues:`` section (as parsed YAML) has a placement rule on."""
+    if not isinstance(queues, dict) or depth > 64:
+        return False
+    for spec in queues.values():
+        if isinstance(spec, dict):
+            rule = spec.get("placement")
+            if isinstance(rule, dict) and rule.get("namespace_queues") is True:
+                return True
+            if _has_placement(spec.get("queues"), depth + 1):
+                return True
+    return False

@@ -91,6 +91,9 @@ class ReasonCode(Enum):
     STRICT_FIFO = "strict_fifo"                    # behind a blocked head in a strict-FIFO queue
     BEHIND_HIGHER_PRIORITY = "behind_higher_priority"  # strict FIFO, head has higher priority
     NEVER_FITS = "never_fits"                      # larger than its queue's max or any node group
+    # its target's namespace may not use its queue (accounting.access): held by the service, never
+    # decided on (the cycle does not see it)
+    QUEUE_NOT_ALLOWED = "queue_not_allowed"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,10 @@ Preempted     Warning    preempted (suspended, or a pod evicted); the preemption
                          gives, as ``gpuq explain`` shows it
 Suspended     Warning    suspended by a preempt call that gives no reason
 Cancelled     Normal     cancelled (suspended and marked ``gpuq.io/cancelled``); ``cancelled by gpuq``
+QueueNot-     Warning    the workload source holds it: its namespace may not use the queue it names
+Allowed                  (:mod:`accounting.access`); the reason as ``gpuq explain`` shows it (posted by
+                         :class:`~scheduler.actuators.k8s_workloads.KubernetesWorkloadSource`, once per
+                         object generation and queue)
 ============  =========  ===========================================================================
 
 ``involvedObject``: apiVersion, kind, name, namespace and uid (when the actuator read the object);
@@ -51,7 +55,8 @@ SOURCE_COMPONENT = "gpuq-scheduler"
 REPORTING_COMPONENT = "gpuq"
 #: verb -> (reason, type, action)
 KINDS = {"admit": ("Admitted", "Normal", "Admit"), "preempt": ("Preempted", "Warning", "Preempt"),
-         "suspend": ("Suspended", "Warning", "Suspend"), "cancel": ("Cancelled", "Normal", "Cancel")}
+         "suspend": ("Suspended", "Warning", "Suspend"), "cancel": ("Cancelled", "Normal", "Cancel"),
+         "not-allowed": ("QueueNotAllowed", "Warning", "Refuse")}
 MESSAGE_LIMIT = 1024                   # events.k8s.io caps a note at 1 kB; keep core events the same
 
 

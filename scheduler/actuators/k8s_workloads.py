@@ -37,22 +37,29 @@ The mapping (:func:`workload_of`). The scheduler's Workload is one pod set (``po
 
 Not mapped (skipped with the reason): a RayJob without ``rayClusterSpec`` (it runs on an existing
 cluster), a gang requesting no GPUs, unreadable annotations.
+
+An object the scheduler holds because its namespace may not use the queue it names
+(``queue_not_allowed``, :mod:`accounting.access`) is told so by a ``QueueNotAllowed`` Event
+(:meth:`KubernetesWorkloadSource.refused`, :mod:`scheduler.actuators.k8s_events`).
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
+import socket
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import urllib3
-from kubernetes.client import ApiClient, CustomObjectsApi, SchedulingV1Api
+from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi, SchedulingV1Api
 from kubernetes.client.exceptions import ApiException
 
 from accounting.quantity import cpu_millicores, memory_bytes
 from gpuq.settings import KubernetesTarget, Settings
 from scheduler.actuators.base import Target
+from scheduler.actuators.k8s_events import EventRecorder, Involved
 from scheduler.actuators.kubernetes import (
     CANCELLED_ANNOTATION,
     GPU_PRODUCT_LABEL,
@@ -234,7 +241,7 @@ class KubernetesWorkloadSource:
                  api_client: ApiClient | None = None, keys: SourceKeys = SourceKeys(),
                  node_labels: Mapping[str, str] | None = None,
                  kinds: tuple[str, ...] = ("RayJob", "RayCluster"), page_size: int = 500,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, events: bool = True, clock: Callable[[], float] = time.time) -> None:
         self.target = target or kubernetes_target(settings)
         self._client = api_client or make_api_client(self.target)
         self._custom = CustomObjectsApi(self._client)
@@ -243,6 +250,20 @@ class KubernetesWorkloadSource:
         self.node_labels = dict(node_labels) if node_labels is not None else gpu_node_labels(settings)
         self.kinds, self.page_size, self.timeout_s = kinds, page_size, timeout_s
         self.skipped: tuple[str, ...] = ()
+        self.events = EventRecorder(CoreV1Api(self._client), clock=clock, instance=socket.gethostname(),
+                                    timeout_s=timeout_s) if events else None
+        self._seen: dict[str, tuple[str, str]] = {}      # workload id -> (uid, generation) as last listed
+
+    def refused(self, workload: Workload, target: Target, code: str, message: str) -> dict[str, str]:
+        """Tell the object's owners that the scheduler holds it (``code``: ``queue_not_allowed``) with
+        a Kubernetes Event on the object; one per object generation and queue (a repeat is the
+        server's 409: already told). Never raises; answers what :meth:`EventRecorder.record` does."""
+        if self.events is None:
+            return {}
+        uid, generation = self._seen.get(workload.id, ("", ""))
+        obj = Involved(target.api_version or f"{RAY_GROUP}/{RAY_VERSION}", target.kind, target.namespace,
+                       target.name, uid)
+        return self.events.record(obj, "not-allowed", message, token=f"{code}\0{workload.queue}\0{generation}")
 
     def close(self) -> None:
         self._client.close()  # type: ignore[no-untyped-call]
@@ -269,6 +290,7 @@ class KubernetesWorkloadSource:
             return classes[name]
 
         out, skipped = [], []
+        seen: dict[str, tuple[str, str]] = {}
         for kind in self.kinds:
             for obj in self.list_objects(kind):
                 meta = obj.get("metadata") or {}
@@ -280,7 +302,8 @@ class KubernetesWorkloadSource:
                     continue
                 if got is not None:
                     out.append((*got, obj))
-        self.skipped = tuple(skipped)
+                    seen[got[0].id] = (str(meta.get("uid") or ""), str(meta.get("generation") or ""))
+        self.skipped, self._seen = tuple(skipped), seen
         return sorted(out, key=lambda x: x[0].id)
 
     def list_objects(self, kind: str) -> list[dict[str, Any]]:

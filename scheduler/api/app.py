@@ -37,6 +37,7 @@ from scheduler.service.errors import (
     ConfigRejected,
     DuplicateWorkload,
     InvalidWorkload,
+    QueueNotAllowed,
     NotActive,
     ServiceError,
     UnknownWorkload,
@@ -47,7 +48,8 @@ from scheduler.service.views import DryRun, NodeView, PreemptionRecord, Workload
 log = logging.getLogger(__name__)
 
 _STATUS: dict[type[ServiceError], int] = {UnknownWorkload: 404, DuplicateWorkload: 409, NotActive: 409,
-                                          ConfigRejected: 409, ActuatorFailed: 502, InvalidWorkload: 422}
+                                          ConfigRejected: 409, ActuatorFailed: 502, InvalidWorkload: 422,
+                                          QueueNotAllowed: 403}
 _STEP = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -84,7 +86,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         status = next((s for cls, s in _STATUS.items() if isinstance(exc, cls)), 500)
         if isinstance(exc, InvalidWorkload):
             return problem_response(request, invalid(f"body.{exc.field}", exc.message))
-        return problem_response(request, Problem(status, exc.message))
+        return problem_response(request, Problem(status, exc.message, slug=getattr(exc, "slug", None)))
 
     # the store's and the queue file's errors name hosts, databases and file contents: they go to
     # the log, the caller learns what failed, not the details
@@ -164,7 +166,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         return readable.workload(service.explain(workload_id))
 
     @app.post("/workloads", tags=["workloads"], response_model=WorkloadView, status_code=201,
-              summary="Submit a workload", responses={409: {}, 422: {}})
+              summary="Submit a workload", responses={403: {}, 409: {}, 422: {}})
     def submit(body: WorkloadIn, caller: operator, response: Response) -> Any:
         caller.check_target(body.queue, body.target.namespace)
         now = clock()
@@ -185,10 +187,11 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         return view
 
     @app.post("/dry-run", tags=["workloads"], response_model=DryRun,
-              summary="What the scheduler would do if this workload arrived now (nothing changes)")
+              summary="What the scheduler would do if this workload arrived now (nothing changes)",
+              responses={403: {}, 422: {}})
     def dry_run(body: DryRunIn, _: operator) -> Any:
         now = clock()
-        return readable.dry_run(service.dry_run(body.to_workload(now), now))
+        return readable.dry_run(service.dry_run(body.to_workload(now), now, body.target.namespace))
 
     @app.get("/nodes", tags=["cluster"], response_model=list[NodeView], summary="Nodes and what the scheduler placed there")
     def nodes(_: viewer) -> Any:

@@ -67,6 +67,10 @@ class LiveAccounting:
         self.pending: Callable[[], Sequence[PendingDemand]] | None = None
         self.owns: Callable[[str, str], bool] = lambda namespace, name: False
         self.error: str | None = None             # the last reload's problem, while the old config stays
+        # the configuration views resolve against: the file's, or once following a scheduler its
+        # configuration (the file's with the queues placement rules made: accounting.access)
+        self._current: Callable[[], QueueConfig] = lambda: self._config
+        self._resolver: tuple[QueueConfig, Resolver] | None = None
         if self.watcher is not None:
             self.collector.watch_config(lambda: self.error is not None)
         if self.watcher is not None and config is None:
@@ -78,10 +82,21 @@ class LiveAccounting:
         """Every view from now on adds ``service``'s live state (a ``SchedulerService``): what it
         admitted, what it has pending, and which observed pending pods are its own."""
         self.admitted, self.pending, self.owns = service.admitted_allocations, service.pending_demand, service.owns
+        self._current = lambda: service.config
 
     @property
     def config(self) -> QueueConfig:
-        return self._config
+        """The configuration in force: the file's, with the queues the scheduler's placement rules
+        made once :meth:`follow` is called."""
+        return self._current()
+
+    def resolver(self) -> Resolver:
+        """One memoising resolver per configuration in force (a made queue or a reload is a new one)."""
+        config = self._current()
+        hit = self._resolver
+        if hit is None or hit[0] is not config:
+            hit = self._resolver = (config, Resolver(config))
+        return hit[1]
 
     @property
     def config_loaded(self) -> bool:
@@ -145,7 +160,7 @@ class LiveAccounting:
         at = max([snap.at_s, *(a.start_s for a in admitted)])    # an admission after the snapshot is now
         live = replace(snap, at_s=at, allocations=tuple(combine(snap.allocations, admitted, snap.at_s, snap.history)),
                        pending=self._demand(snap, scheduled))
-        return compute_now(live, Resolver(self._config), self.params, self.starvation_s)
+        return compute_now(live, self.resolver(), self.params, self.starvation_s)
 
     def audit(self, admitted: Sequence[Allocation], placed: Sequence[Placed], nodes: Sequence[Node],
               node_name: Callable[[Allocation], str]) -> tuple[Difference, ...]:
@@ -153,19 +168,19 @@ class LiveAccounting:
         observed snapshot with ``admitted`` (read with ``placed`` at one moment), the ledger's
         rows running now, against ``placed``; nodes named and typed as the scheduler's ``nodes``."""
         with self._lock:
-            snap, config = self._snap, self._config
+            snap = self._snap
         if snap is None:
             return ()
         on_nodes = _on_capacity_nodes(admitted, snap.nodes)
         at = max([snap.at_s, *(a.start_s for a in on_nodes)])
         live = running(combine(snap.allocations, on_nodes, snap.at_s, snap.history), at)
-        resolver = Resolver(config)
+        resolver = self.resolver()
         types = {n.name: n.gpu_type for n in nodes}
         return audit(live, placed, resolver, node_name,
                      lambda node, a: types.get(node) or resolver.gpu_type(a.gpu_model, a.gpu_resource))
 
     def queue_of(self, a: Allocation) -> str:
-        return Resolver(self._config).queue(a.queue, a.namespace)
+        return self.resolver().queue(a.queue, a.namespace)
 
     def materialize(self, now_s: float) -> list[float]:
         return materialize_hours(self.store, now_s, self.params)
@@ -186,7 +201,8 @@ class LiveAccounting:
         scheduler's pending is live too, compared by identity (the service hands back the same
         tuple while it is unchanged)."""
         with self._lock:
-            snap, live, config = self._snap, self._live, self._config
+            snap, live = self._snap, self._live
+        config = self._current()
         if snap is None:
             return None
         admitted = _on_capacity_nodes(self.admitted(), snap.nodes)
@@ -202,14 +218,14 @@ class LiveAccounting:
 
     def usage(self, start_s: float, end_s: float, by: Sequence[str], now_s: float,
               rollup: bool = False) -> list[dict[str, Any]]:
-        rows = acc.usage_report(self.store, self._config, Window(start_s, end_s), now_s, by, self.params,
+        rows = acc.usage_report(self.store, self._current(), Window(start_s, end_s), now_s, by, self.params,
                                 rollup=rollup)
         return [r.as_dict() for r in rows]
 
     def series(self, start_s: float, end_s: float, step_s: float, now_s: float,
                queue: str | None = None) -> list[dict[str, Any]]:
         window = Window(start_s, end_s)
-        points = queue_series(read_allocations(self.store, window, now_s), Resolver(self._config), window,
+        points = queue_series(read_allocations(self.store, window, now_s), self.resolver(), window,
                               step_s, now_s)
         return [{"queue": p.queue, "t": p.t_s, "allocated": p.allocated, "guaranteed": p.guaranteed,
                  "max": p.max} for p in points if queue is None or p.queue == queue]

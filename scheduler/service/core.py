@@ -46,7 +46,9 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from functools import partial
 from typing import Any, Protocol
 
+from accounting.access import NamespaceQueues, refusal
 from accounting.audit import OTHER, Difference, Placed
+from accounting.errors import QueueNotCreated
 from accounting.ledger import admission_rows
 from accounting.model import Allocation, PendingDemand, milli
 from accounting.queues import ROOT, QueueConfig
@@ -63,6 +65,7 @@ from scheduler.service.errors import (
     DuplicateWorkload,
     InvalidWorkload,
     NotActive,
+    QueueNotAllowed,
     ServiceError,
     UnknownWorkload,
 )
@@ -76,6 +79,7 @@ from scheduler.service.views import (
     PREEMPTED,
     PREEMPTING,
     QUEUED,
+    QUEUE_NOT_ALLOWED,
     REJECTED,
     RUNNING,
     Entry,
@@ -115,6 +119,7 @@ class SchedulerService:
         self.cluster_name = cluster
         self.stats = ServiceStats()
         self._config = config
+        self._nsq = NamespaceQueues(config)           # the queues placement rules made (accounting.access)
         self._nodes: tuple[Node, ...] = tuple(nodes)
         self._sink = sink
         self._sleep = sleep
@@ -151,14 +156,32 @@ class SchedulerService:
 
     def set_config(self, config: QueueConfig) -> None:
         """Put a new queue configuration in force; refused (ConfigRejected) while live workloads
-        sit in queues that it drops or turns into parents."""
+        sit in queues that it drops or turns into parents, or run in a queue their namespace may
+        no longer use. The queues placement rules made are made again under the new rules (one
+        they no longer make is dropped); the pending workloads are checked again: one whose
+        namespace may no longer use its queue is held (``queue_not_allowed``), a held one that
+        now may goes on."""
         with self._lock:
-            lost = sorted({e.workload.queue for e in self._entries.values()} - set(_leaves(config)))
+            nsq = NamespaceQueues(config)
+            for q in self._nsq.made():
+                if nsq.place(q.path, q.made_for) == q.path:
+                    try:
+                        nsq.make(q.path)
+                    except QueueNotCreated:
+                        pass                            # refused below if work sits there
+            new = nsq.config
+            live = [e for e in self._entries.values() if not e.not_allowed]
+            lost = sorted({e.workload.queue for e in live} - set(_leaves(new)))
             if lost:
                 raise ConfigRejected(f"queues {', '.join(lost)} hold pending or running workloads "
                                      f"but are not leaf queues of the new configuration")
-            self._config = config
-            self._cluster = None
+            barred = sorted({f"{e.workload.queue} ({e.target.namespace})" for e in live
+                             if e.state == RUNNING and refusal(new.queues, e.workload.queue, e.target.namespace)})
+            if barred:
+                raise ConfigRejected(f"queues run workloads of namespaces the new configuration does not allow "
+                                     f"there: {', '.join(barred[:10])}; cancel them or wait until they end")
+            self._nsq, self._config, self._cluster = nsq, new, None
+            self._review()
 
     def set_nodes(self, nodes: Iterable[Node]) -> None:
         new = tuple(nodes)
@@ -186,21 +209,40 @@ class SchedulerService:
             self._idle = frozenset(ids)
 
     # -- mutations -------------------------------------------------------------------------------
-    def submit(self, workload: Workload, target: Target, now: float, actor: str = "") -> WorkloadView:
-        """``actor`` (who submitted, ``name (role)`` from the API) goes in the event's ``by``."""
+    def submit(self, workload: Workload, target: Target, now: float, actor: str = "",
+               hold_not_allowed: bool = False) -> WorkloadView:
+        """``actor`` (who submitted, ``name (role)`` from the API) goes in the event's ``by``.
+
+        A workload whose target's namespace may not use its queue (:mod:`accounting.access`) is
+        refused (QueueNotAllowed), or with ``hold_not_allowed`` (the Kubernetes source: the object
+        is there and waits) held pending with the reason ``queue_not_allowed``, never admitted. A
+        queue that the namespace's placement rule makes (the parent named, or
+        ``<parent>.<namespace>``) is made now; InvalidWorkload when it cannot be."""
         with self._lock:
             old = self._entries.get(workload.id)
             if old is not None:
                 raise DuplicateWorkload(workload.id, old.state)
-            if workload.queue not in _leaves(self._config):
-                leaves = ", ".join(sorted(_leaves(self._config))) or "none configured"
-                raise InvalidWorkload("queue", f"unknown or non-leaf queue {workload.queue!r} (leaf queues: {leaves})")
+            why = self._not_allowed(workload.queue, target.namespace)
+            if why is None:
+                queue = self._placed(workload.queue, target.namespace)
+                if queue not in _leaves(self._config):
+                    leaves = ", ".join(sorted(_leaves(self._config))) or "none configured"
+                    raise InvalidWorkload("queue", f"unknown or non-leaf queue {workload.queue!r} (leaf queues: {leaves})")
+                if queue != workload.queue:
+                    workload = dataclasses.replace(workload, queue=queue)
+            elif not hold_not_allowed:
+                raise QueueNotAllowed(workload.queue, target.namespace, why)
             self._done.pop(workload.id, None)
             e = Entry(workload, target, PENDING, workload.duration_s, Reason(QUEUED, "waiting for the next cycle"))
             self._entries[workload.id] = e
-            self._pos.add(workload)
+            if why is None:
+                self._pos.add(workload)
+            else:
+                e.not_allowed, e.reason = True, Reason(QUEUE_NOT_ALLOWED, why)
             self._emit(now, "submit", workload, spec=ev.spec_json(workload, target), **({"by": actor} if actor else {}))
             bump(self.stats.submitted, workload.queue)
+            if why is not None:
+                return self._view(e)
             cluster = self._cluster_now()
             why = never_fits(cluster, workload) if cluster.nodes else None
             if why is not None:
@@ -271,6 +313,61 @@ class SchedulerService:
                 self._emit(now, "cancel", e.workload, reason=reason)
             return self._view(e)
 
+    # -- which namespace may use which queue (accounting.access) --------------------------------------
+    def _not_allowed(self, queue: str, namespace: str) -> str | None:
+        """Why work of ``namespace`` may not use ``queue``, with where what it runs is billed; None
+        when it may (or the queue is unknown: the caller says so)."""
+        why = refusal(self._config.queues, queue, namespace)
+        if why is None:
+            return None
+        own = next((q for q in self._nsq.own_queues(namespace) if q != queue), None)
+        return f"{why}; not admitted (what it runs anyway is billed to {own or '(unassigned)'})"
+
+    def _placed(self, queue: str, namespace: str) -> str:
+        """``queue`` as the placement rules place work of ``namespace`` (made now if need be)."""
+        path = self._nsq.place(queue, namespace)
+        if path is None:
+            return queue
+        try:
+            self._make(path)
+        except QueueNotCreated as exc:
+            raise InvalidWorkload("queue", str(exc)) from exc
+        return path
+
+    def _make(self, path: str) -> None:
+        if path not in self._config.queues:
+            self._nsq.make(path)
+            self._config, self._cluster = self._nsq.config, None
+            log.info("queue %s made by its placement rule", path)
+
+    def _review(self) -> None:
+        """Hold the pending workloads whose namespace may not use their queue, let go the held ones
+        that now may (after a new configuration or a restore)."""
+        for e in self._entries.values():
+            if e.state != PENDING or e.acting or e.cancelling:
+                continue
+            ns = e.target.namespace
+            why = self._not_allowed(e.workload.queue, ns)
+            if why is not None:
+                if not e.not_allowed or e.reason is None or e.reason.message != why:
+                    e.not_allowed, e.reason = True, Reason(QUEUE_NOT_ALLOWED, why)
+                    self._pos.discard(e.workload.id)
+                continue
+            if not e.not_allowed:
+                continue
+            try:
+                queue = self._placed(e.workload.queue, ns)
+            except InvalidWorkload as exc:
+                e.reason = Reason(QUEUE_NOT_ALLOWED, exc.message)
+                continue
+            if queue not in _leaves(self._config):
+                continue
+            if queue != e.workload.queue:
+                e.workload = dataclasses.replace(e.workload, queue=queue)
+            e.not_allowed = False
+            e.reason = Reason(QUEUED, f"{ns} may use queue {queue} now; waiting for the next cycle")
+            self._pos.add(e.workload)
+
     def state_of(self, workload_id: str) -> str | None:
         """``pending``/``running``/..., or None for an id the service does not hold."""
         with self._lock:
@@ -336,7 +433,7 @@ class SchedulerService:
             elif r is not None and e.acting != PREEMPTING:
                 w = _fixed(r.workload) if (e.acting or e.cancelling) else r.workload
                 running.append(Running(w, r.placement, r.start_s, w.id in self._idle))
-            elif e.state == PENDING and not e.acting and not e.cancelling:
+            elif e.state == PENDING and not e.acting and not e.cancelling and not e.not_allowed:
                 pending.append(e.workload)
         running.extend(self._foreign.running)
         return snapshot(cluster, running, [*pending, *extra], self.settings)
@@ -349,7 +446,7 @@ class SchedulerService:
             wid = p.workload
             e = live.get(wid)
             if e is None or e is not entries.get(wid) or e.state != PENDING or e.acting or e.cancelling \
-                    or wid in held:
+                    or e.not_allowed or wid in held:
                 continue
             r, code = e.reason, _CODES[p.code]
             if r is None or r.code != code or r.message != p.message:
@@ -362,7 +459,8 @@ class SchedulerService:
     def _current(self, a: Any, entries: dict[str, Entry]) -> bool:
         """The admission's workload and victims are as the cycle's snapshot saw them."""
         e = self._entries.get(a.workload.id)
-        if e is None or e is not entries.get(a.workload.id) or e.state != PENDING or e.acting or e.cancelling:
+        if e is None or e is not entries.get(a.workload.id) or e.state != PENDING or e.acting or e.cancelling \
+                or e.not_allowed:
             return False
         for vid in a.victims:
             v = self._entries.get(vid)
@@ -673,6 +771,13 @@ class SchedulerService:
         those gpuq did not admit occupy their nodes and count for their queue; with ``grace_s``
         (None: no reconciliation, as with the dry-run actuator) every mismatch gets its reason."""
         with self._lock:
+            for a in observed:          # work a placement rule bills to its namespace's queue: made here too
+                path = queue_of(a) if a.namespace else ""
+                if path and path not in self._config.queues and self._nsq.place(path, a.namespace) == path:
+                    try:
+                        self._make(path)
+                    except QueueNotCreated:
+                        pass                            # the accounting logs it and bills elsewhere
             targets = self._targets()
             types = {n.name: n.gpu_type for n in self._nodes}
             leaves = frozenset(_leaves(self._config))
@@ -804,7 +909,8 @@ class SchedulerService:
             memo = self._pending_memo
             if memo is not None and memo[0] == key:
                 return memo[1]
-            pending = [(e.target.namespace, e.workload) for e in self._entries.values() if e.state == PENDING]
+            pending = [(e.target.namespace, e.workload) for e in self._entries.values()
+                       if e.state == PENDING and not e.not_allowed]
         c = self.cluster_name
         rows = tuple(PendingDemand(c, ns, w.id, w.queue, milli(w.gpus), w.submit_s,
                                    w.gpu_types[0] if len(w.gpu_types) == 1 else "") for ns, w in pending)
@@ -853,10 +959,17 @@ class SchedulerService:
         return out
 
     # -- dry runs and restarts live in their own modules ------------------------------------------------
-    def dry_run(self, workload: Workload, now: float) -> Any:
+    def dry_run(self, workload: Workload, now: float, namespace: str = "") -> Any:
+        """``namespace``: the target's; QueueNotAllowed as for :meth:`submit` (a queue the
+        namespace's placement rule makes is made: asking counts as its first use)."""
         with self._deciding, self._lock:            # the cluster's memos: one schedule() at a time
-            if workload.queue not in _leaves(self._config):
+            why = self._not_allowed(workload.queue, namespace)
+            if why is not None:
+                raise QueueNotAllowed(workload.queue, namespace, why)
+            queue = self._placed(workload.queue, namespace)
+            if queue not in _leaves(self._config):
                 raise InvalidWorkload("queue", f"unknown or non-leaf queue {workload.queue!r}")
+            workload = dataclasses.replace(workload, queue=queue)
             return dry_run(workload, now, known=self._entries.keys() | self._done.keys(),
                            cluster=self._cluster_now(), snapshot=lambda extra: self._snapshot(extra=extra),
                            preemption_delay_s=self.settings.preemption_delay_s)
@@ -866,7 +979,15 @@ class SchedulerService:
         with self._lock:
             self._cluster = None
             n = self._replay(s for s in stored if s.event["event"] not in PAUSE_KINDS)
-            self._pos.rebuild(e.workload for e in self._entries.values() if e.state == PENDING)
+            for e in self._entries.values():        # the queues placement rules made before the restart
+                path, ns = e.workload.queue, e.target.namespace
+                if path not in self._config.queues and self._nsq.place(path, ns) == path:
+                    try:
+                        self._make(path)
+                    except QueueNotCreated as exc:
+                        log.warning("restore: %s (workload %s)", exc, e.workload.id)
+            self._review()
+            self._pos.rebuild(e.workload for e in self._entries.values() if e.state == PENDING and not e.not_allowed)
             return n
 
     def _replay(self, stored: Iterable[ev.StoredEvent]) -> int:

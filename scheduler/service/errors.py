@@ -7,6 +7,7 @@ Hierarchy (all :class:`scheduler.errors.SchedulerError`)::
     ├── DuplicateWorkload           a pending or running workload has this id (409)
     ├── NotActive                   the workload has already finished, was cancelled or rejected (409)
     ├── InvalidWorkload             a field is invalid for this configuration; ``field`` names it (422)
+    ├── QueueNotAllowed             the target's namespace may not use the queue (403)
     ├── ActuatorFailed              the actuator could not carry the action out (502, retryable)
     └── ConfigRejected              a new queue configuration would orphan live workloads
 """
@@ -45,6 +46,18 @@ class InvalidWorkload(ServiceError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        super().__init__(message)
+
+
+class QueueNotAllowed(ServiceError):
+    """The workload's target namespace may not use its queue (the queue file's ``namespaces``:
+    :mod:`accounting.access`); the message names the rule, not the namespaces it lists."""
+
+    slug = "queue-not-allowed"
+
+    def __init__(self, queue: str, namespace: str, message: str) -> None:
+        self.queue = queue
+        self.namespace = namespace
         super().__init__(message)
 
 

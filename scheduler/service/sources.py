@@ -7,7 +7,10 @@ function every ``accounting.interval_s``).
   ``rayjob/<ns>/<name>``, ``raycluster/<ns>/<name>``; one it rejected is not submitted again),
   and removes the source's workloads whose object is gone (deleted: a running one finishes, a
   pending one is cancelled). An admitted object the service does not hold (its events are lost)
-  is only logged: the service cannot know its placement.
+  is only logged: the service cannot know its placement. An object whose namespace may not use
+  the queue it names (:mod:`accounting.access`) is held pending with ``queue_not_allowed`` and
+  gets one Kubernetes Event saying so (the source's ``refused``); relabelled to another queue,
+  it is taken again as new.
 * **ray**: :func:`sync_ray` asks the Ray actuator for the status of each running
   ``RaySubmission`` workload; a job that ended (SUCCEEDED, FAILED, or STOPPED by someone else)
   finishes the workload.
@@ -21,11 +24,12 @@ from typing import Any, Protocol
 
 from scheduler.actuators.base import Actuator, Target
 from scheduler.errors import SchedulerError
-from scheduler.model import SOURCE_ID_PREFIXES, Workload
+from scheduler.model import SOURCE_ID_PREFIXES, ReasonCode, Workload
 from scheduler.service.core import SchedulerService
 from scheduler.service.errors import ServiceError
 
 log = logging.getLogger(__name__)
+NOT_ALLOWED = ReasonCode.QUEUE_NOT_ALLOWED.value
 
 class WorkloadLister(Protocol):
     def pending(self) -> list[tuple[Workload, Target]]: ...
@@ -38,19 +42,33 @@ class SyncReport:
     submitted: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     unknown_admitted: tuple[str, ...] = ()
+    not_allowed: tuple[str, ...] = ()          # submitted now and held: the namespace may not use the queue
 
 
 def sync_listed(service: SchedulerService, source: WorkloadLister, now: float) -> SyncReport:
     pending, admitted = source.pending(), source.admitted()
     listed = {w.id for w, _ in pending} | {w.id for w, _, _ in admitted}
-    submitted, removed, unknown = [], [], []
+    submitted, removed, unknown, held = [], [], [], []
+    refused = getattr(source, "refused", None)
     for w, t in pending:
-        if service.state_of(w.id) in (None, "finished", "cancelled"):
+        state = service.state_of(w.id)
+        if state == "pending":
+            view = service.explain(w.id)
+            if view.reason_code == NOT_ALLOWED and view.queue != w.queue:     # relabelled: taken again
+                service.remove(w.id, now, f"its object now names queue {w.queue}")
+                state = "cancelled"
+        if state in (None, "finished", "cancelled"):
             try:
-                service.submit(w, t, now)
+                view = service.submit(w, t, now, hold_not_allowed=True)
                 submitted.append(w.id)
             except ServiceError as exc:
                 log.warning("cannot submit %s: %s", w.id, exc)
+                continue
+            if view.reason_code == NOT_ALLOWED:
+                held.append(w.id)
+                log.warning("%s not admitted: %s", w.id, view.message)
+                if refused is not None:
+                    refused(w, t, NOT_ALLOWED, view.message or "")
     for w, _, _ in admitted:
         if service.state_of(w.id) not in ("running", "pending"):
             unknown.append(w.id)
@@ -59,7 +77,7 @@ def sync_listed(service: SchedulerService, source: WorkloadLister, now: float) -
         if wid.startswith(SOURCE_ID_PREFIXES) and wid not in listed:
             service.remove(wid, now, "its object was deleted")
             removed.append(wid)
-    return SyncReport(tuple(submitted), tuple(removed), tuple(unknown))
+    return SyncReport(tuple(submitted), tuple(removed), tuple(unknown), tuple(held))
 
 
 def sync_ray(service: SchedulerService, actuator: Any, now: float) -> list[str]:

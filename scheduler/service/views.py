@@ -7,6 +7,8 @@ and ``actuator_failed`` (the decision was made but the actuator could not carry 
 tried again next cycle); while the actuator works (outside the service lock,
 :mod:`scheduler.service.acting`) ``admitting``, ``preempting`` or ``cancelling``; and the brakes'
 (:mod:`scheduler.service.brakes`): ``paused``, ``preemption_limited``, ``preemption_refused``.
+``queue_not_allowed`` (a model code the service gives, not the cycle) holds a workload of the
+Kubernetes source whose namespace may not use its queue: pending, never admitted.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ STATES = (PENDING, RUNNING, FINISHED, CANCELLED, REJECTED)
 ACTIVE = frozenset({PENDING, RUNNING})
 
 QUEUED, PREEMPTED, ACTUATOR_FAILED = "queued", "preempted", "actuator_failed"
+QUEUE_NOT_ALLOWED = "queue_not_allowed"    # ReasonCode.QUEUE_NOT_ALLOWED's value
 ADMITTING, PREEMPTING, CANCELLING = "admitting", "preempting", "cancelling"
 
 
@@ -51,6 +54,7 @@ class Entry:
     refusals: int = 0                  # refusals in a row (the backoff doubles)
     plan: Placement | None = None      # an admission in flight: where
     planned_s: float | None = None     # and when it was decided
+    not_allowed: bool = False          # its namespace may not use its queue: held pending, not decided on
 
 
 @dataclass(frozen=True, slots=True)
