@@ -232,12 +232,14 @@ def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
     gpu_types = parse_gpu_types(data.get("gpu_types"))
     declared = gpu_types if data.get("gpu_types") is not None else None
     queues: dict[str, Queue] = {}
+    entered = [0]                         # queues met so far, the root left out (parents count before their children)
 
     def walk(raw: Mapping[str, Any], parent: str, prefix: str) -> tuple[str, ...]:
         names: list[str] = []
         for name, spec in raw.items():
             path = f"{prefix}{name}"
-            if len(queues) + len(names) >= MAX_QUEUES:
+            entered[0] += 1
+            if entered[0] > MAX_QUEUES:
                 raise QueueConfigError(f"{source}.{path}", f"more than {MAX_QUEUES:,} queues: gpuq takes at most "
                                        f"{MAX_QUEUES:,} (accounting.queues.MAX_QUEUES); split the cluster or merge queues")
             queue, kids_raw = _queue(name, spec, parent, path, f"{source}.{path}", declared)

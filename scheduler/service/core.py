@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from accounting.audit import OTHER, Difference, Placed
 from accounting.ledger import admission_rows
 from accounting.model import Allocation, PendingDemand, milli
+from accounting.queue_names import leaf_problem
 from accounting.queues import ROOT, QueueConfig
 from scheduler import events as ev
 from scheduler.actuators.base import ActionResult, Actuator, Target, with_retries
@@ -57,6 +58,7 @@ from scheduler.service.errors import (
     InvalidWorkload,
     NotActive,
     ServiceError,
+    TakenWorkload,
     UnknownWorkload,
 )
 from scheduler.service.views import (
@@ -114,6 +116,9 @@ class SchedulerService:
         self._entries: dict[str, Entry] = {}                    # active workloads, arrival order
         self._done: OrderedDict[str, Entry] = OrderedDict()     # finished/cancelled/rejected, newest last
         self._keep_finished = keep_finished
+        # the closed ids by their submitter's name, oldest first: past keep_finished the oldest of the
+        # caller holding the most goes, so no caller can push another's ids out of memory (and take them)
+        self._done_by: dict[str, OrderedDict[str, None]] = {}
         self._history: deque[PreemptionRecord] = deque(maxlen=history)
         self._idle: frozenset[str] = frozenset()
         self._cluster: Cluster | None = None
@@ -177,27 +182,42 @@ class SchedulerService:
 
     # -- mutations -------------------------------------------------------------------------------
     def submit(self, workload: Workload, target: Target, now: float, actor: str = "") -> WorkloadView:
-        """``actor`` (who submitted, ``name (role)`` from the API) goes in the event's ``by``."""
+        """``actor`` (who submitted, ``name (role)`` from the API) goes in the event's ``by`` and
+        owns the id: while the service remembers the workload (pending, running, or among the last
+        ``keep_finished`` closed ones, a restart included), another caller cannot submit under its
+        id (:class:`TakenWorkload`); the same caller may submit it again once it is closed. Past
+        ``keep_finished`` the caller with the most closed workloads loses its oldest first, so one
+        caller's flood of submissions cannot make the service forget another's ids. The world's own
+        submissions (``actor`` empty: the Kubernetes source, whose ids the API refuses) are not
+        checked; an id whose owner is not recorded (before owners were) is nobody's to take."""
         with self._lock:
             old = self._entries.get(workload.id)
             if old is not None:
                 raise DuplicateWorkload(workload.id, old.state)
-            if workload.queue not in _leaves(self._config):
-                leaves = ", ".join(sorted(_leaves(self._config))) or "none configured"
-                raise InvalidWorkload("queue", f"unknown or non-leaf queue {workload.queue!r} (leaf queues: {leaves})")
-            self._done.pop(workload.id, None)
-            e = Entry(workload, target, PENDING, workload.duration_s, Reason(QUEUED, "waiting for the next cycle"))
-            self._entries[workload.id] = e
-            self._pos.add(workload)
-            self._emit(now, "submit", workload, spec=ev.spec_json(workload, target), **({"by": actor} if actor else {}))
-            bump(self.stats.submitted, workload.queue)
-            cluster = self._cluster_now()
-            why = never_fits(cluster, workload) if cluster.nodes else None
-            if why is not None:
-                self._close(e, REJECTED, now, Reason("never_fits", why))
-                self._emit(now, "reject", workload, reason=why)
-                bump(self.stats.rejected, workload.queue)
-            return self._view(e)
+            closed = self._done.get(workload.id)
+            if closed is not None and actor and caller_name(closed.owner) != caller_name(actor):
+                raise TakenWorkload(workload.id, closed.state)
+            config = self._config
+            if _is_leaf(config, workload.queue):
+                return self._submit(workload, target, now, actor)
+        # the message (near matches among up to 10,000 leaves) is computed without the lock
+        raise InvalidWorkload("queue", leaf_problem(config, workload.queue) or f"queue {workload.queue!r} changed")
+
+    def _submit(self, workload: Workload, target: Target, now: float, actor: str) -> WorkloadView:
+        self._forget_done(workload.id)
+        e = Entry(workload, target, PENDING, workload.duration_s, Reason(QUEUED, "waiting for the next cycle"),
+                  owner=actor)
+        self._entries[workload.id] = e
+        self._pos.add(workload)
+        self._emit(now, "submit", workload, spec=ev.spec_json(workload, target), **({"by": actor} if actor else {}))
+        bump(self.stats.submitted, workload.queue)
+        cluster = self._cluster_now()
+        why = never_fits(cluster, workload) if cluster.nodes else None
+        if why is not None:
+            self._close(e, REJECTED, now, Reason("never_fits", why))
+            self._emit(now, "reject", workload, reason=why)
+            bump(self.stats.rejected, workload.queue)
+        return self._view(e)
 
     def cancel(self, workload_id: str, now: float, by: str = "") -> WorkloadView:
         """Stop a pending or running workload (the actuator's ``cancel``, outside the lock, after
@@ -605,10 +625,22 @@ class SchedulerService:
         e.state, e.running, e.end_s, e.reason = state, None, now, reason
         self._pos.discard(e.workload.id)
         self._entries.pop(e.workload.id, None)
-        self._done[e.workload.id] = e
-        self._done.move_to_end(e.workload.id)
+        wid = e.workload.id
+        self._forget_done(wid)
+        self._done[wid] = e
+        self._done_by.setdefault(caller_name(e.owner), OrderedDict())[wid] = None
         while len(self._done) > self._keep_finished:
-            self._done.popitem(last=False)
+            owner = max(self._done_by, key=lambda o: len(self._done_by[o]))
+            self._forget_done(next(iter(self._done_by[owner])))
+
+    def _forget_done(self, wid: str) -> None:
+        e = self._done.pop(wid, None)
+        if e is not None:
+            owner = caller_name(e.owner)
+            ids = self._done_by[owner]
+            del ids[wid]
+            if not ids:
+                del self._done_by[owner]
 
     def _emit(self, now: float, kind: str, w: Workload, spec: str = "", **extra: Any) -> None:
         self._emit_row(now, kind, w.id, w.queue, spec, **extra)
@@ -827,9 +859,12 @@ class SchedulerService:
 
     # -- dry runs and restarts live in their own modules ------------------------------------------------
     def dry_run(self, workload: Workload, now: float) -> Any:
+        config = self._config
+        if not _is_leaf(config, workload.queue):
+            raise InvalidWorkload("queue", leaf_problem(config, workload.queue) or "")
         with self._deciding, self._lock:            # the cluster's memos: one schedule() at a time
-            if workload.queue not in _leaves(self._config):
-                raise InvalidWorkload("queue", f"unknown or non-leaf queue {workload.queue!r}")
+            if not _is_leaf(self._config, workload.queue):       # the configuration changed meanwhile
+                raise InvalidWorkload("queue", f"queue {workload.queue!r} is no longer a leaf queue")
             return dry_run(workload, now, known=self._entries.keys() | self._done.keys(),
                            cluster=self._cluster_now(), snapshot=lambda extra: self._snapshot(extra=extra),
                            preemption_delay_s=self.settings.preemption_delay_s)
@@ -872,9 +907,10 @@ class SchedulerService:
                     continue
                 w, target = ev.parse_spec(se.spec)
                 journal.record(e, se.seq, se.spec)
-                self._done.pop(wid, None)
+                self._forget_done(wid)
                 self._entries[wid] = Entry(w, target, PENDING, w.duration_s,
-                                          Reason(QUEUED, "restored after a restart; waiting for the next cycle"))
+                                          Reason(QUEUED, "restored after a restart; waiting for the next cycle"),
+                                          owner=str(e.get("by", "")))
                 n += 1
                 continue
             entry = self._entries.get(wid)
@@ -909,6 +945,17 @@ _CODES = {c: c.value for c in ReasonCode}
 
 def _leaves(config: QueueConfig) -> tuple[str, ...]:
     return config.leaves()
+
+
+def _is_leaf(config: QueueConfig, name: str) -> bool:
+    queue = config.queues.get(name)
+    return queue is not None and queue.is_leaf and name != ROOT
+
+
+def caller_name(actor: str) -> str:
+    """The token's name in an actor ``name (role)`` (the role may change; the caller is the same)."""
+    name, sep, role = actor.rpartition(" (")
+    return name if sep and role.endswith(")") else actor
 
 
 def _fixed(w: Workload) -> Workload:

@@ -51,6 +51,7 @@ class Entry:
     refusals: int = 0                  # refusals in a row (the backoff doubles)
     plan: Placement | None = None      # an admission in flight: where
     planned_s: float | None = None     # and when it was decided
+    owner: str = ""                    # who submitted it (``name (role)``; "" for the world's own)
 
 
 @dataclass(frozen=True, slots=True)
