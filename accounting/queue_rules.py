@@ -128,7 +128,11 @@ def parse_gpu_types(raw: Any) -> Mapping[str, GpuType]:
 
 def _leaf(value: Any, where: str, queues: Mapping[str, Queue]) -> str:
     if not isinstance(value, str) or value not in queues or value == ROOT:
-        raise QueueConfigError(where, f"unknown queue {shown(value)}")
+        from accounting.queue_names import nearest
+
+        leaves = [p for p, q in queues.items() if q.is_leaf and p != ROOT]
+        hint = f"; {nearest(value, leaves)}" if isinstance(value, str) else ""
+        raise QueueConfigError(where, f"unknown queue {shown(value)}{hint}")
     if not queues[value].is_leaf:
         raise QueueConfigError(where, f"queue {shown(value)} is not a leaf (only leaf queues take pods)")
     return value

@@ -258,7 +258,7 @@ def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
     gpu_types = parse_gpu_types(data.get("gpu_types"))
     declared = gpu_types if data.get("gpu_types") is not None else None
     queues: dict[str, Queue] = {}
-    seen = 0                       # queues read so far (``queues`` fills in post-order)
+    seen = 0                       # queues met so far, the root left out (parents count before their children)
 
     def walk(raw: Mapping[str, Any], parent: str, prefix: str) -> tuple[str, ...]:
         nonlocal seen

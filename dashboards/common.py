@@ -120,6 +120,29 @@ def fetch(client: Client, path: str, **params: Any) -> Any:
         return None
 
 
+QUEUE_PAGE = 10_000            # GET /queues' largest page (queues; each with its rows per GPU type)
+
+
+def all_queues(get: Any) -> list[dict[str, Any]] | None:
+    """Every row of ``GET /queues``, page after page (``get(path, **params)``: the client's or
+    :func:`fetch`); None when a page is None (the error was shown)."""
+    rows: list[dict[str, Any]] = []
+    offset = 0
+    while True:
+        page = get("/queues", limit=QUEUE_PAGE, offset=offset)
+        if page is None:
+            return None
+        rows += page
+        if len({r["queue"] for r in page}) < QUEUE_PAGE:
+            return rows
+        offset += QUEUE_PAGE
+
+
+def fetch_queues(client: Client) -> list[dict[str, Any]] | None:
+    """Every row of ``GET /queues``, or None after showing why it is missing."""
+    return all_queues(lambda path, **params: fetch(client, path, **params))
+
+
 def unreachable(exc: ApiError) -> None:
     if exc.status in (401, 403):
         st.error(f"API refused the dashboard's token: {exc.url}: {exc.why}. Set dashboard.token to a "
@@ -193,7 +216,7 @@ def queue_scale(client: Client, seen: Iterable[str] = ()) -> alt.Scale:
     """The queue colours every page uses: over all queues of /queues (plus any ``seen`` that the
     view does not know yet), so a queue has one colour everywhere."""
     try:
-        rows = client.get("/queues")
+        rows = all_queues(client.get) or []
     except ApiError:
         rows = []
     return scale([*(r["queue"] for r in rows if r["queue"] != "root"), *seen])

@@ -127,6 +127,21 @@ def _api_get(settings: Settings, path: str, params: dict[str, str], token: str |
     return resp.json()
 
 
+QUEUE_PAGE = 10_000          # GET /queues' largest page, in queues (each with its rows per GPU type)
+
+
+def _all_queues(settings: Settings, token: str | None) -> list[dict[str, Any]]:
+    """Every row of ``GET /queues``, a page of queues at a time."""
+    rows: list[dict[str, Any]] = []
+    offset = 0
+    while True:
+        page = _api_get(settings, "/queues", {"limit": str(QUEUE_PAGE), "offset": str(offset)}, token)
+        rows += page
+        if len({r["queue"] for r in page}) < QUEUE_PAGE:
+            return rows
+        offset += QUEUE_PAGE
+
+
 def _parse(command: str, argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """The options the API takes; the rest come back as unknown."""
     p = argparse.ArgumentParser(prog=f"gpuq {command}", add_help=False)
@@ -159,7 +174,7 @@ def _show(command: str, a: argparse.Namespace, settings: Settings) -> int:
     from accounting.cli import QUEUE_COLUMNS
 
     if command == "queues":
-        rows = _api_get(settings, "/queues", {}, a.token)
+        rows = _all_queues(settings, a.token)
         columns = [c for c in QUEUE_COLUMNS if not rows or c in rows[0]]
     else:
         params = {"from": a.start, "to": a.end, "by": a.by, "rollup": str(a.rollup).lower()}

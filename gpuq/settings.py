@@ -214,6 +214,13 @@ class ApiSettings(_Section):
                                          # besides localhost, 127.0.0.1, ::1 and api.host (issue 17)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)   # larger request bodies: 413
     max_spec_bytes: int = Field(default=65_536, ge=1024)      # a submitted workload's spec as stored
+    # slow clients (issue 17; scheduler/api/server.py): a request's headers complete within
+    # header_timeout_s; its body at body_min_bytes_per_s after a grace of body_timeout_s (which also
+    # bounds an answer the client does not read); at most max_connections open, one more gets 503
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    body_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    body_min_bytes_per_s: int = Field(default=1024, ge=1, le=2**30)
+    max_connections: int = Field(default=512, ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _unique(self) -> ApiSettings:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accounting.errors import QueueConfigError
+from accounting.queue_names import nearest
 from accounting.queues import parse_queue_config
 from scheduler.errors import SchedulerError
 
@@ -79,7 +80,7 @@ def _qos_table(text: str, leaves: Sequence[str] | None) -> dict[str, str]:
             raise TraceError("--queues", f"unknown qos class {qos!r} (expected {', '.join(QOS_CLASSES)} or *)")
         if leaves is not None and queue not in leaves:
             raise TraceError("--queues", f"{queue!r} is not a leaf queue of the queue file "
-                                         f"(leaves: {', '.join(leaves)})")
+                                         f"({nearest(queue, leaves)})")
         if leaves is None and "." in queue:
             raise TraceError("--queues", f"{queue!r}: nested queues need a queue file (--queues FILE.yaml)")
         table[qos] = queue

@@ -92,7 +92,7 @@ INVALID = [
                          "queues": {}},
      "gpu_types.H200.node_labels: 'X' already means H100"),
     ("mapping-unknown-queue", q({"prod": {}}, mapping={"namespaces": {"ml": "research.visio"}}),
-     "mapping.namespaces.ml: unknown queue 'research.visio'"),
+     "mapping.namespaces.ml: unknown queue 'research.visio'; leaf queues: prod"),
     ("mapping-parent-queue", q({"a": {"queues": {"b": {}}}}, mapping={"default": "a"}),
      "mapping.default: queue 'a' is not a leaf (only leaf queues take pods)"),
     ("mapping-unknown-key", q({"prod": {}}, mapping={"label": ["x"]}),

@@ -12,6 +12,7 @@ from dashboards.common import (
     Range,
     bar_height,
     fetch,
+    fetch_queues,
     gpus,
     hours,
     metrics_row,
@@ -76,7 +77,7 @@ def _by_type(cap: dict) -> None:
 
 
 def _queues(client: Client, cap: dict) -> None:
-    rows = fetch(client, "/queues")
+    rows = fetch_queues(client)
     if rows is None:
         return
     st.subheader("Queues now")

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import Client
-from dashboards.common import Range, fetch, fit, gpus, leaves, metrics_row, queue_scale, table, when
+from dashboards.common import Range, fetch, fetch_queues, fit, gpus, leaves, metrics_row, queue_scale, table, when
 from dashboards.views import run
 
 
@@ -25,7 +25,7 @@ def _now_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def body(client: Client, rng: Range) -> None:
-    rows = fetch(client, "/queues")
+    rows = fetch_queues(client)
     if rows is None:
         return
     now = [r for r in rows if r["gpu_type"] == "*" and r["queue"] != "root"]

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import ApiError, Client
-from dashboards.common import Range, bar_height, duration, fetch, fit, gpus, leaves, metrics_row, table, when
+from dashboards.common import Range, bar_height, duration, fetch, fetch_queues, fit, gpus, leaves, metrics_row, table, when
 from dashboards.views import run
 
 EVENT_COLOURS = {"admit": "#54a24b", "preempt": "#e45756", "finish": "#4c78a8", "cancel": "#bab0ac",
@@ -73,7 +73,7 @@ def _iso(t: float) -> str:
 
 def _what_if(client: Client) -> None:
     st.subheader("What if this arrived now?")
-    rows = fetch(client, "/queues")
+    rows = fetch_queues(client)
     if rows is None:
         return
     qs = leaves(r["queue"] for r in rows if r["queue"] != "(unassigned)")

@@ -20,10 +20,11 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from accounting.errors import AccountingError, TimeSpecError
+from accounting.queue_names import nearest
 from accounting.timeparse import parse_time
 from accounting.usage import check_by
 from accounting.watcher import Reload
-from gpuq.errors import GpuqError
+from gpuq.errors import GpuqError, shown
 from scheduler.api import readable
 from scheduler.api.auth import Auth, Caller, check_exposure
 from scheduler.api.limits import Guard, RefusalLog
@@ -40,6 +41,7 @@ from scheduler.service.errors import (
     QueueNotAllowed,
     NotActive,
     ServiceError,
+    TakenWorkload,
     UnknownWorkload,
 )
 from scheduler.service.metrics import SchedulerCollector
@@ -47,9 +49,13 @@ from scheduler.service.views import DryRun, NodeView, PreemptionRecord, Workload
 
 log = logging.getLogger(__name__)
 
-_STATUS: dict[type[ServiceError], int] = {UnknownWorkload: 404, DuplicateWorkload: 409, NotActive: 409,
-                                          ConfigRejected: 409, ActuatorFailed: 502, InvalidWorkload: 422,
-                                          QueueNotAllowed: 403}
+_STATUS: dict[type[ServiceError], int] = {UnknownWorkload: 404, DuplicateWorkload: 409, TakenWorkload: 409,
+                                          NotActive: 409, ConfigRejected: 409, ActuatorFailed: 502,
+                                          InvalidWorkload: 422, QueueNotAllowed: 403}
+# GET /queues pages by queue (each queue's rows, one per GPU type and "*", stay together): at 10,000
+# queues of 4 GPU types the whole view is 10 MB in one answer (issue 17, benchmarks/bench_api_sizes.py)
+QUEUE_PAGE = 1_000
+MAX_QUEUE_PAGE = 10_000
 _STEP = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -203,9 +209,18 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         return readable.preemptions(service.preemptions(limit))
 
     # -- the accounting --------------------------------------------------------------------------
-    @app.get("/queues", tags=["accounting"], summary='The accounting\'s "now" view per queue and GPU type')
-    def queues(_: viewer) -> Any:
-        return need_accounting().rows()
+    @app.get("/queues", tags=["accounting"],
+             summary='The accounting\'s "now" view per queue and GPU type; a page of queues with limit and offset '
+                     f'(default {QUEUE_PAGE}, at most {MAX_QUEUE_PAGE}); X-Total-Count says how many queues in all',
+             responses={200: {"headers": {"X-Total-Count": {
+                 "description": "the number of queues in the view (the root included)",
+                 "schema": {"type": "integer"}}}}})
+    def queues(_: viewer, response: Response,
+               limit: Annotated[int, Query(ge=1, le=MAX_QUEUE_PAGE)] = QUEUE_PAGE,
+               offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> Any:
+        rows, total = need_accounting().queue_page(limit, offset)
+        response.headers["X-Total-Count"] = str(total)
+        return rows
 
     @app.get("/books", tags=["accounting"],
              summary="The last audit of the books: the accounting against what the scheduler placed, per queue, "
@@ -240,11 +255,16 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         m = _STEP.match(step)
         step_s = float(m.group(1)) * _UNIT[m.group(2)] if m else 0.0
         if not 0 < step_s < math.inf:
-            shown = step if len(step) <= 40 else step[:37] + "..."
-            raise invalid("query.step", f"expected a positive finite duration (300, 5m, 1h, 1d), got {shown!r}")
+            given = step if len(step) <= 40 else step[:37] + "..."
+            raise invalid("query.step", f"expected a positive finite duration (300, 5m, 1h, 1d), got {given!r}")
         if (t1 - t0) / step_s > 10_000:
             raise invalid("query.step", f"{math.ceil((t1 - t0) / step_s)} steps: at most 10000 per request")
-        return acc.series(t0, t1, step_s, now, queue)
+        points = acc.series(t0, t1, step_s, now, queue)
+        config = service.config
+        if queue is not None and not points and queue not in config.queues:
+            raise invalid("query.queue", f"unknown queue {shown(queue)}; "
+                                         f"{nearest(queue, [q for q in config.queues if q != 'root'], 'queues')}")
+        return points
 
     # -- configuration -------------------------------------------------------------------------------
     @app.post("/admin/reload-queues", tags=["admin"], response_model=ReloadOut,

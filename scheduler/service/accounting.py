@@ -192,6 +192,20 @@ class LiveAccounting:
         view = self.live_view()
         return [r.as_dict() for r in view.rows] if view is not None else []
 
+    def queue_page(self, limit: int, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """The "now" view's rows of ``limit`` queues from the ``offset``-th (in the view's order: the
+        root, then each parent before its children; each queue's rows together, one per GPU type and
+        ``*``), and how many queues the view has. Only the page's rows are turned into dicts."""
+        view = self.live_view()
+        if view is None:
+            return [], 0
+        rows = view.rows
+        starts = [i for i, r in enumerate(rows) if i == 0 or r.queue != rows[i - 1].queue]
+        if offset >= len(starts):
+            return [], len(starts)
+        end = starts[offset + limit] if offset + limit < len(starts) else len(rows)
+        return [r.as_dict() for r in rows[starts[offset]:end]], len(starts)
+
     def live_view(self) -> NowView | None:
         """The last observed snapshot with gpuq's admissions as they are now (None before the
         first refresh): what the API's "now" routes serve. Computed again only when the snapshot,

@@ -51,6 +51,7 @@ from accounting.audit import OTHER, Difference, Placed
 from accounting.errors import QueueNotCreated
 from accounting.ledger import admission_rows
 from accounting.model import Allocation, PendingDemand, milli
+from accounting.queue_names import leaf_problem
 from accounting.queues import ROOT, QueueConfig
 from scheduler import events as ev
 from scheduler.actuators.base import FENCED, ActionResult, Actuator, Fence, Target, may_act, with_retries
@@ -67,6 +68,7 @@ from scheduler.service.errors import (
     NotActive,
     QueueNotAllowed,
     ServiceError,
+    TakenWorkload,
     UnknownWorkload,
 )
 from scheduler.service.views import (
@@ -129,6 +131,9 @@ class SchedulerService:
         self._entries: dict[str, Entry] = {}                    # active workloads, arrival order
         self._done: OrderedDict[str, Entry] = OrderedDict()     # finished/cancelled/rejected, newest last
         self._keep_finished = keep_finished
+        # the closed ids by their submitter's name, oldest first: past keep_finished the oldest of the
+        # caller holding the most goes, so no caller can push another's ids out of memory (and take them)
+        self._done_by: dict[str, OrderedDict[str, None]] = {}
         self._history: deque[PreemptionRecord] = deque(maxlen=history)
         self._idle: frozenset[str] = frozenset()
         self._cluster: Cluster | None = None
@@ -211,7 +216,14 @@ class SchedulerService:
     # -- mutations -------------------------------------------------------------------------------
     def submit(self, workload: Workload, target: Target, now: float, actor: str = "",
                hold_not_allowed: bool = False) -> WorkloadView:
-        """``actor`` (who submitted, ``name (role)`` from the API) goes in the event's ``by``.
+        """``actor`` (who submitted, ``name (role)`` from the API) goes in the event's ``by`` and
+        owns the id: while the service remembers the workload (pending, running, or among the last
+        ``keep_finished`` closed ones, a restart included), another caller cannot submit under its
+        id (:class:`TakenWorkload`); the same caller may submit it again once it is closed. Past
+        ``keep_finished`` the caller with the most closed workloads loses its oldest first, so one
+        caller's flood of submissions cannot make the service forget another's ids. The world's own
+        submissions (``actor`` empty: the Kubernetes source, whose ids the API refuses) are not
+        checked; an id whose owner is not recorded (before owners were) is nobody's to take.
 
         A workload whose target's namespace may not use its queue (:mod:`accounting.access`) is
         refused (QueueNotAllowed), or with ``hold_not_allowed`` (the Kubernetes source: the object
@@ -222,34 +234,46 @@ class SchedulerService:
             old = self._entries.get(workload.id)
             if old is not None:
                 raise DuplicateWorkload(workload.id, old.state)
+            closed = self._done.get(workload.id)
+            if closed is not None and actor and caller_name(closed.owner) != caller_name(actor):
+                raise TakenWorkload(workload.id, closed.state)
             why = self._not_allowed(workload.queue, target.namespace)
-            if why is None:
-                queue = self._placed(workload.queue, target.namespace)
-                if queue not in _leaves(self._config):
-                    leaves = ", ".join(sorted(_leaves(self._config))) or "none configured"
-                    raise InvalidWorkload("queue", f"unknown or non-leaf queue {workload.queue!r} (leaf queues: {leaves})")
+            if why is not None:
+                if not hold_not_allowed:
+                    raise QueueNotAllowed(workload.queue, target.namespace, why)
+                return self._submit(workload, target, now, actor, why)
+            queue = self._placed(workload.queue, target.namespace)
+            config = self._config
+            if _is_leaf(config, queue):
                 if queue != workload.queue:
                     workload = dataclasses.replace(workload, queue=queue)
-            elif not hold_not_allowed:
-                raise QueueNotAllowed(workload.queue, target.namespace, why)
-            self._done.pop(workload.id, None)
-            e = Entry(workload, target, PENDING, workload.duration_s, Reason(QUEUED, "waiting for the next cycle"))
-            self._entries[workload.id] = e
-            if why is None:
-                self._pos.add(workload)
-            else:
-                e.not_allowed, e.reason = True, Reason(QUEUE_NOT_ALLOWED, why)
-            self._emit(now, "submit", workload, spec=ev.spec_json(workload, target), **({"by": actor} if actor else {}))
-            bump(self.stats.submitted, workload.queue)
-            if why is not None:
-                return self._view(e)
-            cluster = self._cluster_now()
-            why = never_fits(cluster, workload) if cluster.nodes else None
-            if why is not None:
-                self._close(e, REJECTED, now, Reason("never_fits", why))
-                self._emit(now, "reject", workload, reason=why)
-                bump(self.stats.rejected, workload.queue)
+                return self._submit(workload, target, now, actor, None)
+        # the message (near matches among up to 10,000 leaves) is computed without the lock
+        raise InvalidWorkload("queue", leaf_problem(config, queue) or f"queue {queue!r} changed")
+
+    def _submit(self, workload: Workload, target: Target, now: float, actor: str,
+                not_allowed: str | None) -> WorkloadView:
+        """Record the submit; ``not_allowed`` (why its namespace may not use its queue): held
+        pending with the reason ``queue_not_allowed``, never decided on."""
+        self._forget_done(workload.id)
+        e = Entry(workload, target, PENDING, workload.duration_s, Reason(QUEUED, "waiting for the next cycle"),
+                  owner=actor)
+        self._entries[workload.id] = e
+        if not_allowed is None:
+            self._pos.add(workload)
+        else:
+            e.not_allowed, e.reason = True, Reason(QUEUE_NOT_ALLOWED, not_allowed)
+        self._emit(now, "submit", workload, spec=ev.spec_json(workload, target), **({"by": actor} if actor else {}))
+        bump(self.stats.submitted, workload.queue)
+        if not_allowed is not None:
             return self._view(e)
+        cluster = self._cluster_now()
+        why = never_fits(cluster, workload) if cluster.nodes else None
+        if why is not None:
+            self._close(e, REJECTED, now, Reason("never_fits", why))
+            self._emit(now, "reject", workload, reason=why)
+            bump(self.stats.rejected, workload.queue)
+        return self._view(e)
 
     def cancel(self, workload_id: str, now: float, by: str = "") -> WorkloadView:
         """Stop a pending or running workload (the actuator's ``cancel``, outside the lock, after
@@ -730,10 +754,22 @@ class SchedulerService:
         e.state, e.running, e.end_s, e.reason = state, None, now, reason
         self._pos.discard(e.workload.id)
         self._entries.pop(e.workload.id, None)
-        self._done[e.workload.id] = e
-        self._done.move_to_end(e.workload.id)
+        wid = e.workload.id
+        self._forget_done(wid)
+        self._done[wid] = e
+        self._done_by.setdefault(caller_name(e.owner), OrderedDict())[wid] = None
         while len(self._done) > self._keep_finished:
-            self._done.popitem(last=False)
+            owner = max(self._done_by, key=lambda o: len(self._done_by[o]))
+            self._forget_done(next(iter(self._done_by[owner])))
+
+    def _forget_done(self, wid: str) -> None:
+        e = self._done.pop(wid, None)
+        if e is not None:
+            owner = caller_name(e.owner)
+            ids = self._done_by[owner]
+            del ids[wid]
+            if not ids:
+                del self._done_by[owner]
 
     def _emit(self, now: float, kind: str, w: Workload, spec: str = "", **extra: Any) -> None:
         self._emit_row(now, kind, w.id, w.queue, spec, **extra)
@@ -962,14 +998,19 @@ class SchedulerService:
     def dry_run(self, workload: Workload, now: float, namespace: str = "") -> Any:
         """``namespace``: the target's; QueueNotAllowed as for :meth:`submit` (a queue the
         namespace's placement rule makes is made: asking counts as its first use)."""
-        with self._deciding, self._lock:            # the cluster's memos: one schedule() at a time
+        with self._lock:
             why = self._not_allowed(workload.queue, namespace)
             if why is not None:
                 raise QueueNotAllowed(workload.queue, namespace, why)
             queue = self._placed(workload.queue, namespace)
-            if queue not in _leaves(self._config):
-                raise InvalidWorkload("queue", f"unknown or non-leaf queue {workload.queue!r}")
-            workload = dataclasses.replace(workload, queue=queue)
+            config = self._config
+        if not _is_leaf(config, queue):
+            # the message (near matches among up to 10,000 leaves) is computed without the lock
+            raise InvalidWorkload("queue", leaf_problem(config, queue) or "")
+        workload = dataclasses.replace(workload, queue=queue)
+        with self._deciding, self._lock:            # the cluster's memos: one schedule() at a time
+            if not _is_leaf(self._config, workload.queue):       # the configuration changed meanwhile
+                raise InvalidWorkload("queue", f"queue {workload.queue!r} is no longer a leaf queue")
             return dry_run(workload, now, known=self._entries.keys() | self._done.keys(),
                            cluster=self._cluster_now(), snapshot=lambda extra: self._snapshot(extra=extra),
                            preemption_delay_s=self.settings.preemption_delay_s)
@@ -1020,9 +1061,10 @@ class SchedulerService:
                     continue
                 w, target = ev.parse_spec(se.spec)
                 journal.record(e, se.seq, se.spec)
-                self._done.pop(wid, None)
+                self._forget_done(wid)
                 self._entries[wid] = Entry(w, target, PENDING, w.duration_s,
-                                          Reason(QUEUED, "restored after a restart; waiting for the next cycle"))
+                                          Reason(QUEUED, "restored after a restart; waiting for the next cycle"),
+                                          owner=str(e.get("by", "")))
                 n += 1
                 continue
             entry = self._entries.get(wid)
@@ -1057,6 +1099,17 @@ _CODES = {c: c.value for c in ReasonCode}
 
 def _leaves(config: QueueConfig) -> tuple[str, ...]:
     return config.leaves()
+
+
+def _is_leaf(config: QueueConfig, name: str) -> bool:
+    queue = config.queues.get(name)
+    return queue is not None and queue.is_leaf and name != ROOT
+
+
+def caller_name(actor: str) -> str:
+    """The token's name in an actor ``name (role)`` (the role may change; the caller is the same)."""
+    name, sep, role = actor.rpartition(" (")
+    return name if sep and role.endswith(")") else actor
 
 
 def _fixed(w: Workload) -> Workload:

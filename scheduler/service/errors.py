@@ -5,6 +5,7 @@ Hierarchy (all :class:`scheduler.errors.SchedulerError`)::
     ServiceError                    base; ``retryable`` says whether trying again can help
     ├── UnknownWorkload             no workload with this id (404)
     ├── DuplicateWorkload           a pending or running workload has this id (409)
+    ├── TakenWorkload               a closed workload of another caller has this id (409)
     ├── NotActive                   the workload has already finished, was cancelled or rejected (409)
     ├── InvalidWorkload             a field is invalid for this configuration; ``field`` names it (422)
     ├── QueueNotAllowed             the target's namespace may not use the queue (403)
@@ -32,6 +33,16 @@ class DuplicateWorkload(ServiceError):
     def __init__(self, workload: str, state: str) -> None:
         self.workload = workload
         super().__init__(f"workload {workload!r} already exists and is {state}")
+
+
+class TakenWorkload(ServiceError):
+    """The id is a finished, cancelled or rejected workload that another caller submitted: ids are
+    not handed over (its events, bills and history stay its submitter's)."""
+
+    def __init__(self, workload: str, state: str) -> None:
+        self.workload = workload
+        super().__init__(f"workload id {workload!r} belongs to another caller (its workload is {state}); "
+                         "choose another id")
 
 
 class NotActive(ServiceError):

@@ -71,6 +71,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     from gpuq.store.spillfile import SCHEDULER
     from scheduler.actuators.factory import make_actuator
     from scheduler.api import create_app
+    from scheduler.api.server import server_config
     from scheduler.service.replay import read_restart
     from scheduler.service.core import SchedulerService
     from scheduler.service.accounting import LiveAccounting, check_books
@@ -179,9 +180,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         # thread while it walks the heap, walks only what came since (issue 9: the API under load)
         gc.collect()
         gc.freeze()
-        server = uvicorn.Server(uvicorn.Config(app, host=settings.api.host, port=settings.api.port,
-                                               log_level="warning", lifespan="off", access_log=False,
-                                               timeout_graceful_shutdown=2))
+        server = uvicorn.Server(server_config(app, settings, registry))
         api = threading.Thread(target=server.run, name="gpuq-api", daemon=True)
         api.start()
         while not server.started and api.is_alive() and not stop.is_set():

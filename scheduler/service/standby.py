@@ -58,9 +58,9 @@ def stand_by(settings: Any, elector: LeaderElector, stop: threading.Event) -> bo
     """Serve the standby answers until this replica takes the Lease (True) or ``stop`` (False)."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(standby_app(elector), host=settings.api.host, port=settings.api.port,
-                                           log_level="warning", lifespan="off", access_log=False,
-                                           timeout_graceful_shutdown=1))
+    from scheduler.api.server import server_config
+
+    server = uvicorn.Server(server_config(standby_app(elector), settings, timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, name="gpuq-standby-api", daemon=True)
     started = False
     try:

@@ -55,6 +55,7 @@ class Entry:
     plan: Placement | None = None      # an admission in flight: where
     planned_s: float | None = None     # and when it was decided
     not_allowed: bool = False          # its namespace may not use its queue: held pending, not decided on
+    owner: str = ""                    # who submitted it (``name (role)``; "" for the world's own)
 
 
 @dataclass(frozen=True, slots=True)
