@@ -18,6 +18,12 @@
     snapshot of its entries, ``schedule()`` outside the lock, every reason read and kept for the
     API), steady cycles with ~43,000 pending, with today's core and with the frozen pre-issue-11
     core in the same service code: the whole cycle and the core's share of it.
+(f) ``--backlog --before PATH``: the drain of (d), alternately with the code of another checkout
+    (``PATH``, e.g. ``git worktree add /tmp/before main``) and with this one's, ``--repeat`` times
+    each, every drain in a process of its own whose ``scheduler`` (and ``accounting``) package is
+    the checkout's: the medians of each, and whether every drain wrote the same events. The way
+    to hold a change to the core to "within 5 % of the code before" on a machine that varies
+    more than that from run to run.
 Peak RSS at the end. Final lines start with ``RESULT``.
 """
 from __future__ import annotations
@@ -25,11 +31,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import hashlib
+import json
+import os
 import random
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from accounting.queues import parse_queue_config
@@ -111,6 +123,7 @@ class Recorder:
         self.fn = fn
         self.cycles: list[tuple[float, int, int, float]] = []
         self.read_ms: list[float] = []
+        self.result: Any = None            # the simulator's result, once drain() is done
 
     def __call__(self, snap: Snapshot, now: float) -> Decisions:
         t0 = time.perf_counter()
@@ -132,6 +145,7 @@ def drain(n: int, n_nodes: int, fn: Callable[[Snapshot, float], Decisions],
     t0 = time.perf_counter()
     res = simulate(sc, rec)
     wall = time.perf_counter() - t0
+    rec.result = res
     admits = sum(1 for e in res.events if e["event"] == "admit")
     core = sum(ms for *_, ms in rec.cycles) / 1000
     return {"admissions": admits, "core_s": core, "wall_s": wall, "cycles": len(rec.cycles),
@@ -181,6 +195,67 @@ def backlog_main(quick: bool) -> None:
               f"before_p99_ms={out[1]:.1f} now_p50_ms={out[2]:.1f} now_p99_ms={out[3]:.1f}")
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"RESULT peak_rss_mib={rss_mib:.0f}")
+
+
+def drain_child(quick: bool) -> None:
+    """One drain of (d) with this process's core; prints its figures as one ``JSON`` line (the
+    worker of :func:`before_main`)."""
+    n, n_nodes = (5_000, 500) if quick else (50_000, 5_000)
+    r, rec = drain(n, n_nodes, schedule)
+    deep = deep_ms(rec, int(n * 0.8))
+    reads = sorted(x + c[3] for x, c in zip(rec.read_ms, rec.cycles) if c[1] >= int(n * 0.8))
+    res = rec.result
+    import scheduler.cycle
+    out = {**r, "core": str(Path(scheduler.cycle.__file__).resolve().parent), "admissions_per_core_s": r["admissions"] / r["core_s"], "deep_cycles": len(deep),
+           "deep_p50_ms": pct(deep, 50), "deep_p99_ms": pct(deep, 99),
+           "read_p50_ms": pct(reads, 50), "read_p99_ms": pct(reads, 99),
+           "events_sha256": hashlib.sha256(res.events_jsonl().encode()).hexdigest(),
+           "cycles_sha256": hashlib.sha256(repr([c[:3] for c in rec.cycles]).encode()).hexdigest()}
+    print("JSON " + json.dumps(out), flush=True)
+
+
+def before_main(quick: bool, before: Path, repeat: int) -> None:
+    """(f): the drain of (d), alternately with the code at ``before`` and with this checkout's, each
+    in a process of its own (two ``scheduler`` packages cannot share one); before, now, then now,
+    before, and so on, so a drift of the machine's speed weighs on both alike."""
+    here = Path(__file__).resolve().parents[1]
+    trees = {"before": before.resolve(), "now": here}
+    for name, tree in trees.items():
+        if not (tree / "scheduler" / "cycle.py").is_file():
+            raise SystemExit(f"--before: {tree} holds no scheduler/cycle.py (a checkout of gpuq is expected)")
+    n = 5_000 if quick else 50_000
+    print(f"(f) backlog drain ({n} workloads), the code at {trees['before']} against {here}: {repeat} drains "
+          f"each, alternating, each in its own process")
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "now": []}
+    for k in range(repeat):
+        for name in (("before", "now") if k % 2 == 0 else ("now", "before")):
+            env = {**os.environ, "PYTHONPATH": str(trees[name]), "PYTHONHASHSEED": "0"}
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--drain-child", *(["--quick"] if quick else [])]
+            proc = subprocess.run(cmd, env=env, cwd=trees[name], capture_output=True, text=True)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON ")]
+            if proc.returncode != 0 or not lines:
+                raise SystemExit(f"the {name} drain failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+            row = json.loads(lines[-1][5:])
+            if row["core"] != str(trees[name] / "scheduler"):
+                raise SystemExit(f"the {name} drain ran the core at {row['core']}, not {trees[name]}")
+            runs[name].append(row)
+            print(f"    {k + 1}/{repeat} {name:<7} admissions/core s {row['admissions_per_core_s']:.0f} "
+                  f"core {row['core_s']:.2f} s, deep p50 {row['deep_p50_ms']:.1f} p99 {row['deep_p99_ms']:.1f} ms, "
+                  f"with reasons read p50 {row['read_p50_ms']:.1f} p99 {row['read_p99_ms']:.1f} ms "
+                  f"(wall {row['wall_s']:.0f} s)", flush=True)
+    med = {name: {key: statistics.median(r[key] for r in rows) for key in
+                  ("admissions_per_core_s", "core_s", "deep_p50_ms", "deep_p99_ms", "read_p50_ms", "read_p99_ms")}
+           for name, rows in runs.items()}
+    for name, m in med.items():
+        print(f"RESULT before_after_{name} median_of={repeat} admissions_per_core_s={m['admissions_per_core_s']:.0f} "
+              f"core_s={m['core_s']:.2f} deep_p50_ms={m['deep_p50_ms']:.1f} deep_p99_ms={m['deep_p99_ms']:.1f} "
+              f"read_p50_ms={m['read_p50_ms']:.1f} read_p99_ms={m['read_p99_ms']:.1f}")
+    ratio = med["now"]["admissions_per_core_s"] / med["before"]["admissions_per_core_s"]
+    same = len({r["events_sha256"] for rows in runs.values() for r in rows}) == 1
+    same_cycles = len({r["cycles_sha256"] for rows in runs.values() for r in rows}) == 1
+    print(f"RESULT before_after now/before admissions_per_core_s={ratio:.3f} "
+          f"core_s={med['now']['core_s'] / med['before']['core_s']:.3f} same_events={same} "
+          f"same_cycles={same_cycles}")
 
 
 def service_main(quick: bool) -> None:
@@ -361,7 +436,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (about a tenth)")
     ap.add_argument("--backlog", action="store_true", help="only (d): the backlog drain and the depth curve")
     ap.add_argument("--service", action="store_true", help="only (e): a service's cycle at the backlog's depth")
+    ap.add_argument("--before", type=Path, metavar="PATH",
+                    help="with --backlog, (f): the drain alternately with the gpuq checkout at PATH and with this one")
+    ap.add_argument("--repeat", type=int, default=3, help="(f): drains of each (default 3)")
+    ap.add_argument("--drain-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.drain_child:
+        drain_child(args.quick)
+        return
+    if args.before is not None:
+        if not args.backlog:
+            ap.error("--before goes with --backlog")
+        before_main(args.quick, args.before, args.repeat)
+        return
     if args.backlog:
         backlog_main(args.quick)
         return
