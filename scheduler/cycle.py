@@ -43,8 +43,8 @@ from scheduler.model import (
 from scheduler.ordering import QueueChanges, QueueKey, grouped, queue_changes, queue_key
 from scheduler.placement import FreeIndex, node_slots
 from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
-from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_max
-from scheduler.snapshot import Cluster, Snapshot, demand
+from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_guarantee_pinned, over_max
+from scheduler.snapshot import PINNED, Cluster, Snapshot, demand
 
 Verdict = tuple[ReasonCode, str]
 
@@ -268,20 +268,30 @@ class _Cycle:
 
     def free_capacity(self, w: Workload, fit: Fit) -> Verdict | None:
         """Start ``w`` on free capacity of one of its types (``None``), or say why not. Until it
-        starts, only :attr:`no_room` changes what this says for ``w``'s gang shape, in ``w``'s queue."""
+        starts, only :attr:`no_room` changes what this says for ``w``'s gang shape, in ``w``'s queue.
+
+        A non-preemptible ``w`` (``fit.pinned``) starts only where its queue's non-preemptible
+        work stays within the queue's guarantee; its verdict is never kept in :attr:`all_full`
+        (its room is its own, :func:`static_fit`), so each walk checks that first."""
         cluster, ledger, index = self.cluster, self.ledger, self.index
         k, pods = w.gpus_per_pod, w.pods
         misses: list[str] = []
         code = ReasonCode.QUOTA_MAX
-        room_only = True
+        room_only = not fit.pinned
+        pinned_only = fit.pinned
         for t in fit.types:
+            if fit.pinned:
+                short = over_guarantee_pinned(cluster, ledger, w.queue, demand(w, t))
+                if short is not None:
+                    misses.append(reasons.pinned_over(short))
+                    continue
             miss = self.no_room.get((t, k, pods))
             if miss is None:
                 vec = demand(w, t)
                 short = over_max(cluster, ledger, w.queue, vec)
                 if short is not None:
                     misses.append(reasons.quota_max(short))
-                    room_only = False
+                    room_only = pinned_only = False
                     continue
                 placement = index.place(t, k, pods)
                 if placement is not None:
@@ -291,10 +301,13 @@ class _Cycle:
                 miss = self.no_room[(t, k, pods)] = reasons.no_fit(
                     w, t, index.slots(t, k, pods), index.largest_free(t))
             code = ReasonCode.NO_FIT
+            pinned_only = False
             misses.append(miss)
         message = misses[0] if len(misses) == 1 else "; ".join(dict.fromkeys(misses))
         if room_only:
             self.all_full[fit.room] = message
+        if pinned_only:
+            code = ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE
         return code, message
 
     def _not_eligible(self, queue: str, used: int, gpus: int, g: int) -> str:
@@ -365,7 +378,8 @@ class Fit(NamedTuple):
     """What a gang shape allows whatever the cluster's state: why it never fits (or ``None``), its
     acceptable types in order, and a number for ``(types, gpus per pod, pods)``: the shapes
     that look for the same room (:attr:`_Cycle.all_full`); also a number for the shape itself
-    (``key``), its GPUs, and its verdict when it never fits."""
+    (``key``), its GPUs, its verdict when it never fits, and whether it is non-preemptible
+    (``pinned``: such shapes have rooms of their own, never in ``all_full``)."""
 
     never: str | None
     types: tuple[str, ...]
@@ -373,6 +387,7 @@ class Fit(NamedTuple):
     key: int
     gpus: int
     never_v: Verdict | None
+    pinned: bool = False
 
 
 def acceptable_types(cluster: Cluster, w: Workload) -> tuple[str, ...]:
@@ -383,7 +398,8 @@ def acceptable_types(cluster: Cluster, w: Workload) -> tuple[str, ...]:
     return tuple(t for t in w.gpu_types if t in cluster.type_nodes)
 
 
-_SHAPE = attrgetter("gpu_types", "gpus_per_pod", "pods", "cpu_millicores_per_pod", "memory_per_pod_bytes")
+_SHAPE = attrgetter("gpu_types", "gpus_per_pod", "pods", "cpu_millicores_per_pod", "memory_per_pod_bytes",
+                    "preemptible")
 
 
 class QueueFacts(NamedTuple):
@@ -570,12 +586,14 @@ def static_fit(cluster: Cluster, w: Workload) -> Fit:
     if hit is None:
         types = acceptable_types(cluster, w)
         rooms: dict[object, int] = cluster.memo.setdefault(("rooms",), {})  # type: ignore[assignment]
-        room = rooms.setdefault((types, w.gpus_per_pod, w.pods), len(rooms))
+        pinned = not w.preemptible
+        room_key = (types, w.gpus_per_pod, w.pods) if not pinned else (types, w.gpus_per_pod, w.pods, PINNED)
+        room = rooms.setdefault(room_key, len(rooms))
         keys: dict[object, int] = cluster.memo.setdefault(("fit keys",), {})  # type: ignore[assignment]
         key = keys.setdefault((w.queue, shape), len(keys))
         never = _never_fits(cluster, w, types, facts.caps)
         hit = facts.fits[shape] = Fit(never, types, room, key, w.pods * w.gpus_per_pod,
-                                      None if never is None else (ReasonCode.NEVER_FITS, never))
+                                      None if never is None else (ReasonCode.NEVER_FITS, never), pinned)
     return hit
 
 
@@ -588,6 +606,7 @@ def _never_fits(cluster: Cluster, w: Workload, types: tuple[str, ...], caps: dic
     if not types:
         return reasons.no_type(w)
     why: list[str] = []
+    floor = cluster.guarantee[w.queue] if not w.preemptible else None
     for t in types:
         vec = demand(w, t)
         for key, amt in vec:
@@ -596,6 +615,10 @@ def _never_fits(cluster: Cluster, w: Workload, types: tuple[str, ...], caps: dic
                 short = never_within_max(cluster, w.queue, vec)
                 assert short is not None
                 why.append(reasons.never_max(short))
+                break
+            g = floor.get(key) if floor is not None else None
+            if g is not None and amt > g:           # non-preemptible, larger than its guarantee
+                why.append(reasons.pinned_never(Shortfall(w.queue, key, g, 0, amt)))
                 break
         else:
             slots = node_slots(cluster, t, w.gpus_per_pod)

@@ -91,6 +91,8 @@ class ReasonCode(Enum):
     STRICT_FIFO = "strict_fifo"                    # behind a blocked head in a strict-FIFO queue
     BEHIND_HIGHER_PRIORITY = "behind_higher_priority"  # strict FIFO, head has higher priority
     NEVER_FITS = "never_fits"                      # larger than its queue's max or any node group
+    # non-preemptible, and its queue's non-preemptible work would go above the queue's guarantee
+    NON_PREEMPTIBLE_OVER_GUARANTEE = "non_preemptible_over_guarantee"
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,7 @@ INVALID = [
      "queues.prod.max.gpus: unknown resource (expected gpu, gpu/<TYPE>, cpu or memory)"),
     ("unknown-queue-key",
      q({"prod": {"guarantee": {"gpu": 8}}}),
-     ("queues.prod.guarantee: unknown key (expected one of guaranteed, max, preemption, priority, "
+     ("queues.prod.guarantee: unknown key (expected one of guaranteed, max, policy, preemption, priority, "
       "queues, strict_fifo, weight)")),
     ("unknown-preemption-key",
      q({"prod": {"preemption": {"fense": True}}}),

@@ -50,6 +50,7 @@ from scheduler.service.brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Paus
 from scheduler.cycle import never_fits, schedule
 from scheduler.model import Decisions, Node, Placement, ReasonCode, Running, Workload
 from scheduler.ordering import by_queue
+from scheduler.policy import POLICY, refusal
 from scheduler.service.errors import (
     ActuatorFailed,
     ConfigRejected,
@@ -149,6 +150,34 @@ class SchedulerService:
                                      f"but are not leaf queues of the new configuration")
             self._config = config
             self._cluster = None
+            for e in self._entries.values():
+                if e.state == PENDING:
+                    self._police(e)
+
+    def _police(self, e: Entry) -> None:
+        """Hold a pending workload that asks more than its queue's policy allows (priority above
+        ``max_priority``, non-preemptible where that is not allowed: :mod:`scheduler.policy`) out
+        of the cycle and of the queue positions, with the reason ``policy``; release one that is
+        within it again (a queue file that now allows it). The API refuses such a workload with a
+        422 before it gets here; this holds the Kubernetes source's objects, the workloads
+        restored after a restart and those a reload puts over a narrower bound."""
+        over = refusal(self._config, e.workload)
+        held = over.message if over is not None else ""
+        if held == e.policy:
+            return
+        e.policy = held
+        if held:
+            self._pos.discard(e.workload.id)
+            e.reason = Reason(POLICY, held)
+        else:
+            self._pos.add(e.workload)
+            e.reason = Reason(QUEUED, "within its queue's policy now; waiting for the next cycle")
+
+    def policy_hold(self, workload_id: str) -> tuple[Workload, str] | None:
+        """(the workload, why) when it is pending and held for its queue's policy; else None."""
+        with self._lock:
+            e = self._entries.get(workload_id)
+            return (e.workload, e.policy) if e is not None and e.policy else None
 
     def set_nodes(self, nodes: Iterable[Node]) -> None:
         new = tuple(nodes)
@@ -189,10 +218,11 @@ class SchedulerService:
             e = Entry(workload, target, PENDING, workload.duration_s, Reason(QUEUED, "waiting for the next cycle"))
             self._entries[workload.id] = e
             self._pos.add(workload)
+            self._police(e)
             self._emit(now, "submit", workload, spec=ev.spec_json(workload, target), **({"by": actor} if actor else {}))
             bump(self.stats.submitted, workload.queue)
             cluster = self._cluster_now()
-            why = never_fits(cluster, workload) if cluster.nodes else None
+            why = never_fits(cluster, workload) if cluster.nodes and not e.policy else None
             if why is not None:
                 self._close(e, REJECTED, now, Reason("never_fits", why))
                 self._emit(now, "reject", workload, reason=why)
@@ -320,7 +350,7 @@ class SchedulerService:
             elif r is not None and e.acting != PREEMPTING:
                 w = _fixed(r.workload) if (e.acting or e.cancelling) else r.workload
                 running.append(Running(w, r.placement, r.start_s, w.id in self._idle))
-            elif e.state == PENDING and not e.acting and not e.cancelling:
+            elif e.state == PENDING and not e.acting and not e.cancelling and not e.policy:
                 pending.append(e.workload)
         running.extend(self._foreign.running)
         return snapshot(cluster, running, [*pending, *extra], self.settings)
@@ -590,6 +620,7 @@ class SchedulerService:
         v.state, v.running, v.preempted = PENDING, None, v.preempted + 1
         self._pos.add(v.workload)
         v.reason = Reason(PREEMPTED, f"preempted by {by} at t={ev.round_t(now)}: {reason}")
+        self._police(v)
         if record:
             self._emit(now, "preempt", v.workload, by=by, reason=reason)
             bump(self.stats.preemptions, v.workload.queue)
@@ -704,7 +735,7 @@ class SchedulerService:
 
     def _positions(self) -> dict[str, int]:
         """Every pending workload's position, sorted afresh (what :attr:`_pos` keeps up to date)."""
-        pending = [e.workload for e in self._entries.values() if e.state == PENDING]
+        pending = [e.workload for e in self._entries.values() if e.state == PENDING and not e.policy]
         return {w.id: i for lst in by_queue(pending).values() for i, w in enumerate(lst, 1)}
 
     def _view(self, e: Entry) -> WorkloadView:
@@ -840,6 +871,9 @@ class SchedulerService:
             self._cluster = None
             n = self._replay(s for s in stored if s.event["event"] not in PAUSE_KINDS)
             self._pos.rebuild(e.workload for e in self._entries.values() if e.state == PENDING)
+            for e in self._entries.values():
+                if e.state == PENDING:
+                    self._police(e)
             return n
 
     def _replay(self, stored: Iterable[ev.StoredEvent]) -> int:

@@ -6,7 +6,9 @@ Reason codes are :class:`scheduler.model.ReasonCode` values, plus three of the s
 and ``actuator_failed`` (the decision was made but the actuator could not carry it out; it is
 tried again next cycle); while the actuator works (outside the service lock,
 :mod:`scheduler.service.acting`) ``admitting``, ``preempting`` or ``cancelling``; and the brakes'
-(:mod:`scheduler.service.brakes`): ``paused``, ``preemption_limited``, ``preemption_refused``.
+(:mod:`scheduler.service.brakes`): ``paused``, ``preemption_limited``, ``preemption_refused``;
+and ``policy`` (:data:`scheduler.policy.POLICY`): pending, held out of the cycle, because it asks
+more than its queue's policy allows (a Kubernetes object's priority or preemptibility).
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ class Entry:
     refusals: int = 0                  # refusals in a row (the backoff doubles)
     plan: Placement | None = None      # an admission in flight: where
     planned_s: float | None = None     # and when it was decided
+    policy: str = ""                   # pending over its queue's policy (why): held out of the cycle
 
 
 @dataclass(frozen=True, slots=True)
