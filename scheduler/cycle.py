@@ -321,6 +321,8 @@ class _Cycle:
         """What preemption says for ``w``'s gang shape in this walk, ``code``/``message`` being its
         free-capacity verdict: a final verdict (the queue would go above its guarantee), or a
         :class:`_Pre` whose workloads wait for the preemption delay or search for victims."""
+        if code is ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE:
+            return code, message       # its queue holds at least that much: above its guarantee too
         cluster, ledger = self.cluster, self.ledger
         used, g = ledger.used(w.queue, "gpu"), cluster.guarantee[w.queue]["gpu"]
         if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no

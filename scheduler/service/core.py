@@ -19,6 +19,9 @@ is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the t
   decides and shows it), the preemption limit holds back admissions that would preempt too much,
   and a victim whose eviction a PodDisruptionBudget refused is not preempted again before its
   backoff;
+* the queue policy (:mod:`scheduler.policy`): a pending workload that asks more than its queue's
+  policy allows (priority, non-preemptible) is held out of the cycle with the reason ``policy``
+  (:meth:`_police`, at submit, preemption, reload and restore);
 * :meth:`dry_run` answers "what would you do if this arrived now" on a copy;
 * :meth:`explain`, :meth:`workloads`, :meth:`nodes`, :meth:`preemptions` read.
 
