@@ -46,6 +46,8 @@ from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
 from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_guarantee_pinned, over_max
 from scheduler.snapshot import PINNED, Cluster, Snapshot, demand
 
+PINNED_GPU = PINNED + "gpu"          # a queue's non-preemptible GPUs in its usage
+
 Verdict = tuple[ReasonCode, str]
 
 
@@ -139,12 +141,17 @@ class _Cycle:
         "no room for the shape anywhere, and the queue is above its guarantee" comes from the
         cycle's ``all_full`` without a call.
 
+        A non-preemptible workload whose queue's non-preemptible GPUs would go above its gpu
+        guarantee takes the verdict ``non_preemptible_over_guarantee`` without a call too (what
+        :meth:`free_capacity` and :meth:`_pre_class` would say for it).
+
         A queue's first walk of a cycle is skipped when the queue is quiet: every one of its
         workloads would take a verdict from memos now (it never fits, or its room has found no
-        room this cycle and either preemption is off or the queue would go above its guarantee).
-        That is read from the queue's :class:`_Agg` (its rooms, its smallest gang), not workload
-        by workload; such a walk starts nothing and reads nothing that changes, and the queue's
-        reasons derive from each workload's :class:`Fit` when read."""
+        room this cycle and either preemption is off or the queue would go above its guarantee;
+        or it is non-preemptible and over its guarantee as above). That is read from the queue's
+        :class:`_Agg` (its rooms, its smallest gang, its smallest non-preemptible gang), not
+        workload by workload; such a walk starts nothing and reads nothing that changes, and the
+        queue's reasons derive from each workload's :class:`Fit` when read."""
         all_full, preemption = self.all_full, self.preemption
         used = self.ledger.used(q, "gpu")
         g = self.guarantees[q]
@@ -155,15 +162,18 @@ class _Cycle:
                 a = self.aggs.get(q)
                 if a is None or a.lst is not lst:
                     a = self.agg_of(q, lst)
-                if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > g):
+                if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > g) \
+                        and (not a.pinned or self.ledger.used(q, PINNED_GPU) + min(a.pinned) > g):
                     n = len(lst)
-                    self.parts[q] = _Part(self.ctx, q, lst, preemption, [(0, n, all_full, used)], a)
+                    self.parts[q] = _Part(self.ctx, q, lst, preemption, [(0, n, all_full, used)], a,
+                                          self.ledger.used(q, PINNED_GPU) if a.pinned else 0)
                     return n
             part = self.parts[q] = _Part(self.ctx, q, lst, [], [])
         fits = self.fits_of(q, lst)
         vs = cast("list[object]", part.verdicts)   # a walked (not quiet) queue's: a list
         start, n = i, len(lst)
         seen: dict[int, object] = {}            # Fit.key -> its verdict in this walk
+        pinned = self.ledger.used(q, PINNED_GPU)
         verdict: Verdict | None
         while i < n:
             fit = fits[i]
@@ -171,6 +181,11 @@ class _Cycle:
             v: object = fit.never_v
             if v is None:
                 room = fit.room
+                if fit.pinned and pinned + fit.gpus > g:     # non-preemptible, over its guarantee
+                    vs.append(pinned_verdict(q, pinned, fit.gpus, g))
+                    if strict:
+                        break
+                    continue
                 if room in all_full:
                     if not preemption:
                         vs.append(room)
@@ -239,10 +254,12 @@ class _Cycle:
         for w in left:
             fit = fit_of(cluster, known, w)
             if fit.never is None:
-                if rooms[fit.room] == 1:
-                    del rooms[fit.room]
+                counts = rooms if not fit.pinned else a.pinned
+                key = fit.room if not fit.pinned else fit.gpus
+                if counts[key] == 1:
+                    del counts[key]
                 else:
-                    rooms[fit.room] -= 1
+                    counts[key] -= 1
                 if gpus[fit.gpus] == 1:
                     del gpus[fit.gpus]
                 else:
@@ -250,7 +267,10 @@ class _Cycle:
         for w in came:
             fit = fit_of(cluster, known, w)
             if fit.never is None:
-                rooms[fit.room] = rooms.get(fit.room, 0) + 1
+                if not fit.pinned:
+                    rooms[fit.room] = rooms.get(fit.room, 0) + 1
+                else:
+                    a.pinned[fit.gpus] = a.pinned.get(fit.gpus, 0) + 1
                 gpus[fit.gpus] = gpus.get(fit.gpus, 0) + 1
         a.lst = lst
         return a
@@ -436,15 +456,16 @@ Segment = tuple[int, int, dict[int, str], int]     # lst[a:b] waiting, the walk'
 
 class _Agg:
     """What :meth:`_Cycle.walk` reads of a queue's pending list ``lst``, kept across cycles: how
-    many of its workloads that can fit at all look for each room (:attr:`Fit.room`), and how many
-    ask for each GPU count."""
+    many of its preemptible workloads that can fit at all look for each room (:attr:`Fit.room`),
+    how many of them all ask for each GPU count, and how many non-preemptible ones do."""
 
-    __slots__ = ("gpus", "lst", "rooms")
+    __slots__ = ("gpus", "lst", "pinned", "rooms")
 
     def __init__(self, lst: list[Workload]) -> None:
         self.lst = lst
         self.rooms: dict[int, int] = {}
         self.gpus: dict[int, int] = {}
+        self.pinned: dict[int, int] = {}
 
 
 class _Delay:
@@ -480,12 +501,12 @@ class _Part:
     over the segments in order); the segments' all_full dicts only ever gain rooms, so what it
     builds does not depend on when it is called."""
 
-    __slots__ = ("agg", "ctx", "lst", "queue", "segments", "verdicts")
+    __slots__ = ("agg", "ctx", "lst", "pinned", "queue", "segments", "verdicts")
 
     def __init__(self, ctx: _Context, queue: str, lst: list[Workload], verdicts: list[object] | bool,
-                 segments: list[Segment], agg: _Agg | None = None) -> None:
+                 segments: list[Segment], agg: _Agg | None = None, pinned: int = 0) -> None:
         self.ctx, self.queue, self.lst, self.verdicts, self.segments = ctx, queue, lst, verdicts, segments
-        self.agg = agg
+        self.agg, self.pinned = agg, pinned       # a quiet queue's non-preemptible GPUs
 
     def __len__(self) -> int:
         return sum(b - a for a, b, _, _ in self.segments)
@@ -501,22 +522,26 @@ class _Part:
             built: dict[str, tuple[object, ...]] = cluster.memo.setdefault(("built",), {})  # type: ignore[assignment]
             sig = None
             if agg is not None and agg.lst is lst:
-                sig = (lst, vs, used, tuple([all_full[r] for r in agg.rooms]))
+                sig = (lst, vs, used, self.pinned, tuple([all_full[r] for r in agg.rooms]))
                 rec = built.get(q)
-                if rec is not None and rec[0] is lst and rec[1:4] == sig[1:]:
-                    return rec[4]  # type: ignore[return-value]
-            out = self._build(self._derived(lst, vs, cluster, known))
+                if rec is not None and rec[0] is lst and rec[1:5] == sig[1:]:
+                    return rec[5]  # type: ignore[return-value]
+            out = self._build(self._derived(lst, vs, cluster, known, q, self.pinned))
             if sig is not None:
                 built[q] = (*sig, out)
             return out
         return self._build(vs)
 
     @staticmethod
-    def _derived(lst: list[Workload], pre: bool, cluster: Cluster, known: dict[str, Seen]) -> list[object]:
+    def _derived(lst: list[Workload], pre: bool, cluster: Cluster, known: dict[str, Seen], q: str,
+                 pinned: int) -> list[object]:
         vs: list[object] = []
+        g = cluster.guarantee[q]["gpu"]
         for w in lst:
             fit = fit_of(cluster, known, w)
             v = fit.never_v
+            if v is None and fit.pinned:
+                v = pinned_verdict(q, pinned, fit.gpus, g)
             vs.append(v if v is not None else ~fit.room if pre else fit.room)
         return vs
 
@@ -556,6 +581,14 @@ class _Part:
                 else:
                     out.append(pending_reason(w.id, q, code, msg, pos))
         return out
+
+
+def pinned_verdict(queue: str, pinned: int, gpus: int, g: int) -> Verdict:
+    """The verdict of a non-preemptible gang of ``gpus`` whose queue's non-preemptible work holds
+    ``pinned`` GPUs of its gpu guarantee ``g`` (``pinned + gpus > g``): what
+    :meth:`_Cycle.free_capacity` says for it on every type (the gpu guarantee binds on each)."""
+    return (ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE,
+            reasons.pinned_over(Shortfall(queue, "gpu", g, pinned, gpus)))
 
 
 def _known(cluster: Cluster, pending: int) -> dict[str, Seen]:

@@ -104,6 +104,31 @@ def test_non_preemptible_work_runs_only_within_its_queues_guarantee() -> None:
     # within the guarantee it starts on free capacity like any other
     d = schedule(snapshot(c, [], [over, borrow]), 10.0)
     assert {a.workload.id for a in d.admissions} == {"over", "borrow"}
+    # ... also when the queue's preemptible work already fills the guarantee: what it then holds
+    # above the guarantee is that preemptible work, which others can reclaim
+    filled = run(wl("filled", "a"), "H100", ("h-0", 8))
+    for _ in range(2):                                 # the second cycle reads the first's memos
+        d = schedule(snapshot(c, [filled], [over]), 10.0)
+        assert [a.workload.id for a in d.admissions] == ["over"]
+
+
+def test_a_queue_of_non_preemptible_work_over_its_guarantee_is_not_walked_and_says_so() -> None:
+    """A deep queue of non-preemptible work at its guarantee takes its verdicts from counts, not a
+    walk (the cycle's "quiet" shortcut), with the same reasons as a cycle on a cluster without
+    the memos earlier cycles leave."""
+    import dataclasses
+
+    c = cluster(QUEUES, ("h", "H100", 8, 3))
+    pinned = run(wl("pinned", "a", preemptible=False), "H100", ("h-0", 8))
+    waiting = [wl(f"w{i}", "a", gpus=4 if i % 2 else 8, preemptible=False, submit_s=float(i)) for i in range(40)]
+    snap = snapshot(c, [pinned], waiting)
+    schedule(snap, 1.0)                               # the first cycle walks and leaves its memos
+    d = schedule(snap, 2.0)
+    assert [type(p.verdicts) for p in d.pending._parts] == [bool]          # type: ignore[attr-defined]
+    cold = schedule(dataclasses.replace(snap, cluster=dataclasses.replace(c, memo={})), 2.0)
+    assert d == cold and d.admissions == () and len(d.pending) == 40
+    assert {p.code for p in d.pending} == {ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE}
+    assert d.reason("w1") is not None and "would hold 12 gpu" in d.reason("w1").message  # type: ignore[union-attr]
 
 
 def test_a_non_preemptible_workload_within_guarantee_preempts_borrowers() -> None:

@@ -949,7 +949,9 @@ def _leaves(config: QueueConfig) -> tuple[str, ...]:
 
 
 def _fixed(w: Workload) -> Workload:
-    """``w`` as the core must see it while an action is in flight for it: not a victim."""
+    """``w`` as the core must see it while an action is in flight for it: not a victim. For that
+    cycle its GPUs also count as its queue's non-preemptible usage, which can only hold a
+    non-preemptible admission of that queue back a cycle, never let one over its guarantee."""
     return w if not w.preemptible else dataclasses.replace(w, preemptible=False)
 
 
