@@ -83,6 +83,19 @@ def test_the_findings_tried_again_get_refusals_and_memory_stays_flat(served: tup
         time.sleep(0.2)
     queues.write_text(good)
 
+    # finding 2: a tenant over its guarantee asks to be unreclaimable, or above everyone
+    for extra in ({"preemptible": False}, {"priority": 1_000_000}):
+        r = call(srv, "POST", "/workloads", TENANT, json={"id": "grab", "queue": "b", "gpus_per_pod": 8, **extra})
+        assert r.status_code == 422 and r.json()["errors"][0]["type"] == "policy", r.text
+        assert "policy" in r.json()["detail"] or "max_priority" in r.json()["detail"], r.text
+    for wid, gpus in (("b1", 8), ("b2", 4)):          # what it may ask: preemptible, priority 0
+        assert call(srv, "POST", "/workloads", TENANT, json={"id": wid, "queue": "b", "gpus_per_pod": gpus}).status_code == 201
+    srv.wait_until(lambda: srv.state("b1") == srv.state("b2") == "running", 20, "b over its guarantee")
+    # the admin's workload within a's guarantee gets its GPUs back from b's borrowed ones
+    assert call(srv, "POST", "/workloads", ADMIN, json={"id": "a2", "queue": "a", "gpus_per_pod": 4}).status_code == 201
+    srv.wait_until(lambda: srv.state("a2") == "running", 30, "a2 admitted by preempting b's borrowed GPUs")
+    assert srv.state("b2") == "pending" and srv.state("b1") == "running"
+
     # finding 6: the Kubernetes source's id forms are reserved
     r = call(srv, "POST", "/workloads", TENANT, json={"id": "rayjob/prod-ns/nightly", "queue": "b", "gpus_per_pod": 1})
     assert r.status_code == 422, r.text
