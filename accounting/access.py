@@ -306,7 +306,8 @@ class NamespaceQueues:
             for res, amount in t.guaranteed.items():
                 held[res] = held.get(res, 0) + amount
             q = Queue(path=path, parent=parent_path, guaranteed=t.guaranteed, max=t.max,
-                      namespaces=frozenset({namespace}), made_for=namespace)
+                      namespaces=frozenset({namespace}), made_for=namespace,
+                      policy=parent.policy)          # the parent's policy, as a child in the file inherits it
             self._made[path] = q
             self._stale = True
             return q

@@ -13,6 +13,7 @@ File layout (every section optional except ``queues``)::
       annotations: [yunikorn.apache.org/queue]
       namespaces: {ml-team: research.vision}
       default: research.nlp
+    policy: {max_priority: 0, non_preemptible: false}   # the root's (these are the defaults)
     queues:
       research:
         guaranteed: {gpu: 24}
@@ -22,6 +23,7 @@ File layout (every section optional except ``queues``)::
         preemption: {fence: true}   # no preemption leaves or enters this subtree
         strict_fifo: false
         namespaces: [ml-team, vision]   # who may submit here (accounting.access); absent: as the parent
+        policy: {max_priority: 100, non_preemptible: true}   # what its workloads may ask
         queues: {vision: {...}}
       tenants:
         max: {gpu: 32}
@@ -45,6 +47,27 @@ apply). ``guaranteed``: a resource absent from ``guaranteed`` has a guarantee of
 ``gpu/<TYPE>`` and ``cpu``/``memory`` guarantees constrain only where they are given.
 
 A usage vector uses the same keys: a pod holding 8 H100 counts as ``{"gpu": 8, "gpu/H100": 8}``.
+
+Policy: what a workload may ask
+-------------------------------
+``policy`` bounds what the workloads of a queue may ask for themselves (issue 17: both fields
+were free per workload, so a tenant could hold borrowed GPUs that nobody could reclaim):
+
+* ``max_priority``: the highest ``priority`` a workload of the queue may have (an integer in
+  Kubernetes' PriorityClass range; lower priorities are always allowed);
+* ``non_preemptible``: whether a workload of the queue may be non-preemptible. The scheduler
+  admits a non-preemptible workload only within its queue's guarantee (``docs/SCENARIOS.md``).
+
+Each queue's policy is inherited down the tree: a queue without ``policy`` (or without one of
+its keys) has its parent's, and the top-level ``policy:`` is the root's. A queue may narrow its
+parent's bounds but never widen them (a larger ``max_priority``, or ``non_preemptible: true``
+under a parent that says false, is an error naming the key); a top-level ``policy:`` bounds
+every queue the same way. Without one, the root has :data:`DEFAULT_POLICY` (priority at most 0,
+every workload preemptible), which is only a default: a top-level queue may set its own. So a
+configuration that uses priorities or non-preemptible work says so, on the queues that may. A scenario's queues
+(the simulator) default to :data:`OPEN_POLICY` instead, so that scenarios written before the
+policy replay as they did. The API and the Kubernetes source refuse a workload over its queue's
+bounds (422, or the reason ``policy`` and an Event); an operator token may narrow them further.
 """
 from __future__ import annotations
 
@@ -65,8 +88,10 @@ Resources = Mapping[str, int]
 
 _EMPTY: Mapping[str, int] = MappingProxyType({})
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
-QUEUE_KEYS = frozenset({"guaranteed", "max", "priority", "weight", "preemption", "strict_fifo", "queues"})
-TOP_KEYS = frozenset({"queues", "gpu_types", "mapping"})
+QUEUE_KEYS = frozenset({"guaranteed", "max", "priority", "weight", "preemption", "strict_fifo", "policy", "queues"})
+TOP_KEYS = frozenset({"queues", "gpu_types", "mapping", "policy"})
+POLICY_KEYS = frozenset({"max_priority", "non_preemptible"})
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1      # a workload's priority: Kubernetes' PriorityClass range
 # who may use a queue and the queues a parent makes for namespaces (accounting.access)
 ACCESS_KEYS = frozenset({"namespaces", "placement"})
 
@@ -79,6 +104,20 @@ class Placement:
 
     guaranteed: Resources = field(default_factory=lambda: _EMPTY)
     max: Resources = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What the workloads of a queue may ask (the module's "Policy" section): the highest
+    ``priority`` they may have, and whether they may be non-preemptible. A queue's is the one in
+    force there: its own keys, else its parent's."""
+
+    max_priority: int = 0
+    non_preemptible: bool = False
+
+
+DEFAULT_POLICY = Policy()                          # a queue file's root: priority <= 0, all preemptible
+OPEN_POLICY = Policy(PRIORITY_MAX, True)           # a scenario's root: no bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +138,7 @@ class Queue:
     namespaces: frozenset[str] | None = None
     placement: Placement | None = None   # makes a queue below it for each namespace (a parent, always)
     made_for: str = ""                   # the namespace a placement rule made it for ("" in the file)
+    policy: Policy = DEFAULT_POLICY  # in force here (inherited), see "Policy" above
 
     @property
     def name(self) -> str:
@@ -204,8 +244,34 @@ def _unknown_keys(spec: Mapping[str, Any], allowed: frozenset[str], where: str) 
         raise QueueConfigError(f"{where}.{extra[0]}", f"unknown key (expected one of {', '.join(sorted(allowed))})")
 
 
+def parse_policy(raw: Any, inherited: Policy, where: str, parent: str | None = None) -> Policy:
+    """The policy in force at ``where``: ``raw`` (a ``policy:`` mapping, or None) over
+    ``inherited``. ``parent`` names the queue it is inherited from; a key that widens its bound is
+    refused (the root, ``parent`` None, may set any)."""
+    if raw is None:
+        return inherited
+    if not isinstance(raw, Mapping):
+        raise QueueConfigError(where, f"expected a mapping (max_priority, non_preemptible), got {type(raw).__name__}")
+    _unknown_keys(raw, POLICY_KEYS, where)
+    top = int(_number(raw, "max_priority", inherited.max_priority, where, integer=True))
+    if not PRIORITY_MIN <= top <= PRIORITY_MAX:
+        raise QueueConfigError(f"{where}.max_priority", f"must be within {PRIORITY_MIN}..{PRIORITY_MAX} "
+                                                        f"(Kubernetes' priority range), got {shown(top)}")
+    pinned = raw.get("non_preemptible", inherited.non_preemptible)
+    if not isinstance(pinned, bool):
+        raise QueueConfigError(f"{where}.non_preemptible", f"expected true or false, got {shown(pinned)}")
+    if parent is not None and top > inherited.max_priority:
+        raise QueueConfigError(f"{where}.max_priority", f"{top} is above the max_priority {inherited.max_priority} "
+                               f"in force on {parent}: a queue may narrow its parent's policy, not widen it")
+    if parent is not None and pinned and not inherited.non_preemptible:
+        raise QueueConfigError(f"{where}.non_preemptible", f"true, but {parent} does not allow non-preemptible "
+                               "workloads: a queue may narrow its parent's policy, not widen it")
+    return Policy(top, pinned)
+
+
 def _queue(name: Any, spec: Any, parent: str, path: str, where: str,
-           gpu_types: Mapping[str, GpuType] | None) -> tuple[Queue, Mapping[str, Any]]:
+           gpu_types: Mapping[str, GpuType] | None, inherited: Policy,
+           bounded: bool = True) -> tuple[Queue, Mapping[str, Any]]:
     if not _NAME.match(str(name)):
         raise QueueConfigError(where, "invalid queue name (letters, digits, '_' and '-' only)")
     spec = {} if spec is None else spec
@@ -230,6 +296,7 @@ def _queue(name: Any, spec: Any, parent: str, path: str, where: str,
         weight=weight,
         preemption_fence=_flag(pre, "fence", f"{where}.preemption"),
         strict_fifo=_flag(spec, "strict_fifo", where),
+        policy=parse_policy(spec.get("policy"), inherited, f"{where}.policy", parent if bounded else None),
     )
     if "namespaces" in spec or "placement" in spec:
         from accounting.access import parse_access
@@ -242,12 +309,14 @@ MAX_QUEUES = 10_000          # a queue file with more is refused (issue 17: a 63
 
 
 def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
-                       strict_top: bool = False) -> QueueConfig:
+                       strict_top: bool = False, default_policy: Policy = DEFAULT_POLICY) -> QueueConfig:
     """Build and validate a :class:`QueueConfig` from the parsed YAML of a queue file.
 
     ``source`` prefixes queue paths in messages (``queues.research.vision.max``). Top-level keys
-    other than ``queues``, ``gpu_types`` and ``mapping`` are ignored (a scenario file carries
-    more), unless ``strict_top`` (the production file) refuses them.
+    other than ``queues``, ``gpu_types``, ``mapping`` and ``policy`` are ignored (a scenario file
+    carries more), unless ``strict_top`` (the production file) refuses them. ``default_policy``:
+    the root's policy when the file has no top-level ``policy:`` (a scenario passes
+    :data:`OPEN_POLICY`).
     """
     from accounting.queue_rules import check_quotas, parse_gpu_types, parse_mapping
 
@@ -258,9 +327,14 @@ def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
     gpu_types = parse_gpu_types(data.get("gpu_types"))
     declared = gpu_types if data.get("gpu_types") is not None else None
     queues: dict[str, Queue] = {}
+    # the root's policy: a top-level ``policy:`` bounds every queue; without one the default is
+    # only a default, which a top-level queue may replace with its own
+    root_policy = parse_policy(data.get("policy"), default_policy, "policy")
+    root_bounds = data.get("policy") is not None
+
     seen = 0                       # queues met so far, the root left out (parents count before their children)
 
-    def walk(raw: Mapping[str, Any], parent: str, prefix: str) -> tuple[str, ...]:
+    def walk(raw: Mapping[str, Any], parent: str, prefix: str, inherited: Policy) -> tuple[str, ...]:
         nonlocal seen
         names: list[str] = []
         for name, spec in raw.items():
@@ -269,8 +343,9 @@ def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
             if seen > MAX_QUEUES:
                 raise QueueConfigError(f"{source}.{path}", f"more than {MAX_QUEUES:,} queues: gpuq takes at most "
                                        f"{MAX_QUEUES:,} (accounting.queues.MAX_QUEUES); split the cluster or merge queues")
-            queue, kids_raw = _queue(name, spec, parent, path, f"{source}.{path}", declared)
-            kids = walk(kids_raw, path, f"{path}.")
+            queue, kids_raw = _queue(name, spec, parent, path, f"{source}.{path}", declared, inherited,
+                                     bounded=parent != ROOT or root_bounds)
+            kids = walk(kids_raw, path, f"{path}.", queue.policy)
             queues[path] = replace(queue, children=kids)
             names.append(path)
         return tuple(names)
@@ -278,8 +353,8 @@ def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
     raw_queues = data.get("queues") or {}
     if not isinstance(raw_queues, Mapping):
         raise QueueConfigError(source, f"expected a mapping of queues, got {type(raw_queues).__name__}")
-    top = walk(raw_queues, ROOT, "")
-    queues[ROOT] = Queue(path=ROOT, parent=None, children=top)
+    top = walk(raw_queues, ROOT, "", root_policy)
+    queues[ROOT] = Queue(path=ROOT, parent=None, children=top, policy=root_policy)
     config = QueueConfig(queues=MappingProxyType(queues), gpu_types=gpu_types,
                          mapping=parse_mapping(data.get("mapping"), queues))
     check_quotas(config, source)

@@ -120,7 +120,8 @@ def write_config(root: Path, port: int, cycle_interval_s: float) -> Path:
         "research": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}, "queues": {
             "vision": {"guaranteed": {"gpu": 4}}, "nlp": {"guaranteed": {"gpu": 4}}}},
         "prod": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}, "queues": {
-            "serving": {"guaranteed": {"gpu": 4}}, "batch": {"guaranteed": {"gpu": 4}}}}}}))
+            "serving": {"guaranteed": {"gpu": 4}}, "batch": {"guaranteed": {"gpu": 4}}}}},
+        "policy": {"max_priority": 1}}))           # the bench submits priorities 0 and 1 (queue policy)
     (root / "nodes.yaml").write_text(yaml.safe_dump([{"name": "h", "gpu_type": "H100", "gpus": 8, "count": 2}]))
     cfg = root / "gpuq.yaml"
     cfg.write_text(yaml.safe_dump({

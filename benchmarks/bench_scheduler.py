@@ -54,6 +54,7 @@ from scheduler.simulator.scenario import Scenario
 from scheduler.snapshot import Cluster, Settings, Snapshot, build_cluster, demand, snapshot
 
 TYPES = ("H100", "A100", "L40S", "T4")
+BACKLOG_POLICY = {"max_priority": 2}      # the workloads' priorities are 0..2 (the queue policy, issue 17)
 
 
 def backlog_queues(gpus: int, n_parents: int = 20, leaves_per: int = 50) -> dict[str, Any]:
@@ -73,7 +74,7 @@ def backlog_queues(gpus: int, n_parents: int = 20, leaves_per: int = 50) -> dict
 def make_cluster(n_nodes: int, n_parents: int = 20, leaves_per: int = 50) -> Cluster:
     queues = backlog_queues(n_nodes * 8, n_parents, leaves_per)
     nodes = [Node(f"{t.lower()}-{i}", t, 8) for t in TYPES for i in range(n_nodes // len(TYPES))]
-    return build_cluster(parse_queue_config({"queues": queues}), nodes)
+    return build_cluster(parse_queue_config({"queues": queues, "policy": BACKLOG_POLICY}), nodes)
 
 
 def make_workload(rng: random.Random, i: int, leaves: tuple[str, ...], submit_s: float) -> Workload:
@@ -270,7 +271,8 @@ def service_main(quick: bool) -> None:
     rows = {}
     for name, fn in (("before", schedule_before), ("now", schedule)):
         c = make_cluster(n_nodes)
-        svc = SchedulerService(parse_queue_config({"queues": backlog_queues(n_nodes * 8)}), DryRunActuator(),
+        svc = SchedulerService(parse_queue_config({"queues": backlog_queues(n_nodes * 8), "policy": BACKLOG_POLICY}),
+                               DryRunActuator(),
                                nodes=list(c.nodes), settings=Settings(True, 30.0))
         for w in make_backlog(c, n):
             svc.submit(w, Target(), w.submit_s)

@@ -186,13 +186,19 @@ class ApiToken(_Section):
     """A bearer token. An operator's actions are scoped: ``namespaces`` (Kubernetes namespaces of
     its targets) and ``queues`` (queue subtree roots: ``research`` allows ``research.vision``);
     ``"*"`` allows all. Both must be set on an operator token; viewers read everything and admins
-    are unscoped, so neither takes a scope (see docs/API.md)."""
+    are unscoped, so neither takes a scope (see docs/API.md). ``max_priority`` and
+    ``non_preemptible`` narrow what the operator's workloads may ask below their queue's policy
+    (docs/SECURITY.md); every caller, admins included, is bounded by the queue's."""
 
     token: str = Field(min_length=1)
     role: Literal["viewer", "operator", "admin"] = "viewer"
     name: str = ""
     namespaces: list[str] | None = None
     queues: list[str] | None = None
+    # narrower than the queues' policy (issue 17): the highest priority this operator may submit,
+    # and whether it may submit non-preemptible workloads at all; unset: as the queue allows
+    max_priority: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
+    non_preemptible: bool | None = None
 
     @model_validator(mode="after")
     def _scoped(self) -> ApiToken:
@@ -202,6 +208,9 @@ class ApiToken(_Section):
                              "['*'] allows all)")
         if self.role != "operator" and scoped:
             raise ValueError(f"namespaces and queues scope an operator's actions; {self.role} tokens take none")
+        if self.role != "operator" and (self.max_priority is not None or self.non_preemptible is not None):
+            raise ValueError(f"max_priority and non_preemptible narrow an operator's submits; {self.role} "
+                             "tokens take none (the queue file's policy bounds every caller)")
         return self
 
 

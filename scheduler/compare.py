@@ -3,10 +3,11 @@
 Replays one workload under two queue configurations through :func:`scheduler.simulate.run_scenario`:
 
 * **A**: the scenario as written (its own ``queues:`` and ``gpu_types:``);
-* **B**: the same scenario with ``queues:`` replaced by those of the file B, and ``gpu_types:`` too
-  when B has that section. B may be a production queue file (its ``mapping:`` is ignored) or a
-  whole scenario (only its ``queues:`` and ``gpu_types:`` are used). Every queue the workloads
-  name must be a leaf of B.
+* **B**: the same scenario with ``queues:`` replaced by those of the file B, and ``gpu_types:`` and
+  the top-level ``policy:`` too when B has those sections. B may be a production queue file (its
+  ``mapping:`` is ignored; as in any scenario, its queues without a policy have no bound) or a
+  whole scenario (only its ``queues:``, ``gpu_types:`` and ``policy:`` are used). Every queue the
+  workloads name must be a leaf of B.
 
 It prints, per leaf queue, A, B and ``delta = B - A`` of: the guaranteed GPUs, utilization (the
 queue's GPU-seconds over the cluster's GPU-seconds up to that run's makespan; the queues' values
@@ -41,16 +42,18 @@ def _load_yaml(path: Path, what: str) -> Mapping[str, Any]:
 
 
 def with_queues(scenario: Mapping[str, Any], queues_b: Mapping[str, Any], source: str = "<B>") -> dict[str, Any]:
-    """The scenario with B's ``queues:`` (and ``gpu_types:`` when B has one); checks that every
-    queue the workloads use is a leaf of B."""
+    """The scenario with B's ``queues:`` (and ``gpu_types:`` and the top-level ``policy:`` when B
+    has one); checks that every queue the workloads use is a leaf of B."""
     from accounting.errors import QueueConfigError
-    from accounting.queues import parse_queue_config
+    from accounting.queues import OPEN_POLICY, parse_queue_config
 
     if not isinstance(queues_b.get("queues"), Mapping):
         raise ScenarioError("queues", "expected a 'queues:' mapping", source)
     types = queues_b.get("gpu_types", scenario.get("gpu_types"))
     try:
-        leaves = set(parse_queue_config({"queues": queues_b["queues"], "gpu_types": types}).leaves())
+        leaves = set(parse_queue_config({"queues": queues_b["queues"], "gpu_types": types,
+                                         "policy": queues_b.get("policy", scenario.get("policy"))},
+                                        default_policy=OPEN_POLICY).leaves())
     except QueueConfigError as exc:
         raise ScenarioError(exc.where, exc.reason, source) from exc
     used = sorted({str(w.get("queue")) for w in scenario.get("workloads") or [] if isinstance(w, Mapping)})
@@ -60,8 +63,9 @@ def with_queues(scenario: Mapping[str, Any], queues_b: Mapping[str, Any], source
                                       f"(leaves: {', '.join(sorted(leaves))})", source)
     out = dict(scenario)
     out["queues"] = queues_b["queues"]
-    if "gpu_types" in queues_b:
-        out["gpu_types"] = queues_b["gpu_types"]
+    for key in ("gpu_types", "policy"):
+        if key in queues_b:
+            out[key] = queues_b[key]
     return out
 
 
@@ -90,11 +94,12 @@ def _waits(events: tuple[dict[str, Any], ...]) -> list[float]:
 
 def run_view(result: Any, scenario: Mapping[str, Any]) -> dict[str, Any]:
     """Per-queue and total figures of one run (a ``SimResult`` of ``scenario``)."""
-    from accounting.queues import parse_queue_config
+    from accounting.queues import OPEN_POLICY, parse_queue_config
     from scheduler.simulator.report import percentile
 
     s = result.summary
-    config = parse_queue_config({"queues": scenario.get("queues") or {}, "gpu_types": scenario.get("gpu_types")})
+    config = parse_queue_config({"queues": scenario.get("queues") or {}, "gpu_types": scenario.get("gpu_types"),
+                                 "policy": scenario.get("policy")}, default_policy=OPEN_POLICY)
     capacity = total_gpus(scenario) * s["makespan_s"]
     per: dict[str, dict[str, Any]] = {}
     for q, qs in s["queues"].items():

@@ -43,8 +43,10 @@ from scheduler.model import (
 from scheduler.ordering import QueueChanges, QueueKey, grouped, queue_changes, queue_key
 from scheduler.placement import FreeIndex, node_slots
 from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
-from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_max
-from scheduler.snapshot import Cluster, Snapshot, demand
+from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_guarantee_pinned, over_max
+from scheduler.snapshot import PINNED, Cluster, Snapshot, demand
+
+PINNED_GPU = PINNED + "gpu"          # a queue's non-preemptible GPUs in its usage
 
 Verdict = tuple[ReasonCode, str]
 
@@ -139,12 +141,17 @@ class _Cycle:
         "no room for the shape anywhere, and the queue is above its guarantee" comes from the
         cycle's ``all_full`` without a call.
 
+        A non-preemptible workload whose queue's non-preemptible GPUs would go above its gpu
+        guarantee takes the verdict ``non_preemptible_over_guarantee`` without a call too (what
+        :meth:`free_capacity` and :meth:`_pre_class` would say for it).
+
         A queue's first walk of a cycle is skipped when the queue is quiet: every one of its
         workloads would take a verdict from memos now (it never fits, or its room has found no
-        room this cycle and either preemption is off or the queue would go above its guarantee).
-        That is read from the queue's :class:`_Agg` (its rooms, its smallest gang), not workload
-        by workload; such a walk starts nothing and reads nothing that changes, and the queue's
-        reasons derive from each workload's :class:`Fit` when read."""
+        room this cycle and either preemption is off or the queue would go above its guarantee;
+        or it is non-preemptible and over its guarantee as above). That is read from the queue's
+        :class:`_Agg` (its rooms, its smallest gang, its smallest non-preemptible gang), not
+        workload by workload; such a walk starts nothing and reads nothing that changes, and the
+        queue's reasons derive from each workload's :class:`Fit` when read."""
         all_full, preemption = self.all_full, self.preemption
         used = self.ledger.used(q, "gpu")
         g = self.guarantees[q]
@@ -155,15 +162,18 @@ class _Cycle:
                 a = self.aggs.get(q)
                 if a is None or a.lst is not lst:
                     a = self.agg_of(q, lst)
-                if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > g):
+                if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > g) \
+                        and (not a.pinned or self.ledger.used(q, PINNED_GPU) + min(a.pinned) > g):
                     n = len(lst)
-                    self.parts[q] = _Part(self.ctx, q, lst, preemption, [(0, n, all_full, used)], a)
+                    self.parts[q] = _Part(self.ctx, q, lst, preemption, [(0, n, all_full, used)], a,
+                                          self.ledger.used(q, PINNED_GPU) if a.pinned else 0)
                     return n
             part = self.parts[q] = _Part(self.ctx, q, lst, [], [])
         fits = self.fits_of(q, lst)
         vs = cast("list[object]", part.verdicts)   # a walked (not quiet) queue's: a list
         start, n = i, len(lst)
         seen: dict[int, object] = {}            # Fit.key -> its verdict in this walk
+        pinned = self.ledger.used(q, PINNED_GPU)
         verdict: Verdict | None
         while i < n:
             fit = fits[i]
@@ -171,6 +181,11 @@ class _Cycle:
             v: object = fit.never_v
             if v is None:
                 room = fit.room
+                if fit.pinned and pinned + fit.gpus > g:     # non-preemptible, over its guarantee
+                    vs.append(pinned_verdict(q, pinned, fit.gpus, g))
+                    if strict:
+                        break
+                    continue
                 if room in all_full:
                     if not preemption:
                         vs.append(room)
@@ -239,10 +254,12 @@ class _Cycle:
         for w in left:
             fit = fit_of(cluster, known, w)
             if fit.never is None:
-                if rooms[fit.room] == 1:
-                    del rooms[fit.room]
+                counts = rooms if not fit.pinned else a.pinned
+                key = fit.room if not fit.pinned else fit.gpus
+                if counts[key] == 1:
+                    del counts[key]
                 else:
-                    rooms[fit.room] -= 1
+                    counts[key] -= 1
                 if gpus[fit.gpus] == 1:
                     del gpus[fit.gpus]
                 else:
@@ -250,7 +267,10 @@ class _Cycle:
         for w in came:
             fit = fit_of(cluster, known, w)
             if fit.never is None:
-                rooms[fit.room] = rooms.get(fit.room, 0) + 1
+                if not fit.pinned:
+                    rooms[fit.room] = rooms.get(fit.room, 0) + 1
+                else:
+                    a.pinned[fit.gpus] = a.pinned.get(fit.gpus, 0) + 1
                 gpus[fit.gpus] = gpus.get(fit.gpus, 0) + 1
         a.lst = lst
         return a
@@ -268,20 +288,30 @@ class _Cycle:
 
     def free_capacity(self, w: Workload, fit: Fit) -> Verdict | None:
         """Start ``w`` on free capacity of one of its types (``None``), or say why not. Until it
-        starts, only :attr:`no_room` changes what this says for ``w``'s gang shape, in ``w``'s queue."""
+        starts, only :attr:`no_room` changes what this says for ``w``'s gang shape, in ``w``'s queue.
+
+        A non-preemptible ``w`` (``fit.pinned``) starts only where its queue's non-preemptible
+        work stays within the queue's guarantee; its verdict is never kept in :attr:`all_full`
+        (its room is its own, :func:`static_fit`), so each walk checks that first."""
         cluster, ledger, index = self.cluster, self.ledger, self.index
         k, pods = w.gpus_per_pod, w.pods
         misses: list[str] = []
         code = ReasonCode.QUOTA_MAX
-        room_only = True
+        room_only = not fit.pinned
+        pinned_only = fit.pinned
         for t in fit.types:
+            if fit.pinned:
+                short = over_guarantee_pinned(cluster, ledger, w.queue, demand(w, t))
+                if short is not None:
+                    misses.append(reasons.pinned_over(short))
+                    continue
             miss = self.no_room.get((t, k, pods))
             if miss is None:
                 vec = demand(w, t)
                 short = over_max(cluster, ledger, w.queue, vec)
                 if short is not None:
                     misses.append(reasons.quota_max(short))
-                    room_only = False
+                    room_only = pinned_only = False
                     continue
                 placement = index.place(t, k, pods)
                 if placement is not None:
@@ -291,10 +321,13 @@ class _Cycle:
                 miss = self.no_room[(t, k, pods)] = reasons.no_fit(
                     w, t, index.slots(t, k, pods), index.largest_free(t))
             code = ReasonCode.NO_FIT
+            pinned_only = False
             misses.append(miss)
         message = misses[0] if len(misses) == 1 else "; ".join(dict.fromkeys(misses))
         if room_only:
             self.all_full[fit.room] = message
+        if pinned_only:
+            code = ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE
         return code, message
 
     def _not_eligible(self, queue: str, used: int, gpus: int, g: int) -> str:
@@ -308,6 +341,8 @@ class _Cycle:
         """What preemption says for ``w``'s gang shape in this walk, ``code``/``message`` being its
         free-capacity verdict: a final verdict (the queue would go above its guarantee), or a
         :class:`_Pre` whose workloads wait for the preemption delay or search for victims."""
+        if code is ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE:
+            return code, message       # its queue holds at least that much: above its guarantee too
         cluster, ledger = self.cluster, self.ledger
         used, g = ledger.used(w.queue, "gpu"), cluster.guarantee[w.queue]["gpu"]
         if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no
@@ -365,7 +400,8 @@ class Fit(NamedTuple):
     """What a gang shape allows whatever the cluster's state: why it never fits (or ``None``), its
     acceptable types in order, and a number for ``(types, gpus per pod, pods)``: the shapes
     that look for the same room (:attr:`_Cycle.all_full`); also a number for the shape itself
-    (``key``), its GPUs, and its verdict when it never fits."""
+    (``key``), its GPUs, its verdict when it never fits, and whether it is non-preemptible
+    (``pinned``: such shapes have rooms of their own, never in ``all_full``)."""
 
     never: str | None
     types: tuple[str, ...]
@@ -373,6 +409,7 @@ class Fit(NamedTuple):
     key: int
     gpus: int
     never_v: Verdict | None
+    pinned: bool = False
 
 
 def acceptable_types(cluster: Cluster, w: Workload) -> tuple[str, ...]:
@@ -383,7 +420,8 @@ def acceptable_types(cluster: Cluster, w: Workload) -> tuple[str, ...]:
     return tuple(t for t in w.gpu_types if t in cluster.type_nodes)
 
 
-_SHAPE = attrgetter("gpu_types", "gpus_per_pod", "pods", "cpu_millicores_per_pod", "memory_per_pod_bytes")
+_SHAPE = attrgetter("gpu_types", "gpus_per_pod", "pods", "cpu_millicores_per_pod", "memory_per_pod_bytes",
+                    "preemptible")
 
 
 class QueueFacts(NamedTuple):
@@ -418,15 +456,16 @@ Segment = tuple[int, int, dict[int, str], int]     # lst[a:b] waiting, the walk'
 
 class _Agg:
     """What :meth:`_Cycle.walk` reads of a queue's pending list ``lst``, kept across cycles: how
-    many of its workloads that can fit at all look for each room (:attr:`Fit.room`), and how many
-    ask for each GPU count."""
+    many of its preemptible workloads that can fit at all look for each room (:attr:`Fit.room`),
+    how many of them all ask for each GPU count, and how many non-preemptible ones do."""
 
-    __slots__ = ("gpus", "lst", "rooms")
+    __slots__ = ("gpus", "lst", "pinned", "rooms")
 
     def __init__(self, lst: list[Workload]) -> None:
         self.lst = lst
         self.rooms: dict[int, int] = {}
         self.gpus: dict[int, int] = {}
+        self.pinned: dict[int, int] = {}
 
 
 class _Delay:
@@ -462,12 +501,12 @@ class _Part:
     over the segments in order); the segments' all_full dicts only ever gain rooms, so what it
     builds does not depend on when it is called."""
 
-    __slots__ = ("agg", "ctx", "lst", "queue", "segments", "verdicts")
+    __slots__ = ("agg", "ctx", "lst", "pinned", "queue", "segments", "verdicts")
 
     def __init__(self, ctx: _Context, queue: str, lst: list[Workload], verdicts: list[object] | bool,
-                 segments: list[Segment], agg: _Agg | None = None) -> None:
+                 segments: list[Segment], agg: _Agg | None = None, pinned: int = 0) -> None:
         self.ctx, self.queue, self.lst, self.verdicts, self.segments = ctx, queue, lst, verdicts, segments
-        self.agg = agg
+        self.agg, self.pinned = agg, pinned       # a quiet queue's non-preemptible GPUs
 
     def __len__(self) -> int:
         return sum(b - a for a, b, _, _ in self.segments)
@@ -483,22 +522,26 @@ class _Part:
             built: dict[str, tuple[object, ...]] = cluster.memo.setdefault(("built",), {})  # type: ignore[assignment]
             sig = None
             if agg is not None and agg.lst is lst:
-                sig = (lst, vs, used, tuple([all_full[r] for r in agg.rooms]))
+                sig = (lst, vs, used, self.pinned, tuple([all_full[r] for r in agg.rooms]))
                 rec = built.get(q)
-                if rec is not None and rec[0] is lst and rec[1:4] == sig[1:]:
-                    return rec[4]  # type: ignore[return-value]
-            out = self._build(self._derived(lst, vs, cluster, known))
+                if rec is not None and rec[0] is lst and rec[1:5] == sig[1:]:
+                    return rec[5]  # type: ignore[return-value]
+            out = self._build(self._derived(lst, vs, cluster, known, q, self.pinned))
             if sig is not None:
                 built[q] = (*sig, out)
             return out
         return self._build(vs)
 
     @staticmethod
-    def _derived(lst: list[Workload], pre: bool, cluster: Cluster, known: dict[str, Seen]) -> list[object]:
+    def _derived(lst: list[Workload], pre: bool, cluster: Cluster, known: dict[str, Seen], q: str,
+                 pinned: int) -> list[object]:
         vs: list[object] = []
+        g = cluster.guarantee[q]["gpu"]
         for w in lst:
             fit = fit_of(cluster, known, w)
             v = fit.never_v
+            if v is None and fit.pinned:
+                v = pinned_verdict(q, pinned, fit.gpus, g)
             vs.append(v if v is not None else ~fit.room if pre else fit.room)
         return vs
 
@@ -540,6 +583,14 @@ class _Part:
         return out
 
 
+def pinned_verdict(queue: str, pinned: int, gpus: int, g: int) -> Verdict:
+    """The verdict of a non-preemptible gang of ``gpus`` whose queue's non-preemptible work holds
+    ``pinned`` GPUs of its gpu guarantee ``g`` (``pinned + gpus > g``): what
+    :meth:`_Cycle.free_capacity` says for it on every type (the gpu guarantee binds on each)."""
+    return (ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE,
+            reasons.pinned_over(Shortfall(queue, "gpu", g, pinned, gpus)))
+
+
 def _known(cluster: Cluster, pending: int) -> dict[str, Seen]:
     """Workload id -> (the workload, its :class:`Fit`, its last reason), kept on the cluster across
     cycles: a waiting workload's fit is found by id (cheaper than by shape), and a reason equal
@@ -570,12 +621,14 @@ def static_fit(cluster: Cluster, w: Workload) -> Fit:
     if hit is None:
         types = acceptable_types(cluster, w)
         rooms: dict[object, int] = cluster.memo.setdefault(("rooms",), {})  # type: ignore[assignment]
-        room = rooms.setdefault((types, w.gpus_per_pod, w.pods), len(rooms))
+        pinned = not w.preemptible
+        room_key = (types, w.gpus_per_pod, w.pods) if not pinned else (types, w.gpus_per_pod, w.pods, PINNED)
+        room = rooms.setdefault(room_key, len(rooms))
         keys: dict[object, int] = cluster.memo.setdefault(("fit keys",), {})  # type: ignore[assignment]
         key = keys.setdefault((w.queue, shape), len(keys))
         never = _never_fits(cluster, w, types, facts.caps)
         hit = facts.fits[shape] = Fit(never, types, room, key, w.pods * w.gpus_per_pod,
-                                      None if never is None else (ReasonCode.NEVER_FITS, never))
+                                      None if never is None else (ReasonCode.NEVER_FITS, never), pinned)
     return hit
 
 
@@ -588,6 +641,7 @@ def _never_fits(cluster: Cluster, w: Workload, types: tuple[str, ...], caps: dic
     if not types:
         return reasons.no_type(w)
     why: list[str] = []
+    floor = cluster.guarantee[w.queue] if not w.preemptible else None
     for t in types:
         vec = demand(w, t)
         for key, amt in vec:
@@ -596,6 +650,10 @@ def _never_fits(cluster: Cluster, w: Workload, types: tuple[str, ...], caps: dic
                 short = never_within_max(cluster, w.queue, vec)
                 assert short is not None
                 why.append(reasons.never_max(short))
+                break
+            g = floor.get(key) if floor is not None else None
+            if g is not None and amt > g:           # non-preemptible, larger than its guarantee
+                why.append(reasons.pinned_never(Shortfall(w.queue, key, g, 0, amt)))
                 break
         else:
             slots = node_slots(cluster, t, w.gpus_per_pod)

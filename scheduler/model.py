@@ -94,6 +94,8 @@ class ReasonCode(Enum):
     # its target's namespace may not use its queue (accounting.access): held by the service, never
     # decided on (the cycle does not see it)
     QUEUE_NOT_ALLOWED = "queue_not_allowed"
+    # non-preemptible, and its queue's non-preemptible work would go above the queue's guarantee
+    NON_PREEMPTIBLE_OVER_GUARANTEE = "non_preemptible_over_guarantee"
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from scheduler.snapshot import Cluster, dict_copy
+from scheduler.snapshot import PINNED, Cluster, dict_copy
 
 Vec = tuple[tuple[str, int], ...]
 _NONE: Mapping[str, int] = MappingProxyType({})
@@ -95,6 +95,24 @@ def over_guarantee(cluster: Cluster, ledger: Ledger, queue: str, vec: Vec) -> Sh
         limit = g.get(key)
         if limit is not None and used.get(key, 0) + amt > limit:
             return Shortfall(queue, key, limit, used.get(key, 0), amt)
+    return None
+
+
+def over_guarantee_pinned(cluster: Cluster, ledger: Ledger, queue: str, vec: Vec) -> Shortfall | None:
+    """Would the non-preemptible work of ``queue`` (the leaf) go above its guarantee by taking
+    ``vec`` (a non-preemptible workload's demand)? ``used`` in the shortfall is that work's usage.
+
+    The rule (KAI's: non-preemptible work only within the queue's quota): what a queue holds
+    above its guarantee must be reclaimable, so its non-preemptible work stays within the
+    guarantee, on every guaranteed resource; what it borrows beyond is preemptible."""
+    g = cluster.guarantee[queue]
+    used = ledger.of(queue)
+    for key, amt in vec:
+        limit = g.get(key)
+        if limit is not None:
+            held = used.get(PINNED + key, 0)
+            if held + amt > limit:
+                return Shortfall(queue, key, limit, held, amt)
     return None
 
 

@@ -57,6 +57,16 @@ def above_guarantee_parts(queue: str, resource: str, guaranteed: int) -> tuple[s
     return f"no preemption: queue {queue} would hold ", f" {resource}, above its guaranteed {guaranteed}"
 
 
+def pinned_over(s: Shortfall) -> str:
+    return (f"non-preemptible: queue {s.queue}'s non-preemptible work would hold {s.used + s.needed} "
+            f"{s.resource}, above its guaranteed {s.limit} (it holds {s.used})")
+
+
+def pinned_never(s: Shortfall) -> str:
+    return (f"non-preemptible: needs {s.needed} {s.resource}, queue {s.queue} guarantees {s.limit} "
+            "(non-preemptible work runs only within its queue's guarantee)")
+
+
 def delay(now_s: float, at_s: float, delay_s: float) -> str:
     return f"may preempt at t={num(at_s)} (in {num(at_s - now_s)} s, delay {num(delay_s)} s)"
 

@@ -81,14 +81,25 @@ def build_cluster(config: QueueConfig, nodes: Iterable[Node]) -> Cluster:
     )
 
 
+# The usage of non-preemptible work is kept beside the plain resources, each under its name with
+# this prefix (``non-preemptible:gpu``): a queue's non-preemptible work must stay within its
+# guarantee (:func:`scheduler.quota.over_guarantee_pinned`), and keeping it in the usage vectors
+# lets the ledger, the occupancy and the simulator carry it as they carry any resource. No max
+# or guarantee names such a key, so the other checks never see it.
+PINNED = "non-preemptible:"
+
+
 def demand(w: Workload, gpu_type: str) -> tuple[tuple[str, int], ...]:
-    """The usage vector of ``w`` running on ``gpu_type``: ``gpu``, ``gpu/<type>``, cpu, memory."""
+    """The usage vector of ``w`` running on ``gpu_type``: ``gpu``, ``gpu/<type>``, cpu, memory;
+    for a non-preemptible ``w`` each again under :data:`PINNED`."""
     n = w.pods * w.gpus_per_pod
     vec: tuple[tuple[str, int], ...] = (("gpu", n), ("gpu/" + gpu_type, n))
     if w.cpu_millicores_per_pod:
         vec += (("cpu", w.cpu_millicores_per_pod * w.pods),)
     if w.memory_per_pod_bytes:
         vec += (("memory", w.memory_per_pod_bytes * w.pods),)
+    if not w.preemptible:
+        vec += tuple([(PINNED + key, amt) for key, amt in vec])
     return vec
 
 

@@ -19,7 +19,10 @@ trace. In short:
   at its end) has no running time: it is **skipped** unless ``pending_duration_s`` gives one.
   Pods that ran until the end of the trace keep the censored running time the trace shows.
 * **QoS**: priority ``LS 2, Guaranteed 2, Burstable 1, BE 0``; LS and Guaranteed pods are not
-  preemptible, Burstable and BE are. No checkpointing (a preempted pod starts over).
+  preemptible, Burstable and BE are (so the scheduler admits them only within their queue's
+  guarantee). No checkpointing (a preempted pod starts over). The queues the importer creates
+  carry an explicit ``policy`` allowing what their pods ask: ``max_priority`` their highest
+  priority, ``non_preemptible`` whether any is not preemptible.
 * **Queues**: see :mod:`scheduler.traces_queues` (``hash:N`` by CRC-32 of the pod name, ``qos``,
   an explicit QoS table, or a user queue file). Created queues get ``guaranteed.gpu`` in
   proportion to their GPU-seconds demand (integers summing to the cluster's GPUs) and
@@ -279,6 +282,7 @@ def load_alibaba_v2023(trace_dir: str | Path, *, pods_file: str = PODS_FILE, ass
     if inflate is not None:
         pods = _inflate(pods, start, time_scale, duration_scale, sum(gpus_by_type.values()), inflate, seed, stats)
     demand: dict[str, float] = dict.fromkeys(rule.leaves, 0.0)
+    asks: dict[str, tuple[int, bool]] = {}      # queue -> (highest priority, any non-preemptible)
     workloads: list[tuple[float, int, dict[str, Any]]] = []
     for i, pod in enumerate(pods):
         queue = rule.queue_of(pod.name, pod.qos)
@@ -291,6 +295,8 @@ def load_alibaba_v2023(trace_dir: str | Path, *, pods_file: str = PODS_FILE, ass
             w["gpu_types"] = list(pod.gpu_types)
         w["priority"] = QOS_PRIORITY[pod.qos]
         w["preemptible"] = QOS_PREEMPTIBLE[pod.qos]
+        top, pinned = asks.get(queue, (0, False))
+        asks[queue] = (max(top, w["priority"]), pinned or not w["preemptible"])
         workloads.append((submit, i, w))
         stats.by_qos[pod.qos] += 1
         stats.requested_gpus_by_type[pod.gpu_types[0] if pod.gpu_types else "any"] += pod.gpus
@@ -307,6 +313,9 @@ def load_alibaba_v2023(trace_dir: str | Path, *, pods_file: str = PODS_FILE, ass
         tree = dict(queues["queues"])
     else:
         tree = default_quotas(rule.leaves, demand, total_gpus)
+        for q, spec in tree.items():         # what its pods ask, said explicitly (the queue policy)
+            top, pinned = asks.get(q, (0, False))
+            spec["policy"] = {"max_priority": top, "non_preemptible": pinned}
     scenario: dict[str, Any] = {"name": name or f"alibaba-v2023-{Path(pods_file).stem}"}
     if scheduler:
         scenario["scheduler"] = dict(scheduler)

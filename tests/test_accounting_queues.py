@@ -59,7 +59,7 @@ INVALID = [
     ("unknown-queue-key",
      q({"prod": {"guarantee": {"gpu": 8}}}),
      ("queues.prod.guarantee: unknown key (expected one of guaranteed, max, namespaces, placement, "
-      "preemption, priority, queues, strict_fifo, weight)")),
+      "policy, preemption, priority, queues, strict_fifo, weight)")),
     ("unknown-preemption-key",
      q({"prod": {"preemption": {"fense": True}}}),
      "queues.prod.preemption.fense: unknown key (expected one of fence)"),

@@ -36,6 +36,7 @@ from tests.test_api import TOKENS, Api, Clock
 
 QUEUES = {"a": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}}, "b": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}},
           "c": {"queues": {"x": {"guaranteed": {"gpu": 4}}, "y": {}}}}
+POLICY = {"max_priority": 10, "non_preemptible": True}   # what these tests submit (the queue policy, issue 17)
 
 
 class Sink:
@@ -48,7 +49,7 @@ class Sink:
 
 
 def service(sink: Sink | None = None) -> SchedulerService:
-    return SchedulerService(parse_queue_config({"queues": QUEUES}), DryRunActuator(),
+    return SchedulerService(parse_queue_config({"queues": QUEUES, "policy": POLICY}), DryRunActuator(),
                             nodes=nodes(("h", "H100", 8, 2)), settings=Settings(True, 0.0), sink=sink)
 
 

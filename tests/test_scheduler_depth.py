@@ -139,9 +139,9 @@ def _count_replays() -> dict[str, int]:
     counts = {"queues": 0}
     init = cy._Part.__init__
 
-    def counting(self, ctx, queue, lst, verdicts, segments, agg=None):  # type: ignore[no-untyped-def]
+    def counting(self, ctx, queue, lst, verdicts, segments, agg=None, pinned=0):  # type: ignore[no-untyped-def]
         counts["queues"] += bool(segments)
-        init(self, ctx, queue, lst, verdicts, segments, agg)
+        init(self, ctx, queue, lst, verdicts, segments, agg, pinned)
 
     cy._Part.__init__ = counting  # type: ignore[method-assign]
     _UNDO.append(lambda: setattr(cy._Part, "__init__", init))

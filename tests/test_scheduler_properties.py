@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from accounting.queues import QueueConfig, parse_queue_config
+from accounting.queues import OPEN_POLICY, QueueConfig, parse_queue_config
 from scheduler.simulator import run_scenario
 
 TYPES = ("H100", "A100")
@@ -38,6 +38,10 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.integers(0, 3)):
         queues["c"] = {}                                   # no guarantee: borrows early, gets preempted
         leaves.append("c")
+    if draw(st.booleans()):                                # a queue policy: what a's workloads may ask
+        a["policy"] = {"max_priority": draw(st.integers(0, 2)), "non_preemptible": draw(st.booleans())}
+        if "queues" in a and draw(st.booleans()):
+            a["queues"]["x"]["policy"] = {"max_priority": draw(st.integers(0, a["policy"]["max_priority"]))}
     workloads = []
     for i in range(draw(st.integers(2, 10))):
         types = draw(st.sampled_from([[], ["H100"], ["A100"], ["H100", "A100"], ["A100", "H100"]]))
@@ -65,7 +69,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
 
 class Checker:
     def __init__(self, sc: dict[str, Any]) -> None:
-        self.cfg: QueueConfig = parse_queue_config({"queues": sc["queues"]})
+        self.cfg: QueueConfig = parse_queue_config({"queues": sc["queues"]}, default_policy=OPEN_POLICY)
         self.cap: dict[str, int] = {}
         self.ntype: dict[str, str] = {}
         for g in sc["nodes"]:
@@ -101,8 +105,18 @@ class Checker:
                 return True
         return False
 
+    def pinned(self, q: str) -> int:
+        """GPUs the non-preemptible workloads of leaf ``q`` hold."""
+        return sum(r["gpus"] for r in self.running.values() if r["queue"] == q and not r["preemptible"])
+
+    def over_policy(self, w: dict[str, Any]) -> bool:
+        p = self.cfg.queues[w["queue"]].policy
+        return w["priority"] > p.max_priority or (not w["preemptible"] and not p.non_preemptible)
+
     def never_fits(self, w: dict[str, Any]) -> bool:
         n = w["pods"] * w["gpus_per_pod"]
+        if not w["preemptible"] and n > self.cfg.queues[w["queue"]].guaranteed.get("gpu", 0):
+            return True                                  # non-preemptible, larger than its guarantee
         for t in w["gpu_types"] or TYPES:
             if any(self.cfg.queues[q].max.get(r, 10**9) < n for q in self.chain(w["queue"]) for r in ("gpu", f"gpu/{t}")):
                 continue
@@ -126,12 +140,13 @@ class Checker:
         self.state[e["workload"]] = "pending"
 
     def on_reject(self, e: dict[str, Any], w: dict[str, Any], t: float, rest: list[Any]) -> None:
-        assert self.state[e["workload"]] == "pending" and self.never_fits(w)
+        assert self.state[e["workload"]] == "pending" and (self.never_fits(w) or self.over_policy(w))
+        assert e["reason"].startswith("policy: ") == self.over_policy(w), "a policy refusal says so"
         self.state[e["workload"]] = "rejected"
 
     def on_admit(self, e: dict[str, Any], w: dict[str, Any], t: float, rest: list[Any]) -> None:
         wid, gt, pl = e["workload"], e["gpu_type"], e["placement"]
-        assert self.state[wid] == "pending" and not self.never_fits(w)
+        assert self.state[wid] == "pending" and not self.never_fits(w) and not self.over_policy(w)
         k = t / self.s["cycle_interval_s"]
         assert abs(k - round(k)) < 1e-6, "admissions happen on the cycle grid"
         assert not w["gpu_types"] or gt in w["gpu_types"], "acceptable type"
@@ -141,8 +156,11 @@ class Checker:
             self.used[node] += n
             assert self.used[node] <= self.cap[node], f"node {node} over capacity"
         self.preempting.discard(wid)
-        self.running[wid] = {"queue": w["queue"], "type": gt, "gpus": sum(pl.values()), "start": t, "pl": pl}
+        self.running[wid] = {"queue": w["queue"], "type": gt, "gpus": sum(pl.values()), "start": t, "pl": pl,
+                             "preemptible": w["preemptible"]}
         self.state[wid] = "running"
+        g = self.cfg.queues[w["queue"]].guaranteed.get("gpu", 0)
+        assert self.pinned(w["queue"]) <= g, "no non-preemptible workload holds GPUs over its queue's guarantee"
         for q in self.chain(w["queue"]):
             for r, m in self.cfg.queues[q].max.items():
                 assert self.usage(q, r) <= m, f"{q} over max {r}"

@@ -29,6 +29,7 @@ from tests.conftest import SCENARIOS
 QUEUES = {"a": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}},
           "b": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16}},
           "team": {"queues": {"x": {}, "y": {}}}}
+POLICY = {"max_priority": 10}           # the priorities these tests submit (the queue policy, issue 17)
 
 
 class Sink:
@@ -69,7 +70,7 @@ class Flaky(DryRunActuator):
 
 
 def make(actuator: Any = None, sink: Any = None, n: int = 2, **kw: Any) -> SchedulerService:
-    return SchedulerService(parse_queue_config({"queues": QUEUES}), actuator or DryRunActuator(),
+    return SchedulerService(parse_queue_config({"queues": QUEUES, "policy": POLICY}), actuator or DryRunActuator(),
                             nodes=nodes(("h", "H100", 8, n)), settings=Settings(True, 30.0), sink=sink,
                             cluster="c1", sleep=lambda s: None, **kw)
 

@@ -16,17 +16,21 @@ QueueNot-     Warning    the workload source holds it: its namespace may not use
 Allowed                  (:mod:`accounting.access`); the reason as ``gpuq explain`` shows it (posted by
                          :class:`~scheduler.actuators.k8s_workloads.KubernetesWorkloadSource`, once per
                          object generation and queue)
+PolicyRefused Warning    not admitted: the object asks more than its queue's policy allows (its
+                         priority or ``gpuq.io/preemptible: "false"``, :mod:`scheduler.policy`);
+                         ``not admitted: priority 2147483647 above team-x's max_priority 0``
 ============  =========  ===========================================================================
 
 ``involvedObject``: apiVersion, kind, name, namespace and uid (when the actuator read the object);
 ``source.component: gpuq-scheduler``, ``reportingComponent: gpuq``, ``reportingInstance`` (the
-host), ``action`` (Admit/Preempt/Suspend/Cancel), ``count: 1``, first/last timestamps.
+host), ``action`` (Admit/Preempt/Suspend/Cancel/Refuse), ``count: 1``, first/last timestamps.
 
 **Idempotent-ish.** The Event's name is deterministic: ``<object>.gpuq-<action>-<12 hex>`` of
 sha256(object uid or namespace/name, action, a token). For a RayJob/RayCluster the token is the
 object's ``metadata.generation`` after the change (each admission or suspension changes ``spec``,
 so bumps it), so a repeated call that finds the work already done posts the same name and the
-server's 409 AlreadyExists means "already told"; for a pod, the minute of the eviction. A
+server's 409 AlreadyExists means "already told"; for a pod, the minute of the eviction; for a
+refusal, its message (the same refusal is told once). A
 transient failure is retried (same name, so never two Events); no failure fails the action: it
 is logged and counted in :attr:`EventRecorder.failures` (by reason) and named in the action's
 ``detail["event_error"]``.
@@ -56,7 +60,8 @@ REPORTING_COMPONENT = "gpuq"
 #: verb -> (reason, type, action)
 KINDS = {"admit": ("Admitted", "Normal", "Admit"), "preempt": ("Preempted", "Warning", "Preempt"),
          "suspend": ("Suspended", "Warning", "Suspend"), "cancel": ("Cancelled", "Normal", "Cancel"),
-         "not-allowed": ("QueueNotAllowed", "Warning", "Refuse")}
+         "not-allowed": ("QueueNotAllowed", "Warning", "Refuse"),
+         "refuse": ("PolicyRefused", "Warning", "Refuse")}
 MESSAGE_LIMIT = 1024                   # events.k8s.io caps a note at 1 kB; keep core events the same
 
 

@@ -42,7 +42,8 @@ with ``clientutil.Patch(..., strict=true)``, ``rayjob.RunWithPodSetsInfo``/``Sus
 
 **Events**: each action that happened gets one Kubernetes Event on the object (``Admitted``,
 ``Preempted``, ``Suspended``, ``Cancelled``; :mod:`scheduler.actuators.k8s_events`), with a
-deterministic name so a repeated call does not tell twice. An Event that cannot be created is
+deterministic name so a repeated call does not tell twice; an object held for its queue's policy
+gets ``PolicyRefused`` (:meth:`KubernetesActuator.refuse`, called by the workload sync). An Event that cannot be created is
 logged and counted (``actuator.events.failures``), never a failed action.
 
 **RBAC** (a Role in each namespace the target names, or a ClusterRole when it names none):
@@ -202,6 +203,17 @@ class KubernetesActuator:
         """``reason``: the Event's message (default ``cancelled by gpuq``)."""
         return self._tell(target, self._stop(target, (CANCELLED_ANNOTATION, "true")), "cancel",
                           reason or "cancelled by gpuq")
+
+    def refuse(self, workload: Workload, target: Target, message: str) -> dict[str, str]:
+        """Tell the owners of an object gpuq will not admit as it stands: a Warning Event
+        ``PolicyRefused`` with ``message`` (its priority or non-preemptibility is over its queue's
+        policy, :mod:`scheduler.policy`). Named by the message, so telling the same again posts
+        the same name (409: already told). Answers the recorder's ``event``/``event_error``."""
+        if self.events is None:
+            return {}
+        api_version = target.api_version or f"{RAY_GROUP}/{RAY_VERSION}"
+        obj = Involved(api_version, target.kind, target.namespace, target.name)
+        return self.events.record(obj, "refuse", f"not admitted: {message}", token=message)
 
     def _stop(self, target: Target, mark: tuple[str, str]) -> ActionResult:
         if target.kind == "Pod":

@@ -172,11 +172,13 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         return readable.workload(service.explain(workload_id))
 
     @app.post("/workloads", tags=["workloads"], response_model=WorkloadView, status_code=201,
-              summary="Submit a workload", responses={403: {}, 409: {}, 422: {}})
+              summary="Submit a workload (422 also when its priority or non-preemptibility is over its "
+                      "queue's policy or the token's bounds)", responses={403: {}, 409: {}, 422: {}})
     def submit(body: WorkloadIn, caller: operator, response: Response) -> Any:
         caller.check_target(body.queue, body.target.namespace)
         now = clock()
         workload, target = body.to_workload(now), body.target.to_target()
+        caller.check_policy(service.config, workload)
         check_spec_size(workload, target, settings.api.max_spec_bytes)
         view = readable.workload(service.submit(workload, target, now, actor=caller.actor))
         response.headers["Location"] = f"/workloads/{view.id}"
@@ -193,11 +195,13 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         return view
 
     @app.post("/dry-run", tags=["workloads"], response_model=DryRun,
-              summary="What the scheduler would do if this workload arrived now (nothing changes)",
-              responses={403: {}, 422: {}})
-    def dry_run(body: DryRunIn, _: operator) -> Any:
+              summary="What the scheduler would do if this workload arrived now (nothing changes; the same "
+                      "policy bounds as a submit)", responses={403: {}, 422: {}})
+    def dry_run(body: DryRunIn, caller: operator) -> Any:
         now = clock()
-        return readable.dry_run(service.dry_run(body.to_workload(now), now, body.target.namespace))
+        workload = body.to_workload(now)
+        caller.check_policy(service.config, workload)
+        return readable.dry_run(service.dry_run(workload, now, body.target.namespace))
 
     @app.get("/nodes", tags=["cluster"], response_model=list[NodeView], summary="Nodes and what the scheduler placed there")
     def nodes(_: viewer) -> Any:

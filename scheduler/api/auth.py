@@ -8,6 +8,9 @@ a known token whose role is too low, 403. The 403 names the role needed, never t
 An operator token is scoped (:class:`Scope`): the Kubernetes namespaces of its targets and the
 queue subtrees it may act in, both of which must allow a submit or a cancel (a Ray or target-less
 workload has no namespace: its queue decides). Admins are unscoped; viewers read everything.
+What a submitted workload may ask (its priority, whether it is non-preemptible) is bounded for
+every caller by its queue's policy, and for an operator also by its token's ``max_priority`` and
+``non_preemptible`` (:meth:`Caller.check_policy`, :mod:`scheduler.policy`).
 
 The check runs twice: :class:`scheduler.api.limits.Guard` answers 401/403 from the headers
 before the body is read, and the route's dependency gives the route its :class:`Caller`.
@@ -27,8 +30,12 @@ from typing import Annotated, Any
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from accounting.queues import QueueConfig
 from gpuq.errors import ConfigError
-from scheduler.api.problems import Problem
+from scheduler.api.problems import Problem, invalid
+from scheduler.model import Workload
+from scheduler.policy import OPEN as NO_NARROWING
+from scheduler.policy import POLICY, Narrowing, refusal
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +47,19 @@ NOT_VALID = "the bearer token is not valid"
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """Where a token may act: ``None`` for a dimension means anywhere (admins)."""
+    """Where a token may act: ``None`` for a dimension means anywhere (admins); ``bounds``: what its
+    workloads may ask, narrower than their queue's policy (:class:`scheduler.policy.Narrowing`)."""
 
     namespaces: frozenset[str] | None = None
     queues: tuple[str, ...] | None = None
+    bounds: Narrowing = NO_NARROWING
 
     @classmethod
-    def of(cls, namespaces: Sequence[str] | None, queues: Sequence[str] | None) -> "Scope":
+    def of(cls, namespaces: Sequence[str] | None, queues: Sequence[str] | None,
+           max_priority: int | None = None, non_preemptible: bool | None = None) -> "Scope":
         ns = None if namespaces is None or "*" in namespaces else frozenset(namespaces)
         qs = None if queues is None or "*" in queues or "root" in queues else tuple(q.strip(".") for q in queues)
-        return cls(ns, qs)
+        return cls(ns, qs, Narrowing(max_priority, non_preemptible is not False))
 
     def allows_namespace(self, namespace: str) -> bool:
         return self.namespaces is None or namespace in self.namespaces
@@ -80,11 +90,20 @@ class Caller:
         if namespace and not self.scope.allows_namespace(namespace):
             raise Problem(403, "this token may not act in this namespace")
 
+    def check_policy(self, config: QueueConfig, workload: Workload) -> None:
+        """422 naming the field (``body.priority``, ``body.preemptible``) and the bound when the
+        workload asks more than its queue's policy, or this token's narrower bounds, allow."""
+        over = refusal(config, workload, self.scope.bounds)
+        if over is not None:
+            raise invalid(f"body.{over.field}", over.message, type_=POLICY)
+
 
 class Auth:
     def __init__(self, tokens: Sequence[Any]) -> None:
         self._tokens = [(t.token.encode(), Caller(t.name or f"token-{i}", t.role,
-                                                  Scope.of(getattr(t, "namespaces", None), getattr(t, "queues", None))
+                                                  Scope.of(getattr(t, "namespaces", None), getattr(t, "queues", None),
+                                                           getattr(t, "max_priority", None),
+                                                           getattr(t, "non_preemptible", None))
                                                   if t.role == "operator" else EVERYWHERE))
                         for i, t in enumerate(tokens)]
         self.scheme = HTTPBearer(auto_error=False, description="A token from api.tokens in the settings.")

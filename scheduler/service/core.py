@@ -26,6 +26,9 @@ is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the t
   request). The dropped actions are counted (``stats.actions_fenced``) and recorded as nothing:
   no event is written for them, so whoever leads next replays a store in which they never
   happened and decides them again from there (:meth:`restore`, then the observed world);
+* the queue policy (:mod:`scheduler.policy`): a pending workload that asks more than its queue's
+  policy allows (priority, non-preemptible) is held out of the cycle with the reason ``policy``
+  (:meth:`_police`, at submit, preemption, reload and restore);
 * :meth:`dry_run` answers "what would you do if this arrived now" on a copy;
 * :meth:`explain`, :meth:`workloads`, :meth:`nodes`, :meth:`preemptions` read.
 
@@ -46,7 +49,8 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from functools import partial
 from typing import Any, Protocol
 
-from accounting.access import NamespaceQueues, refusal
+from accounting.access import NamespaceQueues
+from accounting.access import refusal as access_refusal
 from accounting.audit import OTHER, Difference, Placed
 from accounting.errors import QueueNotCreated
 from accounting.ledger import admission_rows
@@ -60,6 +64,7 @@ from scheduler.service.brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Paus
 from scheduler.cycle import never_fits, schedule
 from scheduler.model import Decisions, Node, Placement, ReasonCode, Running, Workload
 from scheduler.ordering import by_queue
+from scheduler.policy import POLICY, refusal
 from scheduler.service.errors import (
     ActuatorFailed,
     ConfigRejected,
@@ -181,12 +186,42 @@ class SchedulerService:
                 raise ConfigRejected(f"queues {', '.join(lost)} hold pending or running workloads "
                                      f"but are not leaf queues of the new configuration")
             barred = sorted({f"{e.workload.queue} ({e.target.namespace})" for e in live
-                             if e.state == RUNNING and refusal(new.queues, e.workload.queue, e.target.namespace)})
+                             if e.state == RUNNING and access_refusal(new.queues, e.workload.queue, e.target.namespace)})
             if barred:
                 raise ConfigRejected(f"queues run workloads of namespaces the new configuration does not allow "
                                      f"there: {', '.join(barred[:10])}; cancel them or wait until they end")
             self._nsq, self._config, self._cluster = nsq, new, None
             self._review()
+            for e in self._entries.values():
+                if e.state == PENDING:
+                    self._police(e)
+
+    def _police(self, e: Entry) -> None:
+        """Hold a pending workload that asks more than its queue's policy allows (priority above
+        ``max_priority``, non-preemptible where that is not allowed: :mod:`scheduler.policy`) out
+        of the cycle and of the queue positions, with the reason ``policy``; release one that is
+        within it again (a queue file that now allows it). The API refuses such a workload with a
+        422 before it gets here; this holds the Kubernetes source's objects, the workloads
+        restored after a restart and those a reload puts over a narrower bound."""
+        if e.not_allowed:           # held for its namespace first (:meth:`_review` polices it once let go)
+            return
+        over = refusal(self._config, e.workload)
+        held = over.message if over is not None else ""
+        if held == e.policy:
+            return
+        e.policy = held
+        if held:
+            self._pos.discard(e.workload.id)
+            e.reason = Reason(POLICY, held)
+        else:
+            self._pos.add(e.workload)
+            e.reason = Reason(QUEUED, "within its queue's policy now; waiting for the next cycle")
+
+    def policy_hold(self, workload_id: str) -> tuple[Workload, str] | None:
+        """(the workload, why) when it is pending and held for its queue's policy; else None."""
+        with self._lock:
+            e = self._entries.get(workload_id)
+            return (e.workload, e.policy) if e is not None and e.policy else None
 
     def set_nodes(self, nodes: Iterable[Node]) -> None:
         new = tuple(nodes)
@@ -261,6 +296,7 @@ class SchedulerService:
         self._entries[workload.id] = e
         if not_allowed is None:
             self._pos.add(workload)
+            self._police(e)
         else:
             e.not_allowed, e.reason = True, Reason(QUEUE_NOT_ALLOWED, not_allowed)
         self._emit(now, "submit", workload, spec=ev.spec_json(workload, target), **({"by": actor} if actor else {}))
@@ -268,7 +304,7 @@ class SchedulerService:
         if not_allowed is not None:
             return self._view(e)
         cluster = self._cluster_now()
-        why = never_fits(cluster, workload) if cluster.nodes else None
+        why = never_fits(cluster, workload) if cluster.nodes and not e.policy else None
         if why is not None:
             self._close(e, REJECTED, now, Reason("never_fits", why))
             self._emit(now, "reject", workload, reason=why)
@@ -341,7 +377,7 @@ class SchedulerService:
     def _not_allowed(self, queue: str, namespace: str) -> str | None:
         """Why work of ``namespace`` may not use ``queue``, with where what it runs is billed; None
         when it may (or the queue is unknown: the caller says so)."""
-        why = refusal(self._config.queues, queue, namespace)
+        why = access_refusal(self._config.queues, queue, namespace)
         if why is None:
             return None
         own = next((q for q in self._nsq.own_queues(namespace) if q != queue), None)
@@ -391,6 +427,8 @@ class SchedulerService:
             e.not_allowed = False
             e.reason = Reason(QUEUED, f"{ns} may use queue {queue} now; waiting for the next cycle")
             self._pos.add(e.workload)
+            e.policy = ""                 # policed afresh on its (maybe new) queue
+            self._police(e)
 
     def state_of(self, workload_id: str) -> str | None:
         """``pending``/``running``/..., or None for an id the service does not hold."""
@@ -457,7 +495,7 @@ class SchedulerService:
             elif r is not None and e.acting != PREEMPTING:
                 w = _fixed(r.workload) if (e.acting or e.cancelling) else r.workload
                 running.append(Running(w, r.placement, r.start_s, w.id in self._idle))
-            elif e.state == PENDING and not e.acting and not e.cancelling and not e.not_allowed:
+            elif e.state == PENDING and not e.acting and not e.cancelling and not e.not_allowed and not e.policy:
                 pending.append(e.workload)
         running.extend(self._foreign.running)
         return snapshot(cluster, running, [*pending, *extra], self.settings)
@@ -739,6 +777,7 @@ class SchedulerService:
         v.state, v.running, v.preempted = PENDING, None, v.preempted + 1
         self._pos.add(v.workload)
         v.reason = Reason(PREEMPTED, f"preempted by {by} at t={ev.round_t(now)}: {reason}")
+        self._police(v)
         if record:
             self._emit(now, "preempt", v.workload, by=by, reason=reason)
             bump(self.stats.preemptions, v.workload.queue)
@@ -872,7 +911,7 @@ class SchedulerService:
 
     def _positions(self) -> dict[str, int]:
         """Every pending workload's position, sorted afresh (what :attr:`_pos` keeps up to date)."""
-        pending = [e.workload for e in self._entries.values() if e.state == PENDING]
+        pending = [e.workload for e in self._entries.values() if e.state == PENDING and not e.policy]
         return {w.id: i for lst in by_queue(pending).values() for i, w in enumerate(lst, 1)}
 
     def _view(self, e: Entry) -> WorkloadView:
@@ -1029,6 +1068,9 @@ class SchedulerService:
                         log.warning("restore: %s (workload %s)", exc, e.workload.id)
             self._review()
             self._pos.rebuild(e.workload for e in self._entries.values() if e.state == PENDING and not e.not_allowed)
+            for e in self._entries.values():
+                if e.state == PENDING:
+                    self._police(e)
             return n
 
     def _replay(self, stored: Iterable[ev.StoredEvent]) -> int:
@@ -1113,7 +1155,9 @@ def caller_name(actor: str) -> str:
 
 
 def _fixed(w: Workload) -> Workload:
-    """``w`` as the core must see it while an action is in flight for it: not a victim."""
+    """``w`` as the core must see it while an action is in flight for it: not a victim. For that
+    cycle its GPUs also count as its queue's non-preemptible usage, which can only hold a
+    non-preemptible admission of that queue back a cycle, never let one over its guarantee."""
     return w if not w.preemptible else dataclasses.replace(w, preemptible=False)
 
 

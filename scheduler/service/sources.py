@@ -10,7 +10,11 @@ function every ``accounting.interval_s``).
   is only logged: the service cannot know its placement. An object whose namespace may not use
   the queue it names (:mod:`accounting.access`) is held pending with ``queue_not_allowed`` and
   gets one Kubernetes Event saying so (the source's ``refused``); relabelled to another queue,
-  it is taken again as new.
+  it is taken again as new. An object whose labels ask more than its queue's policy allows
+  (``gpuq.io/priority`` above ``max_priority``, ``gpuq.io/preemptible: "false"`` where
+  non-preemptible work is not allowed: :mod:`scheduler.policy`) is submitted but held pending with
+  the reason ``policy``, and told so by a ``PolicyRefused`` Event on the object; fixed, it is taken
+  again as it is.
 * **ray**: :func:`sync_ray` asks the Ray actuator for the status of each running
   ``RaySubmission`` workload; a job that ended (SUCCEEDED, FAILED, or STOPPED by someone else)
   finishes the workload.
@@ -43,14 +47,27 @@ class SyncReport:
     removed: tuple[str, ...] = ()
     unknown_admitted: tuple[str, ...] = ()
     not_allowed: tuple[str, ...] = ()          # submitted now and held: the namespace may not use the queue
+    held: tuple[str, ...] = ()            # pending, held for their queue's policy
 
 
-def sync_listed(service: SchedulerService, source: WorkloadLister, now: float) -> SyncReport:
+Tell = Callable[[Workload, Target, str], Any]
+
+
+def sync_listed(service: SchedulerService, source: WorkloadLister, now: float, tell: Tell | None = None,
+                told: dict[str, str] | None = None) -> SyncReport:
+    """One sync (the module's rules). A listed object the service holds for its queue's policy
+    (:mod:`scheduler.policy`: the priority or non-preemptibility its labels ask is over its queue's
+    bound) is told so by ``tell`` (the actuator's :meth:`refuse`: an Event on the object), once per
+    refusal: ``told`` (id -> message told) remembers across syncs. Such an object that changed since
+    (its labels fixed) is taken again as it is now."""
     pending, admitted = source.pending(), source.admitted()
     listed = {w.id for w, _ in pending} | {w.id for w, _, _ in admitted}
-    submitted, removed, unknown, held = [], [], [], []
+    submitted, removed, unknown, held, not_allowed = [], [], [], [], []
     refused = getattr(source, "refused", None)
     for w, t in pending:
+        hold = service.policy_hold(w.id)
+        if hold is not None and hold[0] != w:
+            service.remove(w.id, now, "its object changed while held for its queue's policy")
         state = service.state_of(w.id)
         if state == "pending":
             view = service.explain(w.id)
@@ -65,10 +82,20 @@ def sync_listed(service: SchedulerService, source: WorkloadLister, now: float) -
                 log.warning("cannot submit %s: %s", w.id, exc)
                 continue
             if view.reason_code == NOT_ALLOWED:
-                held.append(w.id)
+                not_allowed.append(w.id)
                 log.warning("%s not admitted: %s", w.id, view.message)
                 if refused is not None:
                     refused(w, t, NOT_ALLOWED, view.message or "")
+                continue
+        hold = service.policy_hold(w.id)
+        if hold is not None:
+            held.append(w.id)
+            if told is None or told.get(w.id) != hold[1]:
+                log.warning("%s not admitted: %s", w.id, hold[1])
+                if tell is not None:
+                    tell(w, t, hold[1])
+                if told is not None:
+                    told[w.id] = hold[1]
     for w, _, _ in admitted:
         if service.state_of(w.id) not in ("running", "pending"):
             unknown.append(w.id)
@@ -77,7 +104,10 @@ def sync_listed(service: SchedulerService, source: WorkloadLister, now: float) -
         if wid.startswith(SOURCE_ID_PREFIXES) and wid not in listed:
             service.remove(wid, now, "its object was deleted")
             removed.append(wid)
-    return SyncReport(tuple(submitted), tuple(removed), tuple(unknown), tuple(held))
+    if told is not None:
+        for wid in [wid for wid in told if wid not in held]:
+            del told[wid]
+    return SyncReport(tuple(submitted), tuple(removed), tuple(unknown), tuple(not_allowed), tuple(held))
 
 
 def sync_ray(service: SchedulerService, actuator: Any, now: float) -> list[str]:
@@ -103,7 +133,8 @@ def world_sync(settings: Any, service: SchedulerService, actuator: Actuator) -> 
         from scheduler.actuators.k8s_workloads import KubernetesWorkloadSource
 
         source = KubernetesWorkloadSource(settings)
-        return lambda now: sync_listed(service, source, now)
+        told: dict[str, str] = {}
+        return lambda now: sync_listed(service, source, now, tell=getattr(actuator, "refuse", None), told=told)
     if actuator.name == "ray":
         return lambda now: sync_ray(service, actuator, now)
     return None

@@ -8,7 +8,8 @@ tried again next cycle); while the actuator works (outside the service lock,
 :mod:`scheduler.service.acting`) ``admitting``, ``preempting`` or ``cancelling``; and the brakes'
 (:mod:`scheduler.service.brakes`): ``paused``, ``preemption_limited``, ``preemption_refused``.
 ``queue_not_allowed`` (a model code the service gives, not the cycle) holds a workload of the
-Kubernetes source whose namespace may not use its queue: pending, never admitted.
+Kubernetes source whose namespace may not use its queue: pending, never admitted. ``policy`` (:data:`scheduler.policy.POLICY`): pending, held out of the cycle, because it asks
+more than its queue's policy allows (a Kubernetes object's priority or preemptibility).
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ class Entry:
     planned_s: float | None = None     # and when it was decided
     not_allowed: bool = False          # its namespace may not use its queue: held pending, not decided on
     owner: str = ""                    # who submitted it (``name (role)``; "" for the world's own)
+    policy: str = ""                   # pending over its queue's policy (why): held out of the cycle
 
 
 @dataclass(frozen=True, slots=True)
