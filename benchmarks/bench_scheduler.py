@@ -412,7 +412,7 @@ def settled(snap: Snapshot, n_pending: int, now: float, seed: int = 5) -> Snapsh
 def cold(snap: Snapshot) -> Snapshot:
     """The same snapshot on a copy of its cluster without the memos earlier cycles left (static
     fits, the last reason of each workload): a cycle right after a restart."""
-    return dataclasses.replace(snap, cluster=dataclasses.replace(snap.cluster, memo={}))
+    return dataclasses.replace(snap, cluster=dataclasses.replace(snap.cluster, memo=type(snap.cluster.memo)()))
 
 
 def timed(snap: Snapshot, now: float, reps: int, fresh: bool = False) -> list[float]:

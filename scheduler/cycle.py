@@ -9,27 +9,49 @@ As many workloads are admitted per cycle as fit. After an admission the queue's 
 recomputed and the queue goes back into the heap; a workload that cannot start does not stop the
 ones behind it unless its queue is ``strict_fifo``.
 
+Verdicts, then reasons. A walk (one queue's pending, in order, until one starts) stores one
+verdict per waiting workload, a typed value of :mod:`scheduler.verdicts`: :class:`Settled` (code
+and message known), :class:`NoRoom` / :class:`NoRoomAboveGuarantee` (the shape's room found none
+this cycle; the message is the room's), :class:`AwaitingDelay` (may preempt once its delay has
+passed). A shape's verdict is found once per walk and shared by its workloads. The reasons are
+built from the verdicts only when :attr:`Decisions.pending` is first read (:class:`_Walked`,
+:class:`_Quiet`), with what a verdict leaves to its reading (the room's message, the queue's
+usage when walked, now) kept with the verdicts in :data:`Segment` s.
+
 Cost (docs/PERFORMANCE.md, "Scheduler at depth"): a cycle's cost follows what changed, not the
-depth of the backlog. A walk stores a verdict per waiting workload, found once per gang shape, and
-the reasons are built from the verdicts only when read (:class:`_Part`); a queue whose every
-workload would take a verdict from memos is not walked at all, which is read from counts kept per
-queue (:class:`_Agg`). Within a cycle, a gang shape that found no room keeps its message until a
-preemption frees capacity. Across cycles the cluster's ``memo`` holds what never changes (each
-queue's and gang shape's static fit), what is updated from the changes (the pending grouped by
-queue, the per-queue counts, the victim candidates in order) and each pending workload's last
-reason, reused as the same immutable object while it is unchanged. Nothing there is a decision:
-each is a function of the snapshot, kept because recomputing it would cost a pass over the backlog.
+depth of the backlog. A queue whose every workload would take a verdict that needs no walk is not
+walked at all (:class:`_Quiet`), which is read from counts kept per queue
+(:class:`scheduler.memo.QueueCounts`). Within a cycle, a gang shape that found no room keeps its
+verdict until a preemption frees capacity (:attr:`_Cycle.all_full`). Across cycles the cluster's
+``memo`` (:class:`scheduler.memo.CycleMemo`, each field named and documented there) holds what
+never changes (the queue tree as read here, each queue's and gang shape's static :class:`Fit`),
+what is updated from the changes (the pending grouped by queue, the per-queue counts and fits, the
+victim candidates in order, the queue keys) and each pending workload's last reason, reused as the
+same immutable object while it is unchanged. Nothing there is a decision: each is a function of
+the snapshot, kept because recomputing it would cost a pass over the backlog.
 """
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 from types import MappingProxyType
-from typing import NamedTuple, cast
+from typing import NamedTuple, final
 
 from scheduler import reasons
 from scheduler.errors import SnapshotError
+from scheduler.memo import (
+    BuiltReasons,
+    CycleMemo,
+    FitList,
+    KeptKey,
+    Known,
+    QueueChanges,
+    QueueCounts,
+    QueueFacts,
+    QueueTable,
+    Shape,
+)
 from scheduler.model import (
     Admission,
     Decisions,
@@ -40,21 +62,29 @@ from scheduler.model import (
     Workload,
     pending_reason,
 )
-from scheduler.ordering import QueueChanges, QueueKey, grouped, queue_changes, queue_key
+from scheduler.ordering import QueueKey, grouped, queue_key
 from scheduler.placement import FreeIndex, node_slots
 from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
 from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_guarantee_pinned, over_max
 from scheduler.snapshot import PINNED, Cluster, Snapshot, demand
+from scheduler.verdicts import (
+    AllFull,
+    AwaitingDelay,
+    Fit,
+    NoRoom,
+    NoRoomAboveGuarantee,
+    Settled,
+    Verdict,
+)
 
 PINNED_GPU = PINNED + "gpu"          # a queue's non-preemptible GPUs in its usage
-
-Verdict = tuple[ReasonCode, str]
 
 
 def schedule(snap: Snapshot, now: float) -> Decisions:
     cycle = _Cycle(snap, now)
-    groups = grouped(snap.cluster.memo, snap.pending, snap.changes)
-    cycle.qchanges = queue_changes(snap.cluster.memo)
+    memo = snap.cluster.memo
+    groups = grouped(memo, snap.pending, snap.changes)
+    cycle.qchanges = memo.grouped_changes
     cycle.check_queues(groups)
     key = cycle.queue_key
     heap = [(key(q), q) for q in groups]
@@ -69,6 +99,21 @@ def schedule(snap: Snapshot, now: float) -> Decisions:
     return Decisions(now, tuple(cycle.admissions), tuple(cycle.preemptions), cycle.requeue(groups))
 
 
+@final
+class _MayPreempt:
+    """A shape whose workloads may preempt in this walk (:meth:`_Cycle._pre_class`); not a verdict
+    itself but what gives one per workload: its free-capacity message, its types where it stays
+    within its guarantee, the delay, the verdict of those still within the delay, and the verdict
+    of the victim search per priority (a search that started one is no verdict: the walk ends)."""
+
+    __slots__ = ("delay_s", "eligible", "message", "plans", "waiting")
+
+    def __init__(self, message: str, eligible: tuple[str, ...], delay_s: float) -> None:
+        self.message, self.eligible, self.delay_s = message, eligible, delay_s
+        self.waiting = AwaitingDelay(message)
+        self.plans: dict[int, Settled] = {}
+
+
 class _Cycle:
     """The working state of one cycle; built from the snapshot, never writing to it."""
 
@@ -81,30 +126,31 @@ class _Cycle:
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
         # queue -> its waiting ones (their verdicts; the reasons are built when first read)
-        self.parts: dict[str, _Part] = {}
-        memo = self.cluster.memo
-        self.aggs: dict[str, _Agg] = memo.setdefault(("aggs",), {})  # type: ignore[assignment]
-        statics: tuple[frozenset[str], dict[str, int]] | None = memo.get(("strict, gpu guarantee",))  # type: ignore[assignment]
-        if statics is None:
+        self.parts: dict[str, _Walked | _Quiet] = {}
+        self.walked: dict[str, _Walked] = {}     # the walked ones of parts
+        self.memo: CycleMemo = self.cluster.memo
+        self.counts = self.memo.counts
+        table = self.memo.queues
+        if table is None:
             c = self.cluster
-            statics = memo[("strict, gpu guarantee",)] = (
+            table = self.memo.queues = QueueTable(
+                frozenset(c.config.leaves()),
                 frozenset(q for q, cfg in c.config.queues.items() if cfg.strict_fifo),
                 {q: g["gpu"] for q, g in c.guarantee.items()})
-        self.strict, self.guarantees = statics
+        self.leaves, self.strict, self.guarantees = table
         self.qchanges: QueueChanges = {}        # what this cycle's grouping changed (schedule sets it)
-        self.fit_lists: dict[str, tuple[list[Workload], list[Fit]]] = memo.setdefault(  # type: ignore[assignment]
-            ("fits",), {})
-        self.known = _known(snap.cluster, len(snap.pending))
-        self.qkeys: dict[str, tuple[Mapping[str, int], QueueKey]] = memo.setdefault(  # type: ignore[assignment]
-            ("queue keys",), {})
-        self.ctx: _Context = (self.cluster, now, snap.settings.preemption_delay_s, self.known)
+        self.fit_lists = self.memo.fit_lists
+        self.known = _known(self.memo, len(snap.pending))
+        self.qkeys = self.memo.queue_keys
+        self.ctx = _Context(self.cluster, now, snap.settings.preemption_delay_s, self.known)
         self.preemption = snap.settings.preemption
         self.pool: Pool | None = None        # victim candidates, built on first need
         # a gang shape that found no room stays without room until capacity is freed (admissions
         # only take): (type, gpus per pod, pods) -> its message; cleared by every preemption
         self.no_room: dict[tuple[str, int, int], str] = {}
-        # Fit.room (types, gpus per pod, pods) whose every type is in no_room -> the joined message
-        self.all_full: dict[int, str] = {}
+        # Fit.room whose every type is in no_room -> the shapes' free-capacity verdict (no_fit, the
+        # joined message); a new dict after every preemption (segments keep the old one)
+        self.all_full: AllFull = {}
         self.no_plan: dict[tuple[str, tuple[str, ...], int, int, int], NoPlan] = {}
         self.ineligible: dict[tuple[str, int, int], str] = {}
 
@@ -115,16 +161,14 @@ class _Cycle:
         if type(used) is not MappingProxyType:             # the cycle's own copy: it changes
             return queue_key(self.cluster, self.ledger, q)
         rec = self.qkeys.get(q)
-        if rec is not None and rec[0] is used:
-            return rec[1]
+        if rec is not None and rec.usage is used:
+            return rec.key
         k = queue_key(self.cluster, self.ledger, q)
-        self.qkeys[q] = (used, k)
+        self.qkeys[q] = KeptKey(used, k)
         return k
 
     def check_queues(self, groups: dict[str, list[Workload]]) -> None:
-        leaves: frozenset[str] | None = self.cluster.memo.get(("leaves",))  # type: ignore[assignment]
-        if leaves is None:
-            leaves = self.cluster.memo[("leaves",)] = frozenset(self.cluster.config.leaves())
+        leaves = self.leaves
         for q in groups:
             if q not in leaves:
                 raise SnapshotError(f"workload {groups[q][0].id}", f"queue {q} is not a leaf queue")
@@ -134,51 +178,52 @@ class _Cycle:
         after it, or ``len(lst)`` when none does.
 
         Nothing a verdict reads changes until one starts (the ledger, the free index; what a walk
-        adds to the memos only names what it found), so a gang shape's verdict (:class:`Fit`) is
-        found once per walk and every later workload of the shape takes it: the loop over the
-        waiting ones stores a verdict per workload (:data:`Verdict`) and builds no reason; the
-        reasons are built from the verdicts when first read (:class:`_Part`). The common verdict
-        "no room for the shape anywhere, and the queue is above its guarantee" comes from the
-        cycle's ``all_full`` without a call.
+        adds to the memos only names what it found), so a gang shape's verdict is found once per
+        walk and every later workload of the shape takes it: the loop over the waiting ones stores
+        a verdict per workload (:data:`scheduler.verdicts.Verdict`) and builds no reason; the
+        reasons are built from the verdicts when first read (:class:`_Walked`). The common verdicts
+        "no room for the shape's room this cycle" (:class:`NoRoom`, and
+        :class:`NoRoomAboveGuarantee` when the queue is above its guarantee) are the shape's
+        :class:`Fit`'s own, taken without a call.
 
         A non-preemptible workload whose queue's non-preemptible GPUs would go above its gpu
         guarantee takes the verdict ``non_preemptible_over_guarantee`` without a call too (what
-        :meth:`free_capacity` and :meth:`_pre_class` would say for it).
+        :meth:`free_capacity` and :meth:`_pre_class` would say for it, :func:`pinned_verdict`).
 
         A queue's first walk of a cycle is skipped when the queue is quiet: every one of its
-        workloads would take a verdict from memos now (it never fits, or its room has found no
-        room this cycle and either preemption is off or the queue would go above its guarantee;
+        workloads would take a verdict that needs no walk now (it never fits, or its room has found
+        no room this cycle and either preemption is off or the queue would go above its guarantee;
         or it is non-preemptible and over its guarantee as above). That is read from the queue's
-        :class:`_Agg` (its rooms, its smallest gang, its smallest non-preemptible gang), not
+        :class:`QueueCounts` (its rooms, its smallest gang, its smallest non-preemptible gang), not
         workload by workload; such a walk starts nothing and reads nothing that changes, and the
-        queue's reasons derive from each workload's :class:`Fit` when read."""
+        queue's reasons derive from each workload's :class:`Fit` when read (:class:`_Quiet`)."""
         all_full, preemption = self.all_full, self.preemption
         used = self.ledger.used(q, "gpu")
         g = self.guarantees[q]
         strict = q in self.strict
-        part = self.parts.get(q)
+        part = self.walked.get(q)
         if part is None:
             if not strict:                   # quiet? (every queue, every cycle: kept inline)
-                a = self.aggs.get(q)
+                a = self.counts.get(q)
                 if a is None or a.lst is not lst:
-                    a = self.agg_of(q, lst)
+                    a = self.counts_of(q, lst)
                 if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > g) \
                         and (not a.pinned or self.ledger.used(q, PINNED_GPU) + min(a.pinned) > g):
                     n = len(lst)
-                    self.parts[q] = _Part(self.ctx, q, lst, preemption, [(0, n, all_full, used)], a,
-                                          self.ledger.used(q, PINNED_GPU) if a.pinned else 0)
+                    self.parts[q] = _Quiet(self.ctx, q, lst, preemption, (0, n, all_full, used), a,
+                                           self.ledger.used(q, PINNED_GPU) if a.pinned else 0)
                     return n
-            part = self.parts[q] = _Part(self.ctx, q, lst, [], [])
+            part = self.walked[q] = self.parts[q] = _Walked(self.ctx, q, lst, [], [])
         fits = self.fits_of(q, lst)
-        vs = cast("list[object]", part.verdicts)   # a walked (not quiet) queue's: a list
+        vs = part.verdicts
         start, n = i, len(lst)
-        seen: dict[int, object] = {}            # Fit.key -> its verdict in this walk
+        seen: dict[int, Settled | _MayPreempt] = {}      # Fit.key -> what the shape found in this walk
         pinned = self.ledger.used(q, PINNED_GPU)
-        verdict: Verdict | None
+        v: Verdict | None
         while i < n:
             fit = fits[i]
             i += 1
-            v: object = fit.never_v
+            v = fit.never_fits
             if v is None:
                 room = fit.room
                 if fit.pinned and pinned + fit.gpus > g:     # non-preemptible, over its guarantee
@@ -188,59 +233,63 @@ class _Cycle:
                     continue
                 if room in all_full:
                     if not preemption:
-                        vs.append(room)
+                        vs.append(fit.no_room)
                         if strict:
                             break
                         continue
                     if used + fit.gpus > g:      # as in _pre_class: the quick no
-                        vs.append(~room)
+                        vs.append(fit.no_room_above)
                         if strict:
                             break
                         continue
-                v = seen.get(fit.key)
-                if v is None:
+                found = seen.get(fit.key)
+                if found is None:
                     w = lst[i - 1]
-                    miss = all_full.get(room)
-                    if miss is not None:            # what free_capacity would say, from the memo
-                        verdict = (ReasonCode.NO_FIT, miss)
+                    full = all_full.get(room)
+                    if full is not None:            # what free_capacity would say, from the memo
+                        miss = full
                     else:
-                        verdict = self.free_capacity(w, fit)
-                        if verdict is None:
-                            return self._started(q, part, start, i, all_full, used)
-                    v = seen[fit.key] = self._pre_class(w, fit, *verdict) if preemption else verdict
-                if type(v) is _Pre:
+                        got = self.free_capacity(w, fit)
+                        if isinstance(got, Admission):
+                            return self._started(part, start, i, all_full, used)
+                        miss = got
+                    found = seen[fit.key] = self._pre_class(w, fit, miss) if preemption else miss
+                if type(found) is _MayPreempt:
                     w = lst[i - 1]
-                    if self.now - w.submit_s < v.delay_s:
-                        v = v.waiting
+                    if self.now - w.submit_s < found.delay_s:
+                        v = found.waiting
                     else:
-                        pv = v.plans.get(w.priority)
+                        pv = found.plans.get(w.priority)
                         if pv is None:
-                            pv = self._plan_verdict(w, v)
-                            if pv is None:
-                                return self._started(q, part, start, i, all_full, used)
-                            v.plans[w.priority] = pv
+                            got = self._plan_verdict(w, found)
+                            if isinstance(got, Admission):
+                                return self._started(part, start, i, all_full, used)
+                            pv = found.plans[w.priority] = got
                         v = pv
+                else:
+                    v = found
             vs.append(v)
             if strict:
                 break
         if strict and i < n:
             head = lst[i - 1]
             msg = reasons.strict_fifo(head, q)
-            behind, fifo = (ReasonCode.BEHIND_HIGHER_PRIORITY, msg), (ReasonCode.STRICT_FIFO, msg)
+            behind = Settled(ReasonCode.BEHIND_HIGHER_PRIORITY, msg)
+            fifo = Settled(ReasonCode.STRICT_FIFO, msg)
             vs.extend(behind if head.priority > w.priority else fifo for w in lst[i:])
         part.segments.append((start, n, all_full, used))
         return n
 
-    def _started(self, q: str, part: _Part, start: int, i: int, all_full: dict[int, str], used: int) -> int:
+    def _started(self, part: _Walked, start: int, i: int, all_full: AllFull, used: int) -> int:
         """``lst[i - 1]`` started: the walk's waiting ones are ``lst[start:i - 1]``."""
         part.segments.append((start, i - 1, all_full, used))
         return i
 
-    def agg_of(self, q: str, lst: list[Workload]) -> _Agg:
-        """``q``'s :class:`_Agg` for ``lst``, kept across cycles and updated from the workloads
-        that left and joined the queue (:func:`scheduler.ordering.queue_changes`), else counted
+    def counts_of(self, q: str, lst: list[Workload]) -> QueueCounts:
+        """``q``'s :class:`QueueCounts` for ``lst``, kept across cycles and updated from the
+        workloads that left and joined the queue (:attr:`CycleMemo.grouped_changes`), else counted
         anew."""
-        a = self.aggs.get(q)
+        a = self.counts.get(q)
         if a is not None and a.lst is lst:
             return a
         ch = self.qchanges.get(q)
@@ -248,8 +297,8 @@ class _Cycle:
         if a is not None and ch is not None and ch[0] is a.lst and len(ch[1]) + len(ch[2]) <= len(lst):
             left, came = ch[1], ch[2]
         else:
-            a, left, came = _Agg(lst), (), lst
-            self.aggs[q] = a
+            a, left, came = QueueCounts(lst), (), lst
+            self.counts[q] = a
         rooms, gpus, cluster, known = a.rooms, a.gpus, self.cluster, self.known
         for w in left:
             fit = fit_of(cluster, known, w)
@@ -279,16 +328,17 @@ class _Cycle:
         """The :class:`Fit` of each of ``lst`` (``q``'s pending), kept per queue across cycles while
         the list is the same object; a new list finds each workload's fit by id (:func:`fit_of`)."""
         fl = self.fit_lists.get(q)
-        if fl is not None and fl[0] is lst:
-            return fl[1]
+        if fl is not None and fl.lst is lst:
+            return fl.fits
         cluster, known = self.cluster, self.known
         fits = [fit_of(cluster, known, w) for w in lst]
-        self.fit_lists[q] = (lst, fits)
+        self.fit_lists[q] = FitList(lst, fits)
         return fits
 
-    def free_capacity(self, w: Workload, fit: Fit) -> Verdict | None:
-        """Start ``w`` on free capacity of one of its types (``None``), or say why not. Until it
-        starts, only :attr:`no_room` changes what this says for ``w``'s gang shape, in ``w``'s queue.
+    def free_capacity(self, w: Workload, fit: Fit) -> Admission | Settled:
+        """Start ``w`` on free capacity of one of its types (its :class:`Admission`), or say why not.
+        Until it starts, only :attr:`no_room` changes what this says for ``w``'s gang shape, in
+        ``w``'s queue.
 
         A non-preemptible ``w`` (``fit.pinned``) starts only where its queue's non-preemptible
         work stays within the queue's guarantee; its verdict is never kept in :attr:`all_full`
@@ -316,19 +366,21 @@ class _Cycle:
                 placement = index.place(t, k, pods)
                 if placement is not None:
                     ledger.add(cluster.chains[w.queue], vec)
-                    self.admissions.append(Admission(w, placement))
-                    return None
+                    admission = Admission(w, placement)
+                    self.admissions.append(admission)
+                    return admission
                 miss = self.no_room[(t, k, pods)] = reasons.no_fit(
                     w, t, index.slots(t, k, pods), index.largest_free(t))
             code = ReasonCode.NO_FIT
             pinned_only = False
             misses.append(miss)
         message = misses[0] if len(misses) == 1 else "; ".join(dict.fromkeys(misses))
-        if room_only:
-            self.all_full[fit.room] = message
         if pinned_only:
             code = ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE
-        return code, message
+        verdict = Settled(code, message)
+        if room_only:
+            self.all_full[fit.room] = verdict
+        return verdict
 
     def _not_eligible(self, queue: str, used: int, gpus: int, g: int) -> str:
         why = self.ineligible.get((queue, used + gpus, g))
@@ -337,36 +389,37 @@ class _Cycle:
                 Shortfall(queue, "gpu", g, used, gpus))
         return why
 
-    def _pre_class(self, w: Workload, fit: Fit, code: ReasonCode, message: str) -> Verdict | _Pre:
-        """What preemption says for ``w``'s gang shape in this walk, ``code``/``message`` being its
+    def _pre_class(self, w: Workload, fit: Fit, miss: Settled) -> Settled | _MayPreempt:
+        """What preemption says for ``w``'s gang shape in this walk, ``miss`` being its
         free-capacity verdict: a final verdict (the queue would go above its guarantee), or a
-        :class:`_Pre` whose workloads wait for the preemption delay or search for victims."""
+        :class:`_MayPreempt` whose workloads wait for the preemption delay or search for victims."""
+        code, message = miss
         if code is ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE:
-            return code, message       # its queue holds at least that much: above its guarantee too
+            return miss                # its queue holds at least that much: above its guarantee too
         cluster, ledger = self.cluster, self.ledger
         used, g = ledger.used(w.queue, "gpu"), cluster.guarantee[w.queue]["gpu"]
         if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no
-            return code, f"{message}; {self._not_eligible(w.queue, used, w.gpus, g)}"
+            return Settled(code, f"{message}; {self._not_eligible(w.queue, used, w.gpus, g)}")
         types = fit.types
         if len(cluster.guarantee[w.queue]) == 1:     # a gpu guarantee only: just checked, on every type
-            return _Pre(message, types, self.snap.settings.preemption_delay_s)
+            return _MayPreempt(message, types, self.snap.settings.preemption_delay_s)
         eligible = [t for t in types if over_guarantee(cluster, ledger, w.queue, demand(w, t)) is None]
         if not eligible:
             short = over_guarantee(cluster, ledger, w.queue, demand(w, types[0]))
             assert short is not None
-            return code, f"{message}; {reasons.not_eligible(short)}"
-        return _Pre(message, tuple(eligible), self.snap.settings.preemption_delay_s)
+            return Settled(code, f"{message}; {reasons.not_eligible(short)}")
+        return _MayPreempt(message, tuple(eligible), self.snap.settings.preemption_delay_s)
 
-    def _plan_verdict(self, w: Workload, pre: _Pre) -> Verdict | None:
-        """Preempt for ``w`` (past its delay) and start it (``None``), or say why not."""
+    def _plan_verdict(self, w: Workload, pre: _MayPreempt) -> Admission | Settled:
+        """Preempt for ``w`` (past its delay) and start it (its :class:`Admission`), or say why not."""
         cluster, ledger = self.cluster, self.ledger
         key = (w.queue, w.gpu_types, w.gpus_per_pod, w.pods, w.priority)
         result = self.no_plan.get(key) or self._plan(w, pre.eligible)
         if isinstance(result, NoPlan):
             self.no_plan[key] = result
             if result.fenced:
-                return ReasonCode.FENCED, f"{pre.message}; {reasons.fenced(result.fenced)}"
-            return ReasonCode.NO_VICTIMS, f"{pre.message}; {reasons.no_victims(result.considered)}"
+                return Settled(ReasonCode.FENCED, f"{pre.message}; {reasons.fenced(result.fenced)}")
+            return Settled(ReasonCode.NO_VICTIMS, f"{pre.message}; {reasons.no_victims(result.considered)}")
         vec = demand(w, result.gpu_type)
         placement = self.index.place(result.gpu_type, w.gpus_per_pod, w.pods)
         assert placement is not None, "a preemption plan always leaves room for its preemptor"
@@ -378,12 +431,13 @@ class _Cycle:
         self.preemptions.append(
             Preemption(w.id, w.queue, victims, reasons.preempted(w.queue, holds, w.gpus, g))
         )
-        self.admissions.append(Admission(w, placement, victims))
-        return None
+        admission = Admission(w, placement, victims)
+        self.admissions.append(admission)
+        return admission
 
     def _plan(self, w: Workload, types: tuple[str, ...]) -> Plan | NoPlan:
         if self.pool is None:
-            self.pool = Pool(candidates(self.cluster, self.ledger, self.snap.running, self.cluster.memo),
+            self.pool = Pool(candidates(self.cluster, self.ledger, self.snap.running, self.memo),
                              self.cluster.fences)
         result = plan(self.cluster, self.ledger, self.index, self.pool, w, types)
         self.pool.compact()
@@ -393,23 +447,7 @@ class _Cycle:
         """The waiting workloads, queue by queue (each one's position counts the waiting ones),
         built when first read."""
         parts = [self.parts[q] for q in groups if q in self.parts]
-        return PendingReasons(parts, sum(map(len, parts)))  # type: ignore[arg-type]
-
-
-class Fit(NamedTuple):
-    """What a gang shape allows whatever the cluster's state: why it never fits (or ``None``), its
-    acceptable types in order, and a number for ``(types, gpus per pod, pods)``: the shapes
-    that look for the same room (:attr:`_Cycle.all_full`); also a number for the shape itself
-    (``key``), its GPUs, its verdict when it never fits, and whether it is non-preemptible
-    (``pinned``: such shapes have rooms of their own, never in ``all_full``)."""
-
-    never: str | None
-    types: tuple[str, ...]
-    room: int
-    key: int
-    gpus: int
-    never_v: Verdict | None
-    pinned: bool = False
+        return PendingReasons(parts, sum(map(len, parts)))
 
 
 def acceptable_types(cluster: Cluster, w: Workload) -> tuple[str, ...]:
@@ -420,195 +458,172 @@ def acceptable_types(cluster: Cluster, w: Workload) -> tuple[str, ...]:
     return tuple(t for t in w.gpu_types if t in cluster.type_nodes)
 
 
-_SHAPE = attrgetter("gpu_types", "gpus_per_pod", "pods", "cpu_millicores_per_pod", "memory_per_pod_bytes",
-                    "preemptible")
-
-
-class QueueFacts(NamedTuple):
-    """What a cycle needs of a leaf queue that never changes, memoized on the cluster: its
-    :class:`Fit` per gang shape (:data:`_SHAPE`), the smallest max of each resource over its
-    chain, and :func:`reasons.above_guarantee_parts` for its gpu guarantee."""
-
-    fits: dict[tuple[object, ...], Fit]
-    caps: dict[str, int]
-    why_not: tuple[str, str]
+_SHAPE: Callable[[Workload], Shape] = attrgetter(
+    "gpu_types", "gpus_per_pod", "pods", "cpu_millicores_per_pod", "memory_per_pod_bytes", "preemptible")
 
 
 def _facts(cluster: Cluster, queue: str) -> QueueFacts:
-    facts: QueueFacts | None = cluster.memo.get(("queue", queue))  # type: ignore[assignment]
+    facts = cluster.memo.facts.get(queue)
     if facts is None:
         caps: dict[str, int] = {}
         for q in cluster.chains[queue]:
             for key, m in cluster.config.queues[q].max.items():
                 caps[key] = min(m, caps.get(key, m))
         why_not = reasons.above_guarantee_parts(queue, "gpu", cluster.guarantee[queue]["gpu"])
-        facts = cluster.memo[("queue", queue)] = QueueFacts({}, caps, why_not)
+        facts = cluster.memo.facts[queue] = QueueFacts({}, caps, why_not)
     return facts
 
 
-Seen = tuple[Workload, Fit, PendingReason | None]
-
-# A waiting workload's verdict, as a walk stores it: (code, message); an int r >= 0: no room for
-# its shape (Fit.room r), the message all_full[r]; ~r: that message and the quick "no preemption:
-# above its guarantee" (preemption on, the queue at or above its guarantee); a _Delay: waiting for
-# the preemption delay. :class:`_Part` turns them into reasons.
-Segment = tuple[int, int, dict[int, str], int]     # lst[a:b] waiting, the walk's all_full and usage
-
-class _Agg:
-    """What :meth:`_Cycle.walk` reads of a queue's pending list ``lst``, kept across cycles: how
-    many of its preemptible workloads that can fit at all look for each room (:attr:`Fit.room`),
-    how many of them all ask for each GPU count, and how many non-preemptible ones do."""
-
-    __slots__ = ("gpus", "lst", "pinned", "rooms")
-
-    def __init__(self, lst: list[Workload]) -> None:
-        self.lst = lst
-        self.rooms: dict[int, int] = {}
-        self.gpus: dict[int, int] = {}
-        self.pinned: dict[int, int] = {}
+# lst[a:b] waited, with the walk's all_full (what its NoRoom verdicts read) and the queue's gpu
+# usage when walked (what its NoRoomAboveGuarantee verdicts read)
+Segment = tuple[int, int, AllFull, int]
 
 
-class _Delay:
-    """The verdict of a shape's workloads that may preempt once their delay has passed."""
+class _Context(NamedTuple):
+    """What a queue's reasons read of their cycle, when built."""
 
-    __slots__ = ("message",)
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-
-
-class _Pre:
-    """A shape whose workloads may preempt in this walk (:meth:`_Cycle._pre_class`): its
-    free-capacity message, its types where it stays within its guarantee, the delay, the verdict
-    of those still within it, and the verdicts of the victim search per priority."""
-
-    __slots__ = ("delay_s", "eligible", "message", "plans", "waiting")
-
-    def __init__(self, message: str, eligible: tuple[str, ...], delay_s: float) -> None:
-        self.message, self.eligible, self.delay_s = message, eligible, delay_s
-        self.waiting = _Delay(message)
-        self.plans: dict[int, Verdict] = {}
-
-
-# what a queue's reasons read of their cycle: the cluster, now, the preemption delay, _known
-_Context = tuple[Cluster, float, float, dict[str, "Seen"]]
+    cluster: Cluster
+    now: float
+    delay_s: float
+    known: dict[str, Known]
 
 
 class _Part:
-    """A queue's waiting workloads of one cycle: ``lst`` (its pending list), the walks' segments
-    (:data:`Segment`) and one verdict each (or, for a quiet queue, whether preemption was on: each
-    verdict then follows from the workload's fit). Called, it builds their reasons (positions counted
-    over the segments in order); the segments' all_full dicts only ever gain rooms, so what it
-    builds does not depend on when it is called."""
+    """A queue's waiting workloads of one cycle, ``lst`` being its pending list: called, it builds
+    their reasons from their verdicts (positions counted over the segments in order). The segments'
+    all_full dicts only ever gain rooms, and a room's verdict, once there, stays, so what it builds
+    does not depend on when it is called. Made as a :class:`_Walked` or a :class:`_Quiet`."""
 
-    __slots__ = ("agg", "ctx", "lst", "pinned", "queue", "segments", "verdicts")
+    __slots__ = ("ctx", "lst", "queue")
+    ctx: _Context
+    queue: str
+    lst: list[Workload]
 
-    def __init__(self, ctx: _Context, queue: str, lst: list[Workload], verdicts: list[object] | bool,
-                 segments: list[Segment], agg: _Agg | None = None, pinned: int = 0) -> None:
-        self.ctx, self.queue, self.lst, self.verdicts, self.segments = ctx, queue, lst, verdicts, segments
-        self.agg, self.pinned = agg, pinned       # a quiet queue's non-preemptible GPUs
-
-    def __len__(self) -> int:
-        return sum(b - a for a, b, _, _ in self.segments)
-
-    def __call__(self) -> list[PendingReason]:
-        q, lst, vs = self.queue, self.lst, self.verdicts
-        cluster, _, _, known = self.ctx
-        if type(vs) is bool:                 # a quiet queue (_Cycle.walk): verdicts from the fits
-            # Its reasons follow from its list, the preemption setting, its usage and the message of
-            # each room it reads: when all are as when they were last built, they are that list
-            # (what the service reads every cycle; the agg is this list's only while unchanged).
-            agg, (_, _, all_full, used) = self.agg, self.segments[0]
-            built: dict[str, tuple[object, ...]] = cluster.memo.setdefault(("built",), {})  # type: ignore[assignment]
-            sig = None
-            if agg is not None and agg.lst is lst:
-                sig = (lst, vs, used, self.pinned, tuple([all_full[r] for r in agg.rooms]))
-                rec = built.get(q)
-                if rec is not None and rec[0] is lst and rec[1:5] == sig[1:]:
-                    return rec[5]  # type: ignore[return-value]
-            out = self._build(self._derived(lst, vs, cluster, known, q, self.pinned))
-            if sig is not None:
-                built[q] = (*sig, out)
-            return out
-        return self._build(vs)
-
-    @staticmethod
-    def _derived(lst: list[Workload], pre: bool, cluster: Cluster, known: dict[str, Seen], q: str,
-                 pinned: int) -> list[object]:
-        vs: list[object] = []
-        g = cluster.guarantee[q]["gpu"]
-        for w in lst:
-            fit = fit_of(cluster, known, w)
-            v = fit.never_v
-            if v is None and fit.pinned:
-                v = pinned_verdict(q, pinned, fit.gpus, g)
-            vs.append(v if v is not None else ~fit.room if pre else fit.room)
-        return vs
-
-    def _build(self, vs: list[object]) -> list[PendingReason]:
+    def _build(self, segments: Sequence[Segment], vs: list[Verdict]) -> list[PendingReason]:
         q, lst = self.queue, self.lst
         cluster, now, delay_s, known = self.ctx
         head, tail = _facts(cluster, q).why_not
         no_fit = ReasonCode.NO_FIT
         out: list[PendingReason] = []
         j = 0
-        for a, b, all_full, used in self.segments:
+        for a, b, all_full, used in segments:
             for k in range(a, b):
                 w, v = lst[k], vs[j]
                 j += 1
-                t = type(v)
-                if t is tuple:
-                    code, msg = v  # type: ignore[misc]
-                elif t is int:
+                if type(v) is Settled:
+                    code, msg = v
+                elif type(v) is NoRoom:
+                    code, msg = no_fit, all_full[v.room].message
+                elif type(v) is NoRoomAboveGuarantee:
                     code = no_fit
-                    if v >= 0:  # type: ignore[operator]
-                        msg = all_full[v]  # type: ignore[index]
-                    else:
-                        msg = f"{all_full[~v]}; {head}{used + w.pods * w.gpus_per_pod}{tail}"  # type: ignore[operator]
+                    msg = f"{all_full[v.room].message}; {head}{used + w.pods * w.gpus_per_pod}{tail}"
                 else:
                     code = ReasonCode.WAITING_PREEMPTION_DELAY
                     at = w.submit_s + delay_s
-                    msg = f"{v.message}; {reasons.delay(now, at, delay_s)}"  # type: ignore[attr-defined]
+                    msg = f"{v.message}; {reasons.delay(now, at, delay_s)}"
                 pos = len(out) + 1
                 # the workload's last reason when equal: no new object, no garbage
                 seen = known.get(w.id)
-                if seen is not None and seen[0] is w:
-                    last = seen[2]
+                if seen is not None and seen.workload is w:
+                    last = seen.last
                     if last is None or last.position != pos or last.code is not code or last.message != msg:
-                        last = pending_reason(w.id, q, code, msg, pos)
-                        known[w.id] = (w, seen[1], last)
+                        last = seen.last = pending_reason(w.id, q, code, msg, pos)
                     out.append(last)
                 else:
                     out.append(pending_reason(w.id, q, code, msg, pos))
         return out
 
 
-def pinned_verdict(queue: str, pinned: int, gpus: int, g: int) -> Verdict:
+class _Walked(_Part):
+    """A walked queue's waiting workloads: the walks' segments and one verdict each."""
+
+    __slots__ = ("segments", "verdicts")
+
+    def __init__(self, ctx: _Context, queue: str, lst: list[Workload], verdicts: list[Verdict],
+                 segments: list[Segment]) -> None:
+        self.ctx, self.queue, self.lst = ctx, queue, lst     # (not _Part.__init__: one call less a walk)
+        self.verdicts, self.segments = verdicts, segments
+
+    def __len__(self) -> int:
+        return sum(b - a for a, b, _, _ in self.segments)
+
+    def __call__(self) -> list[PendingReason]:
+        return self._build(self.segments, self.verdicts)
+
+
+class _Quiet(_Part):
+    """A quiet queue's waiting workloads (not walked, :meth:`_Cycle.walk`): all of ``lst``, each
+    verdict following from the workload's :class:`Fit`, whether preemption was on, and the queue's
+    non-preemptible GPUs (``pinned``; 0 when it has no non-preemptible work that can fit)."""
+
+    __slots__ = ("counts", "pinned", "preemption", "segment")
+
+    def __init__(self, ctx: _Context, queue: str, lst: list[Workload], preemption: bool, segment: Segment,
+                 counts: QueueCounts, pinned: int) -> None:
+        self.ctx, self.queue, self.lst = ctx, queue, lst     # (not _Part.__init__: one call less a queue)
+        self.preemption, self.segment, self.counts, self.pinned = preemption, segment, counts, pinned
+
+    def __len__(self) -> int:
+        return self.segment[1] - self.segment[0]
+
+    def __call__(self) -> list[PendingReason]:
+        # Its reasons follow from its list, the preemption setting, its usage, its non-preemptible
+        # GPUs and the verdict of each room it reads: when all are as when they were last built,
+        # they are that list (what the service reads every cycle; the counts are this list's only
+        # while unchanged).
+        q, lst, pre, counts, pinned = self.queue, self.lst, self.preemption, self.counts, self.pinned
+        cluster, _, _, known = self.ctx
+        _, _, all_full, used = self.segment
+        built = cluster.memo.built
+        rooms: tuple[Settled, ...] | None = None
+        if counts.lst is lst:
+            rooms = tuple([all_full[r] for r in counts.rooms])
+            rec = built.get(q)
+            if rec is not None and rec.lst is lst and rec.preemption is pre and rec.used == used \
+                    and rec.pinned == pinned and rec.rooms == rooms:
+                return rec.reasons
+        g = cluster.guarantee[q]["gpu"]
+        vs: list[Verdict] = []
+        v: Verdict | None
+        for w in lst:
+            fit = fit_of(cluster, known, w)
+            v = fit.never_fits
+            if v is None:
+                v = pinned_verdict(q, pinned, fit.gpus, g) if fit.pinned else fit.no_room_above if pre \
+                    else fit.no_room
+            vs.append(v)
+        out = self._build((self.segment,), vs)
+        if rooms is not None:
+            built[q] = BuiltReasons(lst, pre, used, pinned, rooms, out)
+        return out
+
+
+def pinned_verdict(queue: str, pinned: int, gpus: int, g: int) -> Settled:
     """The verdict of a non-preemptible gang of ``gpus`` whose queue's non-preemptible work holds
     ``pinned`` GPUs of its gpu guarantee ``g`` (``pinned + gpus > g``): what
     :meth:`_Cycle.free_capacity` says for it on every type (the gpu guarantee binds on each)."""
-    return (ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE,
-            reasons.pinned_over(Shortfall(queue, "gpu", g, pinned, gpus)))
+    return Settled(ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE,
+                   reasons.pinned_over(Shortfall(queue, "gpu", g, pinned, gpus)))
 
 
-def _known(cluster: Cluster, pending: int) -> dict[str, Seen]:
-    """Workload id -> (the workload, its :class:`Fit`, its last reason), kept on the cluster across
-    cycles: a waiting workload's fit is found by id (cheaper than by shape), and a reason equal
-    to the last one is that same (immutable) object, so a steady cycle allocates next to nothing.
-    Emptied when it holds far more than the pending workloads, so it stays bounded."""
-    known: dict[str, Seen] = cluster.memo.setdefault(("known",), {})  # type: ignore[assignment]
+def _known(memo: CycleMemo, pending: int) -> dict[str, Known]:
+    """Workload id -> :class:`Known` (the workload, its :class:`Fit`, its last reason), kept on the
+    cluster across cycles: a waiting workload's fit is found by id (cheaper than by shape), and a
+    reason equal to the last one is that same (immutable) object, so a steady cycle allocates next
+    to nothing. Emptied when it holds far more than the pending workloads, so it stays bounded."""
+    known = memo.known
     if len(known) > 4 * pending + 4096:
         known.clear()
     return known
 
 
-def fit_of(cluster: Cluster, known: dict[str, Seen], w: Workload) -> Fit:
+def fit_of(cluster: Cluster, known: dict[str, Known], w: Workload) -> Fit:
     """:func:`static_fit` of ``w``, found by id in ``known`` (:func:`_known`) and noted there."""
     seen = known.get(w.id)
-    if seen is not None and seen[0] is w:
-        return seen[1]
+    if seen is not None and seen.workload is w:
+        return seen.fit
     fit = static_fit(cluster, w)
-    known[w.id] = (w, fit, None)
+    known[w.id] = Known(w, fit)
     return fit
 
 
@@ -619,16 +634,16 @@ def static_fit(cluster: Cluster, w: Workload) -> Fit:
     shape = _SHAPE(w)
     hit = facts.fits.get(shape)
     if hit is None:
+        memo = cluster.memo
         types = acceptable_types(cluster, w)
-        rooms: dict[object, int] = cluster.memo.setdefault(("rooms",), {})  # type: ignore[assignment]
         pinned = not w.preemptible
-        room_key = (types, w.gpus_per_pod, w.pods) if not pinned else (types, w.gpus_per_pod, w.pods, PINNED)
-        room = rooms.setdefault(room_key, len(rooms))
-        keys: dict[object, int] = cluster.memo.setdefault(("fit keys",), {})  # type: ignore[assignment]
-        key = keys.setdefault((w.queue, shape), len(keys))
+        room = memo.rooms.setdefault((types, w.gpus_per_pod, w.pods, pinned), len(memo.rooms))
+        key = memo.fit_keys.setdefault((w.queue, shape), len(memo.fit_keys))
         never = _never_fits(cluster, w, types, facts.caps)
-        hit = facts.fits[shape] = Fit(never, types, room, key, w.pods * w.gpus_per_pod,
-                                      None if never is None else (ReasonCode.NEVER_FITS, never), pinned)
+        hit = facts.fits[shape] = Fit(
+            never, types, room, key, w.pods * w.gpus_per_pod, pinned,
+            None if never is None else Settled(ReasonCode.NEVER_FITS, never),
+            NoRoom(room), NoRoomAboveGuarantee(room))
     return hit
 
 

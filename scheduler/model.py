@@ -140,8 +140,8 @@ class PendingReasons(Sequence[PendingReason]):
 
     __slots__ = ("_items", "_len", "_parts")
 
-    def __init__(self, parts: list[_Part], length: int) -> None:
-        self._parts: list[_Part] | None = parts
+    def __init__(self, parts: Sequence[_Part], length: int) -> None:
+        self._parts: Sequence[_Part] | None = parts
         self._len = length
         self._items: tuple[PendingReason, ...] | None = None
 

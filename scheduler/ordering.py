@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from itertools import compress
 from operator import attrgetter
 
+from scheduler.memo import CycleMemo, GroupedPending, QueueChanges
 from scheduler.model import Workload
 from scheduler.quota import Ledger, share_of
 from scheduler.snapshot import Cluster, PendingChanges
@@ -46,11 +47,7 @@ def by_queue(pending: Iterable[Workload]) -> dict[str, list[Workload]]:
     return {q: groups[q] for q in sorted(groups)}
 
 
-# (the pending sequence last grouped, the ids in it or None, id -> workload or None, the groups)
-_Grouped = tuple[Sequence[Workload], set[int] | None, dict[int, Workload] | None, dict[str, list[Workload]]]
-
-
-def grouped(memo: dict[object, object], pending: Sequence[Workload],
+def grouped(memo: CycleMemo, pending: Sequence[Workload],
             changes: PendingChanges | None = None) -> dict[str, list[Workload]]:
     """:func:`by_queue` of ``pending``, kept up to date in ``memo`` (the cluster's) from one call to
     the next: only the queues that gained or lost a workload are rebuilt, each as a new list (a
@@ -59,21 +56,20 @@ def grouped(memo: dict[object, object], pending: Sequence[Workload],
     sequence grouped last, what changed is read from it, at a cost that follows the changes alone;
     otherwise it is found by comparing the ids of ``pending`` with the last ones (at C speed, but
     over every pending workload). The same result as :func:`by_queue` either way."""
-    prev: _Grouped | None = memo.get(("grouped",))  # type: ignore[assignment]
-    if changes is not None and prev is not None and prev[0] is changes.base:
+    prev = memo.grouped
+    if changes is not None and prev is not None and prev.pending is changes.base:
         if (len(changes.removed) + len(changes.added) > len(pending) // 4 + 64
                 or len(changes.base) - len(changes.removed) + len(changes.added) != len(pending)):
             return _regroup(memo, pending, None)
-        out = _apply(prev[3], changes.removed, changes.added, memo)
+        out = _apply(prev.groups, changes.removed, changes.added, memo)
         if out is None:
             return _regroup(memo, pending, None)
-        memo[("grouped",)] = (pending, None, None, out)
+        memo.grouped = GroupedPending(pending, None, None, out)
         return out
     ids = set(map(id, pending))
-    if prev is None or prev[1] is None or len(ids) != len(pending):
+    if prev is None or prev.ids is None or prev.by_id is None or len(ids) != len(pending):
         return _regroup(memo, pending, ids)
-    _, old_ids, by_id, groups = prev
-    assert old_ids is not None and by_id is not None
+    old_ids, by_id, groups = prev.ids, prev.by_id, prev.groups
     gone, came = old_ids - ids, ids - old_ids
     if len(gone) + len(came) > len(pending) // 4 + 64:
         return _regroup(memo, pending, ids)
@@ -84,25 +80,16 @@ def grouped(memo: dict[object, object], pending: Sequence[Workload],
     out = _apply(groups, removed, added, memo)
     if out is None:
         return _regroup(memo, pending, ids)
-    memo[("grouped",)] = (pending, ids, by_id, out)
+    memo.grouped = GroupedPending(pending, ids, by_id, out)
     return out
 
 
-# queue -> (its list before, the workloads that left it, those that joined it) of the last call
-QueueChanges = dict[str, tuple[list[Workload], list[Workload], list[Workload]]]
-
-
-def queue_changes(memo: dict[object, object]) -> QueueChanges:
-    """What the last :func:`grouped` call changed, per queue whose list it rebuilt (its list before,
-    the workloads that left, those that joined); empty after a full regroup (every list new)."""
-    return memo.get(("grouped changes",), {})  # type: ignore[return-value]
-
-
 def _apply(groups: dict[str, list[Workload]], removed: Iterable[Workload],
-           added: Iterable[Workload], memo: dict[object, object]) -> dict[str, list[Workload]] | None:
+           added: Iterable[Workload], memo: CycleMemo) -> dict[str, list[Workload]] | None:
     """``groups`` less ``removed`` plus ``added``, as new lists for the queues that changed (the
-    others are the same objects); ``None`` when two workloads have equal keys (only
-    :func:`by_queue` knows their input order)."""
+    others are the same objects), noting in ``memo.grouped_changes`` per queue whose list it
+    rebuilt its list before, the workloads that left and those that joined; ``None`` when two
+    workloads have equal keys (only :func:`by_queue` knows their input order)."""
     fresh: dict[str, list[Workload]] = {}
     changed: QueueChanges = {}
     for w in removed:
@@ -129,7 +116,7 @@ def _apply(groups: dict[str, list[Workload]], removed: Iterable[Workload],
         if k and lst[k - 1].order_key == w.order_key:      # equal keys: keep by_queue's input order
             return None
         lst.insert(k, w)
-    memo[("grouped changes",)] = changed
+    memo.grouped_changes = changed
     if not fresh:
         return groups
     out = dict(groups)
@@ -143,14 +130,14 @@ def _apply(groups: dict[str, list[Workload]], removed: Iterable[Workload],
     return out
 
 
-def _regroup(memo: dict[object, object], pending: Sequence[Workload],
+def _regroup(memo: CycleMemo, pending: Sequence[Workload],
              ids: set[int] | None) -> dict[str, list[Workload]]:
     groups = by_queue(pending)
-    memo[("grouped changes",)] = {}
+    memo.grouped_changes = {}                 # every list new: nothing to update from
     if ids is None:
         ids = set(map(id, pending))
     if len(ids) == len(pending):
-        memo[("grouped",)] = (pending, ids, {id(w): w for w in pending}, groups)
-    else:
-        memo.pop(("grouped",), None)
+        memo.grouped = GroupedPending(pending, ids, {id(w): w for w in pending}, groups)
+    else:                                     # the same object twice: ids cannot follow it
+        memo.grouped = None
     return groups

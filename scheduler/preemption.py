@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import NamedTuple
 
+from scheduler.memo import CandidateOrder, CycleMemo
 from scheduler.model import Running, Workload
 from scheduler.placement import FreeIndex
 from scheduler.quota import Ledger, Shortfall, Vec, below_floor, over_guarantee, over_max
@@ -48,7 +49,7 @@ class Candidate(NamedTuple):
 
 
 def candidates(cluster: Cluster, ledger: Ledger, running: Sequence[Running],
-               memo: dict[object, object] | None = None) -> list[Candidate]:
+               memo: CycleMemo | None = None) -> list[Candidate]:
     """Running workloads that could ever be victims this cycle (preemptible, in a queue above
     its gpu guarantee), in candidate order. With ``memo`` (the cluster's), every preemptible
     running workload is kept in candidate order from one call to the next and only what started
@@ -67,17 +68,11 @@ def _candidate(r: Running) -> Candidate:
     return Candidate(w.id, w.queue, w.priority, r.placement.gpu_type, demand(w, r.placement.gpu_type), r)
 
 
-# (the running sequence of the last call: it holds its objects, so their ids are not reused; their
-# ids; the candidate keys in order; the candidates in the same order; id of a running -> its candidate)
-_Ordered = tuple[Sequence[Running], set[int], list[tuple[bool, int, float, bool, str]], list[Candidate],
-                 dict[int, Candidate]]
-
-
-def _in_order(memo: dict[object, object], running: Sequence[Running]) -> list[Candidate]:
+def _in_order(memo: CycleMemo, running: Sequence[Running]) -> list[Candidate]:
     """Every preemptible one of ``running`` as a :class:`Candidate`, in candidate order, kept in
-    ``memo`` and updated by the ids that came and went (a set difference at C speed, then a
+    ``memo.candidates`` (:class:`~scheduler.memo.CandidateOrder`) and updated by the ids that came and went (a set difference at C speed, then a
     bisection per change): the same list as sorting them all, at a cost that follows the change."""
-    prev: _Ordered | None = memo.get(("candidates",))  # type: ignore[assignment]
+    prev = memo.candidates
     ids = set(map(id, running))
     if prev is not None and len(ids) == len(running):
         _, old_ids, keys, cands, by_id = prev
@@ -96,13 +91,13 @@ def _in_order(memo: dict[object, object], running: Sequence[Running]) -> list[Ca
                     c = _candidate(r)
                     cands.insert(k, c)
                     by_id[id(r)] = c
-            memo[("candidates",)] = (running, ids, keys, cands, by_id)
+            memo.candidates = CandidateOrder(running, ids, keys, cands, by_id)
             return cands
     rs = sorted((r for r in running if r.workload.preemptible), key=candidate_key)
     cands = [_candidate(r) for r in rs]
     if len(ids) == len(running):
-        memo[("candidates",)] = (running, ids, [candidate_key(r) for r in rs], cands,
-                                 {id(c.running): c for c in cands})
+        memo.candidates = CandidateOrder(running, ids, [candidate_key(r) for r in rs], cands,
+                                         {id(c.running): c for c in cands})
     return cands
 
 

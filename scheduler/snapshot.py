@@ -17,6 +17,7 @@ from typing import Any
 
 from accounting.queues import QueueConfig
 from scheduler.errors import SnapshotError
+from scheduler.memo import CycleMemo
 from scheduler.model import Node, Running, Workload
 
 _NONE: Mapping[str, int] = MappingProxyType({})
@@ -40,10 +41,11 @@ class Cluster:
     chains: Mapping[str, tuple[str, ...]]        # queue -> (queue, parent, ..., root)
     guarantee: Mapping[str, Mapping[str, int]]   # effective guarantees (gpu defaults to 0)
     fences: Mapping[str, frozenset[str]]         # fenced queues on each queue's chain
-    # what cycles keep across cycles (scheduler.cycle): pure functions of the fields above (static
-    # fits per queue and gang shape) and each pending workload's last reason, reused only while
+    # what cycles keep across cycles (scheduler.cycle; every field named in scheduler.memo): pure
+    # functions of the fields above (static fits per queue and gang shape), of the last snapshots
+    # (updated from what changed) and each pending workload's last reason, reused only while
     # equal; never anything a decision depends on
-    memo: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+    memo: CycleMemo = field(default_factory=CycleMemo, compare=False, repr=False)
 
 
 def build_cluster(config: QueueConfig, nodes: Iterable[Node]) -> Cluster:

@@ -118,14 +118,17 @@ def test_a_queue_of_non_preemptible_work_over_its_guarantee_is_not_walked_and_sa
     the memos earlier cycles leave."""
     import dataclasses
 
+    import scheduler.cycle as cy
+    from scheduler.memo import CycleMemo
+
     c = cluster(QUEUES, ("h", "H100", 8, 3))
     pinned = run(wl("pinned", "a", preemptible=False), "H100", ("h-0", 8))
     waiting = [wl(f"w{i}", "a", gpus=4 if i % 2 else 8, preemptible=False, submit_s=float(i)) for i in range(40)]
     snap = snapshot(c, [pinned], waiting)
     schedule(snap, 1.0)                               # the first cycle walks and leaves its memos
     d = schedule(snap, 2.0)
-    assert [type(p.verdicts) for p in d.pending._parts] == [bool]          # type: ignore[attr-defined]
-    cold = schedule(dataclasses.replace(snap, cluster=dataclasses.replace(c, memo={})), 2.0)
+    assert [type(p) for p in d.pending._parts] == [cy._Quiet]          # type: ignore[attr-defined]
+    cold = schedule(dataclasses.replace(snap, cluster=dataclasses.replace(c, memo=CycleMemo())), 2.0)
     assert d == cold and d.admissions == () and len(d.pending) == 40
     assert {p.code for p in d.pending} == {ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE}
     assert d.reason("w1") is not None and "would hold 12 gpu" in d.reason("w1").message  # type: ignore[union-attr]

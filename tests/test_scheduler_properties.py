@@ -214,12 +214,13 @@ def test_cross_cycle_memos_never_change_a_decision(sc: dict[str, Any]) -> None:
     import dataclasses
 
     from scheduler.cycle import schedule
+    from scheduler.memo import CycleMemo
     from scheduler.simulator import parse_scenario
     from scheduler.simulator.engine import simulate
 
     def checked(snap: Any, now: float) -> Any:
         warm = schedule(snap, now)
-        cold = dataclasses.replace(snap, cluster=dataclasses.replace(snap.cluster, memo={}))
+        cold = dataclasses.replace(snap, cluster=dataclasses.replace(snap.cluster, memo=CycleMemo()))
         assert schedule(cold, now) == warm
         return warm
 

@@ -43,6 +43,19 @@ from scheduler.snapshot import Cluster, Snapshot, demand
 
 Verdict = tuple[ReasonCode, str]
 
+# The memo this core keeps per cluster. ``Cluster.memo`` is now today's core's typed
+# ``scheduler.memo.CycleMemo``, so this frozen core keeps its dict beside it, for the last cluster
+# it saw (held here, so its id is not reused while the entry stands; another cluster replaces it).
+_MEMO: list[tuple[Cluster, dict[object, object]]] = []
+
+
+def _memo(cluster: Cluster) -> dict[object, object]:
+    if _MEMO and _MEMO[0][0] is cluster:
+        return _MEMO[0][1]
+    memo: dict[object, object] = {}
+    _MEMO[:] = [(cluster, memo)]
+    return memo
+
 
 def schedule(snap: Snapshot, now: float) -> Decisions:
     cycle = _Cycle(snap, now)
@@ -85,9 +98,9 @@ class _Cycle:
         self.ineligible: dict[tuple[str, int, int], str] = {}
 
     def check_queues(self, groups: dict[str, list[Workload]]) -> None:
-        leaves: frozenset[str] | None = self.cluster.memo.get(("leaves",))  # type: ignore[assignment]
+        leaves: frozenset[str] | None = _memo(self.cluster).get(("leaves",))  # type: ignore[assignment]
         if leaves is None:
-            leaves = self.cluster.memo[("leaves",)] = frozenset(self.cluster.config.leaves())
+            leaves = _memo(self.cluster)[("leaves",)] = frozenset(self.cluster.config.leaves())
         for q in groups:
             if q not in leaves:
                 raise SnapshotError(f"workload {groups[q][0].id}", f"queue {q} is not a leaf queue")
@@ -273,14 +286,14 @@ class QueueFacts(NamedTuple):
 
 
 def _facts(cluster: Cluster, queue: str) -> QueueFacts:
-    facts: QueueFacts | None = cluster.memo.get(("queue", queue))  # type: ignore[assignment]
+    facts: QueueFacts | None = _memo(cluster).get(("queue", queue))  # type: ignore[assignment]
     if facts is None:
         caps: dict[str, int] = {}
         for q in cluster.chains[queue]:
             for key, m in cluster.config.queues[q].max.items():
                 caps[key] = min(m, caps.get(key, m))
         why_not = reasons.above_guarantee_parts(queue, "gpu", cluster.guarantee[queue]["gpu"])
-        facts = cluster.memo[("queue", queue)] = QueueFacts({}, caps, why_not)
+        facts = _memo(cluster)[("queue", queue)] = QueueFacts({}, caps, why_not)
     return facts
 
 
@@ -292,7 +305,7 @@ def _known(cluster: Cluster, pending: int) -> dict[str, Seen]:
     cycles: a waiting workload's fit is found by id (cheaper than by shape), and a reason equal
     to the last one is that same (immutable) object, so a steady cycle allocates next to nothing.
     Emptied when it holds far more than the pending workloads, so it stays bounded."""
-    known: dict[str, Seen] = cluster.memo.setdefault(("known",), {})  # type: ignore[assignment]
+    known: dict[str, Seen] = _memo(cluster).setdefault(("known",), {})  # type: ignore[assignment]
     if len(known) > 4 * pending + 4096:
         known.clear()
     return known
@@ -306,7 +319,7 @@ def static_fit(cluster: Cluster, w: Workload) -> Fit:
     hit = facts.fits.get(shape)
     if hit is None:
         types = acceptable_types(cluster, w)
-        rooms: dict[object, int] = cluster.memo.setdefault(("rooms",), {})  # type: ignore[assignment]
+        rooms: dict[object, int] = _memo(cluster).setdefault(("rooms",), {})  # type: ignore[assignment]
         room = rooms.setdefault((types, w.gpus_per_pod, w.pods), len(rooms))
         hit = facts.fits[shape] = Fit(_never_fits(cluster, w, types, facts.caps), types, room)
     return hit
