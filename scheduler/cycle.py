@@ -638,12 +638,13 @@ def static_fit(cluster: Cluster, w: Workload) -> Fit:
         types = acceptable_types(cluster, w)
         pinned = not w.preemptible
         room = memo.rooms.setdefault((types, w.gpus_per_pod, w.pods, pinned), len(memo.rooms))
+        if room == len(memo.room_verdicts):               # a room first seen: its two verdicts
+            memo.room_verdicts.append((NoRoom(room), NoRoomAboveGuarantee(room)))
         key = memo.fit_keys.setdefault((w.queue, shape), len(memo.fit_keys))
         never = _never_fits(cluster, w, types, facts.caps)
         hit = facts.fits[shape] = Fit(
             never, types, room, key, w.pods * w.gpus_per_pod, pinned,
-            None if never is None else Settled(ReasonCode.NEVER_FITS, never),
-            NoRoom(room), NoRoomAboveGuarantee(room))
+            None if never is None else Settled(ReasonCode.NEVER_FITS, never), *memo.room_verdicts[room])
     return hit
 
 

@@ -11,7 +11,7 @@ anew has a new one); it must not be shared by two cycles running at once (the se
 Three kinds of field, by what makes them stale:
 
 * **Static**: pure functions of the cluster (its nodes and queue tree), never stale: ``queues``,
-  ``facts``, ``rooms``, ``fit_keys``.
+  ``facts``, ``rooms`` and ``room_verdicts``, ``fit_keys``.
 * **Follows the input**: kept for the last input and updated from what changed, or rebuilt when
   the input is not the one it was kept for: ``grouped`` and ``grouped_changes``
   (:mod:`scheduler.ordering`), ``candidates`` (:mod:`scheduler.preemption`), ``counts``,
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from scheduler.model import PendingReason, Running, Workload
-from scheduler.verdicts import Fit, Settled
+from scheduler.verdicts import Fit, NoRoom, NoRoomAboveGuarantee, Settled
 
 if TYPE_CHECKING:
     from scheduler.ordering import QueueKey
@@ -152,8 +152,10 @@ class CycleMemo:
     queues: QueueTable | None = None
     # static: leaf queue -> what never changes of it, static fits per shape included
     facts: dict[str, QueueFacts] = field(default_factory=dict)
-    # static: the number of each room (Fit.room), in order of first sight
+    # static: the number of each room (Fit.room), in order of first sight, and its two verdicts
+    # (NoRoom, NoRoomAboveGuarantee), shared by the shapes that look for it
     rooms: dict[RoomKey, int] = field(default_factory=dict)
+    room_verdicts: list[tuple[NoRoom, NoRoomAboveGuarantee]] = field(default_factory=list)
     # static: the number of each (queue, gang shape) (Fit.key), in order of first sight
     fit_keys: dict[tuple[str, Shape], int] = field(default_factory=dict)
     # follows the pending: the last grouping by queue, and what it changed per queue (empty after a
