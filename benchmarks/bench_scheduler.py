@@ -18,12 +18,14 @@
     snapshot of its entries, ``schedule()`` outside the lock, every reason read and kept for the
     API), steady cycles with ~43,000 pending, with today's core and with the frozen pre-issue-11
     core in the same service code: the whole cycle and the core's share of it.
-(f) ``--backlog --before PATH``: the drain of (d), alternately with the code of another checkout
-    (``PATH``, e.g. ``git worktree add /tmp/before main``) and with this one's, ``--repeat`` times
-    each, every drain in a process of its own whose ``scheduler`` (and ``accounting``) package is
-    the checkout's: the medians of each, and whether every drain wrote the same events. The way
-    to hold a change to the core to "within 5 % of the code before" on a machine that varies
-    more than that from run to run.
+(f) ``--backlog --before PATH``: the drain of (d) with the code of another checkout (``PATH``, e.g.
+    ``git worktree add /tmp/before main``) and with this one's, each in a process of its own whose
+    ``scheduler`` (and ``accounting``) package is the checkout's, in lockstep: one cycle of each in
+    turn, the other process waiting, so that both meet the machine as it is at that moment;
+    ``--repeat`` times (3), who goes first alternating. Each side's figures, their medians, the
+    ratio of core times per run, and whether every drain wrote the same events. The way to hold a
+    change to the core to "within 5 % of the code before" on a shared machine whose speed varies
+    more than that from one minute to the next.
 Peak RSS at the end. Final lines start with ``RESULT``.
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -122,14 +125,17 @@ class Recorder:
     CPU time of the cycles (the thread's): on a shared machine a cycle's wall time also counts the
     time the process waited for a core, its CPU time does not."""
 
-    def __init__(self, fn: Callable[[Snapshot, float], Decisions]) -> None:
+    def __init__(self, fn: Callable[[Snapshot, float], Decisions], gate: Callable[[], None] | None = None) -> None:
         self.fn = fn
+        self.gate = gate                   # called before each cycle, outside its timing
         self.cycles: list[tuple[float, int, int, float]] = []
         self.read_ms: list[float] = []
         self.cpu_s = 0.0
         self.result: Any = None            # the simulator's result, once drain() is done
 
     def __call__(self, snap: Snapshot, now: float) -> Decisions:
+        if self.gate is not None:
+            self.gate()
         c0 = time.thread_time()
         t0 = time.perf_counter()
         d = self.fn(snap, now)
@@ -142,10 +148,12 @@ class Recorder:
 
 
 def drain(n: int, n_nodes: int, fn: Callable[[Snapshot, float], Decisions],
-          until_s: float | None = None, seed: int = 11) -> tuple[dict[str, float], Recorder]:
-    """Replay the backlog shape of ``n`` workloads on a fresh cluster (fresh memos) with ``fn``."""
+          until_s: float | None = None, seed: int = 11,
+          gate: Callable[[], None] | None = None) -> tuple[dict[str, float], Recorder]:
+    """Replay the backlog shape of ``n`` workloads on a fresh cluster (fresh memos) with ``fn``;
+    ``gate`` is called before each cycle (:class:`Recorder`)."""
     c = make_cluster(n_nodes)
-    rec = Recorder(fn)
+    rec = Recorder(fn, gate)
     sc = Scenario("backlog", until_s, 1.0, Settings(), c, make_backlog(c, n, seed))
     gc.collect()
     t0 = time.perf_counter()
@@ -204,66 +212,110 @@ def backlog_main(quick: bool) -> None:
 
 
 def drain_child(quick: bool) -> None:
-    """One drain of (d) with this process's core; prints its figures as one ``JSON`` line (the
-    worker of :func:`before_main`)."""
+    """One drain of (d) with this process's core, in lockstep with another (the worker of
+    :func:`before_main`): before each cycle it writes ``R`` and waits for ``G`` on its stdin; at
+    the end it writes its figures and every cycle's as one ``JSON`` line."""
+    def gate() -> None:
+        sys.stdout.write("R\n")
+        sys.stdout.flush()
+        if sys.stdin.readline() != "G\n":
+            raise SystemExit("the lockstep parent went away")
+
     n, n_nodes = (5_000, 500) if quick else (50_000, 5_000)
-    r, rec = drain(n, n_nodes, schedule)
-    deep = deep_ms(rec, int(n * 0.8))
-    reads = sorted(x + c[3] for x, c in zip(rec.read_ms, rec.cycles) if c[1] >= int(n * 0.8))
+    r, rec = drain(n, n_nodes, schedule, gate=gate)
     res = rec.result
     import scheduler.cycle
     out = {**r, "core": str(Path(scheduler.cycle.__file__).resolve().parent), "core_cpu_s": rec.cpu_s,
-           "admissions_per_core_s": r["admissions"] / r["core_s"], "deep_cycles": len(deep),
-           "deep_p50_ms": pct(deep, 50), "deep_p99_ms": pct(deep, 99),
-           "read_p50_ms": pct(reads, 50), "read_p99_ms": pct(reads, 99),
-           "events_sha256": hashlib.sha256(res.events_jsonl().encode()).hexdigest(),
-           "cycles_sha256": hashlib.sha256(repr([c[:3] for c in rec.cycles]).encode()).hexdigest()}
-    print("JSON " + json.dumps(out), flush=True)
+           "cycles_list": rec.cycles, "read_ms": rec.read_ms,
+           "events_sha256": hashlib.sha256(res.events_jsonl().encode()).hexdigest()}
+    sys.stdout.write("JSON " + json.dumps(out) + "\n")
+    sys.stdout.flush()
+
+
+def _lockstep(trees: dict[str, Path], order: tuple[str, str], quick: bool, log: Any) -> dict[str, dict[str, Any]]:
+    """Drain with both cores at once, one cycle at a time: ``order[0]``'s cycle k (and its
+    simulator's work up to cycle k + 1), then ``order[1]``'s, then ``order[0]``'s cycle k + 1; the
+    other process waits meanwhile, so each pair of cycles meets the machine as it is then."""
+    procs = {}
+    for name in order:
+        env = {**os.environ, "PYTHONPATH": str(trees[name]), "PYTHONHASHSEED": "0"}
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--drain-child", *(["--quick"] if quick else [])]
+        procs[name] = subprocess.Popen(cmd, env=env, cwd=trees[name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=log, text=True)
+    try:
+        line = {name: procs[name].stdout.readline() for name in order}  # type: ignore[union-attr]
+        rows: dict[str, dict[str, Any]] = {}
+        while len(rows) < len(order):
+            for name in order:
+                if name in rows:
+                    continue
+                p = procs[name]
+                if line[name].startswith("JSON "):
+                    rows[name] = json.loads(line[name][5:])
+                    continue
+                if line[name] != "R\n":
+                    raise SystemExit(f"the {name} drain failed ({p.wait()}): see {log.name}")
+                p.stdin.write("G\n")  # type: ignore[union-attr]
+                p.stdin.flush()  # type: ignore[union-attr]
+                line[name] = p.stdout.readline()  # type: ignore[union-attr]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    for name, row in rows.items():
+        if row["core"] != str(trees[name] / "scheduler"):
+            raise SystemExit(f"the {name} drain ran the core at {row['core']}, not {trees[name]}")
+    return rows
 
 
 def before_main(quick: bool, before: Path, repeat: int) -> None:
-    """(f): the drain of (d), alternately with the code at ``before`` and with this checkout's, each
-    in a process of its own (two ``scheduler`` packages cannot share one); before, now, then now,
-    before, and so on, so a drift of the machine's speed weighs on both alike."""
+    """(f): the drain of (d) with the code at ``before`` and with this checkout's, in lockstep
+    (:func:`_lockstep`), ``repeat`` times, who goes first alternating."""
     here = Path(__file__).resolve().parents[1]
     trees = {"before": before.resolve(), "now": here}
-    for name, tree in trees.items():
-        if not (tree / "scheduler" / "cycle.py").is_file():
-            raise SystemExit(f"--before: {tree} holds no scheduler/cycle.py (a checkout of gpuq is expected)")
+    if not (trees["before"] / "scheduler" / "cycle.py").is_file():
+        raise SystemExit(f"--before: {trees['before']} holds no scheduler/cycle.py (a checkout of gpuq is expected)")
     n = 5_000 if quick else 50_000
-    print(f"(f) backlog drain ({n} workloads), the code at {trees['before']} against {here}: {repeat} drains "
-          f"each, alternating, each in its own process")
-    runs: dict[str, list[dict[str, Any]]] = {"before": [], "now": []}
-    for k in range(repeat):
-        for name in (("before", "now") if k % 2 == 0 else ("now", "before")):
-            env = {**os.environ, "PYTHONPATH": str(trees[name]), "PYTHONHASHSEED": "0"}
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--drain-child", *(["--quick"] if quick else [])]
-            proc = subprocess.run(cmd, env=env, cwd=trees[name], capture_output=True, text=True)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON ")]
-            if proc.returncode != 0 or not lines:
-                raise SystemExit(f"the {name} drain failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-            row = json.loads(lines[-1][5:])
-            if row["core"] != str(trees[name] / "scheduler"):
-                raise SystemExit(f"the {name} drain ran the core at {row['core']}, not {trees[name]}")
-            runs[name].append(row)
-            print(f"    {k + 1}/{repeat} {name:<7} admissions/core s {row['admissions_per_core_s']:.0f} "
-                  f"core {row['core_s']:.2f} s (CPU {row['core_cpu_s']:.2f} s), deep p50 {row['deep_p50_ms']:.1f} p99 {row['deep_p99_ms']:.1f} ms, "
-                  f"with reasons read p50 {row['read_p50_ms']:.1f} p99 {row['read_p99_ms']:.1f} ms "
-                  f"(wall {row['wall_s']:.0f} s)", flush=True)
-    med = {name: {key: statistics.median(r[key] for r in rows) for key in
-                  ("admissions_per_core_s", "core_s", "core_cpu_s", "deep_p50_ms", "deep_p99_ms", "read_p50_ms", "read_p99_ms")}
-           for name, rows in runs.items()}
+    deep_at = int(n * 0.8)
+    print(f"(f) backlog drain ({n} workloads), the code at {trees['before']} against {here}, in lockstep "
+          f"(one cycle of each in turn, each core in its own process), {repeat} times")
+    figs: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
+    digests: set[str] = set()
+    cycles: set[str] = set()
+    with tempfile.NamedTemporaryFile("w", prefix="bench-before-", suffix=".log", delete=False) as log:
+        for k in range(repeat):
+            order = ("before", "now") if k % 2 == 0 else ("now", "before")
+            rows = _lockstep(trees, order, quick, log)
+            for name in ("before", "now"):
+                row = rows[name]
+                cyc = row["cycles_list"]
+                deep = sorted(c[3] for c in cyc if c[1] >= deep_at)
+                reads = sorted(c[3] + x for c, x in zip(cyc, row["read_ms"]) if c[1] >= deep_at)
+                f = {"admissions_per_core_s": row["admissions"] / row["core_s"], "core_s": row["core_s"],
+                     "core_cpu_s": row["core_cpu_s"], "deep_p50_ms": pct(deep, 50), "deep_p99_ms": pct(deep, 99),
+                     "read_p50_ms": pct(reads, 50), "read_p99_ms": pct(reads, 99)}
+                figs[name].append(f)
+                digests.add(row["events_sha256"])
+                cycles.add(repr([c[:3] for c in cyc]))
+                print(f"    {k + 1}/{repeat} {name:<7} admissions/core s {f['admissions_per_core_s']:.0f} "
+                      f"core {f['core_s']:.2f} s (CPU {f['core_cpu_s']:.2f} s), deep p50 {f['deep_p50_ms']:.1f} "
+                      f"p99 {f['deep_p99_ms']:.1f} ms, with reasons read p50 {f['read_p50_ms']:.1f} "
+                      f"p99 {f['read_p99_ms']:.1f} ms", flush=True)
+            print(f"    {k + 1}/{repeat} now/before core {rows['now']['core_s'] / rows['before']['core_s']:.3f} "
+                  f"(CPU {rows['now']['core_cpu_s'] / rows['before']['core_cpu_s']:.3f})", flush=True)
+    keys = ("admissions_per_core_s", "core_s", "core_cpu_s", "deep_p50_ms", "deep_p99_ms", "read_p50_ms", "read_p99_ms")
+    med = {name: {key: statistics.median(f[key] for f in rows) for key in keys} for name, rows in figs.items()}
     for name, m in med.items():
         print(f"RESULT before_after_{name} median_of={repeat} admissions_per_core_s={m['admissions_per_core_s']:.0f} "
-              f"core_s={m['core_s']:.2f} core_cpu_s={m['core_cpu_s']:.2f} deep_p50_ms={m['deep_p50_ms']:.1f} deep_p99_ms={m['deep_p99_ms']:.1f} "
-              f"read_p50_ms={m['read_p50_ms']:.1f} read_p99_ms={m['read_p99_ms']:.1f}")
-    ratio = med["now"]["admissions_per_core_s"] / med["before"]["admissions_per_core_s"]
-    same = len({r["events_sha256"] for rows in runs.values() for r in rows}) == 1
-    same_cycles = len({r["cycles_sha256"] for rows in runs.values() for r in rows}) == 1
-    print(f"RESULT before_after now/before admissions_per_core_s={ratio:.3f} "
-          f"core_s={med['now']['core_s'] / med['before']['core_s']:.3f} "
-          f"core_cpu_s={med['now']['core_cpu_s'] / med['before']['core_cpu_s']:.3f} same_events={same} "
-          f"same_cycles={same_cycles}")
+              f"core_s={m['core_s']:.2f} core_cpu_s={m['core_cpu_s']:.2f} deep_p50_ms={m['deep_p50_ms']:.1f} "
+              f"deep_p99_ms={m['deep_p99_ms']:.1f} read_p50_ms={m['read_p50_ms']:.1f} read_p99_ms={m['read_p99_ms']:.1f}")
+    ratios = [a["core_s"] / b["core_s"] for a, b in zip(figs["now"], figs["before"])]
+    print(f"RESULT before_after now/before core_s={med['now']['core_s'] / med['before']['core_s']:.3f} "
+          f"core_cpu_s={med['now']['core_cpu_s'] / med['before']['core_cpu_s']:.3f} "
+          f"per_run_core_s={','.join(f'{r:.3f}' for r in ratios)} "
+          f"same_events={len(digests) == 1} same_cycles={len(cycles) == 1}")
+    Path(log.name).unlink()
 
 
 def service_main(quick: bool) -> None:
@@ -446,8 +498,8 @@ def main() -> None:
     ap.add_argument("--backlog", action="store_true", help="only (d): the backlog drain and the depth curve")
     ap.add_argument("--service", action="store_true", help="only (e): a service's cycle at the backlog's depth")
     ap.add_argument("--before", type=Path, metavar="PATH",
-                    help="with --backlog, (f): the drain alternately with the gpuq checkout at PATH and with this one")
-    ap.add_argument("--repeat", type=int, default=3, help="(f): drains of each (default 3)")
+                    help="with --backlog, (f): the drain in lockstep with the gpuq checkout at PATH and with this one")
+    ap.add_argument("--repeat", type=int, default=3, help="(f): lockstep drains (default 3)")
     ap.add_argument("--drain-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.drain_child:
