@@ -2,8 +2,9 @@
 sequences of one-line scalars and one-line flow collections, as a scenario's ``workloads:`` list
 is written. It gives exactly what PyYAML's ``CSafeLoader`` gives for such a text, or refuses it.
 
-PyYAML's C loader spends about 20 us a line on a 50,000-workload scenario, most of it in Python:
-a node and two marks per scalar, the resolver's regular expressions, the constructor's generators.
+PyYAML's C loader spends about 17 us a line on a 50,000-workload scenario (7.4 s for its 430,000
+lines, docs/PERFORMANCE.md), most of it in Python: a node and two marks per scalar, the resolver's
+regular expressions, the constructor's generators.
 :func:`load` matches every line with one regular expression (one pass in C) and builds the dicts
 and lists directly. What a scalar means is not decided here: each distinct plain scalar goes once
 through the loader's own resolver (``yaml_implicit_resolvers``) and its own constructor for the
@@ -29,6 +30,8 @@ from typing import Any
 
 import yaml
 from yaml.nodes import ScalarNode
+
+from gpuq.gcpause import collector_paused
 
 __all__ = ["Unusual", "load"]
 
@@ -59,7 +62,8 @@ _TRAILER = re.compile(r" *(?:(?<= )#.*)?$")
 _SIMPLE_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)$")
 _SIMPLE_FLOAT = re.compile(r"[-+]?[0-9]+\.[0-9]+$")
 # The scalar tags the safe constructor builds from the scalar's text alone.
-_TAGS = frozenset("tag:yaml.org,2002:" + t for t in ("null", "bool", "int", "float", "timestamp", "str"))
+_TAG = "tag:yaml.org,2002:"
+_TAGS = frozenset(_TAG + t for t in ("null", "bool", "int", "float", "timestamp", "str"))
 
 # Each content line becomes tokens (kind, column, key, value): _DASH (a "- "), _KEY (a key and
 # its value, _NONE when nothing follows the colon), _ITEM (a value after "- "). Every token is
@@ -69,12 +73,16 @@ _NONE: Any = object()
 
 
 def _stock(loader_cls: type) -> bool:
-    """Whether ``loader_cls`` resolves and constructs scalars as PyYAML ships it."""
-    from yaml.constructor import SafeConstructor
+    """Whether ``loader_cls`` resolves and constructs scalars as PyYAML ships it (the shortcuts
+    of _Scalars depend on it; a resolver added later is tried after the stock ones anyway)."""
+    from yaml.constructor import SafeConstructor as S
     from yaml.resolver import Resolver
 
+    constructors = getattr(loader_cls, "yaml_constructors", None)
     return (getattr(loader_cls, "yaml_implicit_resolvers", None) is Resolver.yaml_implicit_resolvers
-            and getattr(loader_cls, "yaml_constructors", None) is SafeConstructor.yaml_constructors
+            and constructors is S.yaml_constructors
+            and all(constructors.get(_TAG + t) is f for t, f in (
+                ("int", S.construct_yaml_int), ("float", S.construct_yaml_float), ("str", S.construct_yaml_str)))
             and not getattr(loader_cls, "yaml_path_resolvers", None))
 
 
@@ -136,11 +144,12 @@ def load(text: str, loader_cls: type | None = None) -> Any:
         raise Unusual("a document marker")
     scalars = _Scalars(loader_cls)
     try:
-        tokens = _tokens(text, scalars)
-        if not tokens:
-            return None
-        b = _Builder(tokens)
-        out = b.node(0)
+        with collector_paused():            # dicts, lists and tuples, no reference cycles
+            tokens = _tokens(text, scalars)
+            if not tokens:
+                return None
+            b = _Builder(tokens)
+            out = b.node(0)
         if b.pos != len(tokens):
             raise Unusual("content after the document's end")
         return out

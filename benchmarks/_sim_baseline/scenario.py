@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from accounting.errors import QueueConfigError
+from accounting.queue_names import nearest
 from accounting.queues import parse_queue_config
 from gpuq.errors import shown
 from scheduler.errors import ScenarioError, SnapshotError
@@ -196,7 +197,8 @@ def _workload(r: _Reader, raw: Any, where: str, at: str, queues: Mapping[str, An
     wid = r.text(spec["id"], f["id"])
     queue = r.text(spec["queue"], f["queue"])
     if queue not in queues or queue == "root":
-        raise r.fail(f["queue"], f"unknown queue {shown(queue)}")
+        leaves = [p for p, q in queues.items() if q.is_leaf and p != "root"]
+        raise r.fail(f["queue"], f"unknown queue {shown(queue)}; {nearest(queue, leaves)}")
     if not queues[queue].is_leaf:
         raise r.fail(f["queue"], f"queue {shown(queue)} is not a leaf (only leaf queues take workloads)")
     types = r.items(spec.get("gpu_types"), f["gpu_types"])
