@@ -57,8 +57,10 @@ _LINE = re.compile(
     rf"| *(?:#.*)?)$", re.M)
 _MARKER = re.compile(r"^(?:---|\.\.\.)", re.M)
 _ODD_CHAR = re.compile(r"[^\n\x20-\x7e]")
-_FLOW_TOKEN = re.compile(rf" *(?:([\[\]{{}},])|(:(?= ))|({_SCALAR}))")
-_TRAILER = re.compile(r" *(?:(?<= )#.*)?$")
+# A flow collection's tokens: punctuation, a colon (before a space), a scalar, a comment (after a
+# space), or any other character (which refuses the line); _END closes the list.
+_FLOW_TOKENS = re.compile(rf" *(?:([\[\]{{}},])|(:(?= ))|({_SCALAR})|((?<= )#.*)|(.))")
+_END = ("", "", "", "", "end")
 _SIMPLE_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)$")
 _SIMPLE_FLOAT = re.compile(r"[-+]?[0-9]+\.[0-9]+$")
 # The scalar tags the safe constructor builds from the scalar's text alone.
@@ -188,56 +190,53 @@ def _tokens(text: str, scalars: _Scalars) -> list[tuple[int, int, Any, Any]]:
 
 
 def _flow(text: str, scalars: _Scalars) -> Any:
-    """A flow collection that fills the rest of a line (then spaces or a comment)."""
-    value, end = _flow_node(text, 0, scalars)
-    if not _TRAILER.match(text, end):
-        raise Unusual(f"after a flow collection: {text[end:end + 40]!r}")
+    """A flow collection that fills the rest of a line (then spaces or a comment), from its
+    tokens (one pass in C); a character outside every token, or a wrong token, refuses it."""
+    tokens = _FLOW_TOKENS.findall(text)
+    tokens.append(_END)
+    value, i = _flow_node(tokens, 0, scalars)
+    if tokens[i][3]:                       # a comment
+        i += 1
+    if i != len(tokens) - 1:
+        raise Unusual(f"after a flow collection: {text[:60]!r}")
     return value
 
 
-def _flow_next(text: str, pos: int) -> tuple[str, str, str, int]:
-    """(punctuation, colon, scalar: one of them set; the position after it)."""
-    m = _FLOW_TOKEN.match(text, pos)
-    if m is None:
-        raise Unusual(f"in a flow collection: {text[pos:pos + 40]!r}")
-    p, c, s = m.groups(default="")
-    return p, c, s, m.end()
-
-
-def _flow_node(text: str, pos: int, scalars: _Scalars) -> tuple[Any, int]:
-    p, _, s, pos = _flow_next(text, pos)
+def _flow_node(tokens: list[tuple[str, str, str, str, str]], i: int, scalars: _Scalars) -> tuple[Any, int]:
+    p, _, s, _, _ = tokens[i]
     if s:
-        return scalars[s], pos
+        return scalars[s], i + 1
     if p == "[":
         seq: list[Any] = []
-        if _flow_next(text, pos)[0] == "]":
-            return seq, _flow_next(text, pos)[3]
+        i += 1
+        if tokens[i][0] == "]":
+            return seq, i + 1
         while True:
-            item, pos = _flow_node(text, pos, scalars)
+            item, i = _flow_node(tokens, i, scalars)
             seq.append(item)
-            p, _, _, pos = _flow_next(text, pos)
+            p = tokens[i][0]
+            i += 1
             if p == "]":
-                return seq, pos
+                return seq, i
             if p != ",":
                 raise Unusual("in a flow sequence")
     if p == "{":
         mapping: dict[Any, Any] = {}
-        if _flow_next(text, pos)[0] == "}":
-            return mapping, _flow_next(text, pos)[3]
+        i += 1
+        if tokens[i][0] == "}":
+            return mapping, i + 1
         while True:
-            _, _, s, pos = _flow_next(text, pos)
-            if not s:
-                raise Unusual("a flow mapping's key")
-            _, c, _, pos = _flow_next(text, pos)
-            if not c:
-                raise Unusual("a flow mapping's key without a value")
-            mapping[scalars[s]], pos = _flow_node(text, pos, scalars)
-            p, _, _, pos = _flow_next(text, pos)
+            s = tokens[i][2]
+            if not s or not tokens[i + 1][1]:
+                raise Unusual("in a flow mapping: not a scalar key and a colon")
+            mapping[scalars[s]], i = _flow_node(tokens, i + 2, scalars)
+            p = tokens[i][0]
+            i += 1
             if p == "}":
-                return mapping, pos
+                return mapping, i
             if p != ",":
                 raise Unusual("in a flow mapping")
-    raise Unusual(f"in a flow collection: {text[pos:pos + 40]!r}")
+    raise Unusual("in a flow collection")
 
 
 class _Builder:
