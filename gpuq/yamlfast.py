@@ -5,8 +5,8 @@ is written. It gives exactly what PyYAML's ``CSafeLoader`` gives for such a text
 PyYAML's C loader spends about 17 us a line on a 50,000-workload scenario (7.4 s for its 430,000
 lines, docs/PERFORMANCE.md), most of it in Python: a node and two marks per scalar, the resolver's
 regular expressions, the constructor's generators.
-:func:`load` matches every line with one regular expression (one pass in C) and builds the dicts
-and lists directly. What a scalar means is not decided here: each distinct plain scalar goes once
+:func:`load` matches every line with one regular expression (``findall``, in C, a slice of lines at
+a time) and builds the dicts and lists directly. What a scalar means is not decided here: each distinct plain scalar goes once
 through the loader's own resolver (``yaml_implicit_resolvers``) and its own constructor for the
 tag found (``yes`` is ``True``, ``017`` is 15, ``1e3`` a string, ``1:20`` is 80, as YAML 1.1 and
 PyYAML have it); the answer is cached for the scalar's next occurrence. Only two shortcuts skip
@@ -26,6 +26,8 @@ loader class).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from itertools import chain
 from typing import Any
 
 import yaml
@@ -55,6 +57,7 @@ _SCALAR = rf"{_PLAIN}|{_SQ}|{_DQ}"
 _LINE = re.compile(
     rf"^(?:( *)(- +)?(?:({_SCALAR}):(?: +(?:({_SCALAR})|([\[{{].*)))?|({_SCALAR})|([\[{{].*))(?: +#.*| *)"
     rf"| *(?:#.*)?)$", re.M)
+_SLICE = 1 << 16
 _MARKER = re.compile(r"^(?:---|\.\.\.)", re.M)
 _ODD_CHAR = re.compile(r"[^\n\x20-\x7e]")
 # A flow collection's tokens: punctuation, a colon (before a space), a scalar, a comment (after a
@@ -161,13 +164,25 @@ def load(text: str, loader_cls: type | None = None) -> Any:
         scalars.dispose()
 
 
+def _rows(text: str) -> Iterator[list[tuple[str, str, str, str, str, str, str]]]:
+    """Every line's groups, a slice of about 64 KiB of lines at a time (so that the groups of
+    the whole text are never held at once: they weigh some ten times the text)."""
+    start, n = 0, len(text)
+    while start <= n:
+        end = text.find("\n", start + _SLICE)
+        if end < 0:
+            end = n
+        rows = _LINE.findall(text, start, end)
+        if len(rows) != text.count("\n", start, end) + 1:   # a line that matched neither form
+            raise Unusual("a line outside the shape")
+        yield rows
+        start = end + 1
+
+
 def _tokens(text: str, scalars: _Scalars) -> list[tuple[int, int, Any, Any]]:
-    rows = _LINE.findall(text)
-    if len(rows) != text.count("\n") + 1:       # a line that matched neither form
-        raise Unusual("a line outside the shape")
     out: list[tuple[int, int, Any, Any]] = []
     append = out.append
-    for ind, dash, key, kv, kf, v, f in rows:
+    for ind, dash, key, kv, kf, v, f in chain.from_iterable(_rows(text)):
         col = len(ind)
         if dash:
             append((_DASH, col, None, None))

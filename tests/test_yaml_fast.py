@@ -149,6 +149,18 @@ def test_the_benchmarks_scenario_reads_the_same(style: str) -> None:
     assert len(yamlfast.load(text)["workloads"]) == 1_000
 
 
+def test_a_bad_line_anywhere_in_a_long_text_is_refused() -> None:
+    """The lines are matched a slice at a time: a bad line at either side of a slice's edge."""
+    text = trickle_text(1_000, 26)
+    assert len(text) > 2 * yamlfast._SLICE
+    cuts = [text.find("\n", k * yamlfast._SLICE) for k in (1, 2)]
+    for cut in cuts:
+        for at in (cut, cut + 1, text.rfind("\n", 0, cut)):
+            for bad in ("\n  - a: b: c", "\n\tx: 1", "\n  - id: [x", "\n!x"):
+                assert fast(text[:at] + bad + text[at:])[0] == "unusual", (at, bad)
+    assert check(text) and check(text[:cuts[0] + 1]) and check(text[:cuts[0]])
+
+
 def test_pyyaml_with_its_own_resolvers_is_left_alone() -> None:
     class Loader(C_LOADER):                 # type: ignore[misc,valid-type]
         pass
