@@ -16,9 +16,10 @@ of ``gpuq simulate`` (read and parse the YAML; check it and build the ``Scenario
 ``events.jsonl`` and ``summary.json``) with its phases timed in the process, around today's scheduler
 core in both; then ``gpuq simulate FILE --out DIR`` of this tree as a command (``cli``); with
 ``--peer-tree DIR`` the same command of another checkout too (``peer``, e.g. ``git worktree add DIR
-<commit before the issue>``: the whole command before, core included). Each variant's fastest round
-counts (the machine is shared). Wall times include interpreter start; peak RSS is each process's.
-Before and now must write the same ``events.jsonl``, byte for byte, and the same summary but for
+<commit before the issue>``: the whole command before, core included). Each figure is its
+variant's least over the rounds, phase by phase (the least disturbed, as timeit advises: the
+machine is shared, and the core's time alone varies by a third between rounds). Wall times include
+interpreter start; peak RSS is each process's. Before and now must write the same ``events.jsonl``, byte for byte, and the same summary but for
 ``scheduler.wall_s``; the exit status is 3 when they differ. The last lines start with ``RESULT``.
 """
 from __future__ import annotations
@@ -170,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 rec = run_variant(v, scenario, base / v, args.peer_tree)
                 shown = " ".join(f"{k}={rec[k]:.2f}" for k in PHASES if k in rec)
                 print(f"round {r + 1} {v:<6} {shown}", flush=True)
-                if v not in best or rec["wall"] < best[v]["wall"]:
-                    best[v] = rec
+                best[v] = {k: min(x, best[v][k]) for k, x in rec.items()} if v in best else rec
         why = same_outputs(base / "before", base / "now") or same_outputs(base / "now", base / "cli")
         if args.peer_tree and why is None:
             peer_why = same_outputs(base / "now", base / "peer")
