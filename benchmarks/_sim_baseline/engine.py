@@ -3,7 +3,7 @@
 next submit, finish or preemption-delay expiry, so a long trace costs what its events cost.
 
 At one instant the order is: finishes (in start order), submits (in file order, each followed by
-its ``reject`` if it can never run), then the cycle's preemptions, each just before its
+its ``reject`` if it can never run or is over its queue's policy, :mod:`scheduler.policy`), then the cycle's preemptions, each just before its
 preemptor's admission. A preempted workload goes back to pending; it keeps what it ran when it
 ``checkpoint``s and starts over otherwise.
 """
@@ -19,6 +19,7 @@ from typing import Any
 from scheduler.cycle import never_fits, schedule
 from scheduler.events import event as make_event
 from scheduler.model import Decisions, Running, Workload
+from scheduler.policy import refusal
 from scheduler.progress import Progress
 from benchmarks._sim_baseline.report import QueueStats, SimResult, summarize
 from benchmarks._sim_baseline.scenario import Scenario
@@ -76,7 +77,8 @@ class _Sim:
                 w = subs[self.next_submit]
                 self.next_submit += 1
                 self.emit(ts, "submit", w)
-                why = never_fits(self.cluster, w)
+                over = refusal(self.cluster.config, w)
+                why = f"policy: {over.message}" if over is not None else never_fits(self.cluster, w)
                 if why is not None:
                     self.emit(ts, "reject", w, reason=why)
                     self.stats[w.queue].rejected += 1

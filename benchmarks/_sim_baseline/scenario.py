@@ -15,13 +15,14 @@ from typing import Any
 
 from accounting.errors import QueueConfigError
 from accounting.queue_names import nearest
-from accounting.queues import parse_queue_config
+from accounting.queues import OPEN_POLICY, parse_queue_config
 from gpuq.errors import shown
 from scheduler.errors import ScenarioError, SnapshotError
 from scheduler.model import Node, Workload
 from scheduler.snapshot import Cluster, Settings, build_cluster
 
-TOP = frozenset({"name", "until", "scheduler", "gpu_types", "nodes", "queues", "workloads", "workloads_file"})
+TOP = frozenset({"name", "until", "scheduler", "gpu_types", "nodes", "queues", "policy", "workloads",
+                 "workloads_file"})
 SCHED = frozenset({"preemption", "preemption_delay_s", "cycle_interval_s"})
 NODE = frozenset({"name", "gpu_type", "gpus", "count", "cpu", "memory"})
 WORK = frozenset({"id", "queue", "submit", "duration", "pods", "gpus_per_pod", "gpu_types", "priority",
@@ -119,7 +120,8 @@ def parse_scenario(data: Any, source: str = "<mapping>", base_dir: str | Path | 
     interval = r.num(sched.get("cycle_interval_s", 1), "scheduler.cycle_interval_s", positive=True)
     until = None if top.get("until") is None else r.num(top["until"], "until")
     try:
-        config = parse_queue_config({"queues": top.get("queues") or {}, "gpu_types": top.get("gpu_types")})
+        config = parse_queue_config({"queues": top.get("queues") or {}, "gpu_types": top.get("gpu_types"),
+                                     "policy": top.get("policy")}, default_policy=OPEN_POLICY)
     except QueueConfigError as exc:
         raise r.fail(exc.where, exc.reason) from exc
     nodes: list[Node] = []
