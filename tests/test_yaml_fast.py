@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -121,13 +121,16 @@ def test_what_the_fast_path_reads(text: str) -> None:
 
 
 def _repository_yaml() -> list[tuple[str, str]]:
-    files = subprocess.run(["git", "ls-files", "*.yaml", "*.yml", "*.md"], cwd=REPO, capture_output=True,
-                           text=True, check=True).stdout.split()
+    """Every YAML file of the repository and every YAML block of its Markdown, by path (hidden
+    folders, virtual environments and Helm templates, which are not YAML until rendered, left out)."""
+    paths = []
+    for top, dirs, files in os.walk(REPO):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("node_modules", "venv", "build",
+                                                                             "templates", "__pycache__"))
+        paths += [Path(top, f) for f in sorted(files) if f.endswith((".yaml", ".yml", ".md"))]
     texts = []
-    for f in files:
-        if "/templates/" in f:              # Helm templates are not YAML until rendered
-            continue
-        text = (REPO / f).read_text()
+    for path in paths:
+        f, text = path.relative_to(REPO).as_posix(), path.read_text()
         if f.endswith(".md"):
             texts += [(f"{f}#{i}", m.group(1)) for i, m in enumerate(re.finditer(r"```ya?ml\n(.*?)```", text, re.S))]
         else:
