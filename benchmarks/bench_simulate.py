@@ -19,19 +19,22 @@ core in both; then ``gpuq simulate FILE --out DIR`` of this tree as a command (`
 <commit before the issue>``: the whole command before, core included). Each figure is its
 variant's least over the rounds, phase by phase (the least disturbed, as timeit advises: the
 machine is shared, and the core's time alone varies by a third between rounds). Wall times include
-interpreter start; peak RSS is each process's. Before and now must write the same ``events.jsonl``, byte for byte, and the same summary but for
-``scheduler.wall_s``; the exit status is 3 when they differ. The last lines start with ``RESULT``.
+interpreter start; peak RSS is each process's. The fast YAML path must read the file to exactly PyYAML's data, and before and now must write the
+same ``events.jsonl``, byte for byte, and the same summary but for ``scheduler.wall_s``; the exit
+status is 3 when not. The last lines start with ``RESULT``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -121,6 +124,27 @@ def run_variant(variant: str, scenario: Path, out: Path, peer_tree: Path | None)
     return rec
 
 
+def same(a: Any, b: Any) -> bool:
+    """Equal, of the same types all the way down, dict keys in the same order (NaN equals NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return (len(a) == len(b) and all(same(k, j) for k, j in zip(a, b))
+                and all(same(a[k], b[k]) for k in a))
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return bool(a == b)
+
+
+def same_data(text: str) -> bool:
+    """The fast path reads the file (not refused) to exactly what PyYAML's C loader reads."""
+    from gpuq import yamlfast
+
+    return same(yamlfast.load(text), yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+
+
 def same_outputs(a: Path, b: Path) -> str | None:
     """``None`` when both runs wrote the same events and summary (but its wall time), else why not."""
     if (a / "events.jsonl").read_bytes() != (b / "events.jsonl").read_bytes():
@@ -145,24 +169,36 @@ def main(argv: list[str] | None = None) -> int:
                     "temporary directory, removed)")
     ap.add_argument("--peer-tree", type=Path, default=None, metavar="DIR",
                     help="also time `gpuq simulate` of the checkout in DIR (the code before)")
-    ap.add_argument("--child", choices=["before", "now"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["before", "now", "write", "check"], help=argparse.SUPPRESS)
     ap.add_argument("--scenario", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args.child, args.scenario, args.out)))
-        return 0
     n = args.workloads or (5_000 if args.quick else 50_000)
     nodes = args.nodes or (130 if args.quick else 1_300)
+    if args.child in ("before", "now"):
+        print(json.dumps(child(args.child, args.scenario, args.out)))
+        return 0
+    if args.child == "write":
+        args.scenario.write_text(trickle_text(n, nodes, style=args.style))
+        return 0
+    if args.child == "check":
+        return 0 if same_data(args.scenario.read_text()) else 3
     rounds = args.rounds or (2 if args.quick else 3)
     with tempfile.TemporaryDirectory(prefix="bench_simulate.") as tmp:
         base = args.out or Path(tmp)
         base.mkdir(parents=True, exist_ok=True)
         scenario = base / f"trickle-{n}-{args.style}.yaml"
+        # Written and checked in processes of their own: Linux keeps a process's peak RSS across
+        # exec, so every child would start from this one's
         t0 = time.perf_counter()
-        scenario.write_text(trickle_text(n, nodes, style=args.style))
+        own = [sys.executable, "-m", "benchmarks.bench_simulate", "--workloads", str(n), "--nodes", str(nodes),
+               "--style", args.style, "--scenario", str(scenario), "--child"]
+        subprocess.run([*own, "write"], cwd=REPO, check=True)
         print(f"wrote {scenario} ({scenario.stat().st_size / 1e6:.1f} MB, {n:,} workloads, {nodes:,} nodes, "
               f"{args.style} style) in {time.perf_counter() - t0:.1f} s; python {sys.version.split()[0]}, "
               f"PyYAML {yaml.__version__} (libyaml {'yes' if yaml.__with_libyaml__ else 'no'}), {rounds} rounds")
+        if subprocess.run([*own, "check"], cwd=REPO).returncode != 0:
+            print("FAIL: gpuq.yamlfast and PyYAML's C loader read the scenario differently", file=sys.stderr)
+            return 3
         variants = ["before", "now", "cli"] + (["peer"] if args.peer_tree else [])
         best: dict[str, dict[str, float]] = {}
         for r in range(rounds):

@@ -7,7 +7,6 @@ before, and an alias bomb is still refused before anything is built."""
 from __future__ import annotations
 
 import datetime as dt
-import math
 import os
 import re
 from pathlib import Path
@@ -19,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks._sim_baseline.scenario import load_yaml as load_yaml_before
-from benchmarks.bench_simulate import trickle_text
+from benchmarks.bench_simulate import same, trickle_text
 from gpuq import yamlfast
 from gpuq.yamlsafe import ExpansionError, safe_load
 from scheduler.errors import ScenarioError
@@ -29,20 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 C_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 FUZZ = settings(max_examples=300, deadline=2000, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equal, of the same types all the way down, dict keys in the same order (NaN equals NaN)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return (len(a) == len(b) and all(same(k, j) for k, j in zip(a, b))
-                and all(same(a[k], b[k]) for k in a))
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and math.isnan(a):
-        return math.isnan(b)
-    return bool(a == b)
 
 
 def reference(text: str) -> tuple[str, Any]:
