@@ -51,14 +51,14 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 from accounting import queues as _queues
 from accounting.errors import QueueConfigError, QueueNotCreated
-from accounting.queue_rules import _show
+from accounting.queue_rules import _preorder, _show
 from accounting.queues import ROOT, GpuType, Placement, Queue, QueueConfig, _resources, _unknown_keys
 from gpuq.errors import shown
 
@@ -136,14 +136,6 @@ def refusal(queues: Mapping[str, Queue], path: str, namespace: str) -> str | Non
                 f"(made by the placement rule of {queues[at].parent})")
     rule = f"queues.{at}.namespaces"
     return f"namespace {namespace} may not use queue {path}: {rule} does not list it"
-
-
-def _preorder(config: QueueConfig) -> Iterator[Queue]:
-    stack = [ROOT]
-    while stack:
-        q = config.queues[stack.pop()]
-        yield q
-        stack.extend(reversed(q.children))
 
 
 def check_access(config: QueueConfig, source: str = "queues") -> None:

@@ -35,6 +35,7 @@ from scheduler.snapshot import Settings
 from scheduler.testing import nodes, wl
 from tests.k8s_api_server import ApiServer, Recorded
 from tests.test_acting_serve import NS, path, rayjob
+from tests.test_leader import Clock
 from tests.test_scheduler_service import Sink
 
 LEASE_NS, LEASE_NAME = "gpuq-system", "gpuq"
@@ -43,16 +44,6 @@ T0 = 1_700_000_000.0
 QUEUES = {"a": {"max": {"gpu": 32}}, "b": {"guaranteed": {"gpu": 32}, "max": {"gpu": 32}}}
 A, B = ["a1", "a2", "a3", "a4"], ["b1", "b2", "b3", "b4"]
 H100_ON_H0 = Placement("H100", (("h-0", 8),))
-
-
-class Clock:
-    """A monotonic clock the test moves."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture

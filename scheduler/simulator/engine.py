@@ -46,8 +46,11 @@ class _Sim:
         self.seq = 0
         self.next_submit = 0
         self.expiry: list[tuple[float, str]] = []   # (submit + preemption delay, id)
+        # the occupancy as last computed, and what stopped and started since (see settle)
         self.occ: Occupancy = occupancy_of(sc.cluster, ())
         self.stopped: list[Running] = []
+        self.started: list[Running] = []
+        self.started_ids: set[str] = set()
         self.stats = {q: QueueStats() for q in sorted(sc.cluster.config.leaves())}
         self.first_admit: dict[str, float] = {}
         self.cycles = 0
@@ -95,6 +98,8 @@ class _Sim:
     def _stop(self, wid: str, t: float) -> None:
         r = self.running.pop(wid)
         del self.ends[wid]
+        if wid in self.started_ids:     # its start is not counted yet: count it before its stop
+            self.settle()
         self.stopped.append(r)
         self.gpu_seconds_add(r, t)
 
@@ -103,9 +108,20 @@ class _Sim:
         self.gpu_seconds += gs
         self.stats[r.workload.queue].gpu_seconds += gs
 
+    def settle(self) -> None:
+        """Bring the occupancy up to date, in one ``occupancy_after`` for all that stopped and started
+        since it was last computed (each call copies every node's free count and every queue's
+        usage: on a trickle of arrivals that, twice a cycle, cost as much as half the core).
+        ``occupancy_after`` returns stopped GPUs before it takes started ones, which gives the same
+        counts as taking each change in its order as long as nothing both started and stopped in
+        between; ``_stop`` settles first when that would happen. Nothing changed: the same object."""
+        if self.stopped or self.started:
+            self.occ = occupancy_after(self.cluster, self.occ, self.stopped, self.started)
+            self.stopped, self.started = [], []
+            self.started_ids.clear()
+
     def cycle(self, now: float) -> Decisions:
-        self.occ = occupancy_after(self.cluster, self.occ, self.stopped, ())
-        self.stopped = []
+        self.settle()
         pending = tuple(self.pending.values())
         changes = None
         if self.last_pending is not None:
@@ -149,8 +165,8 @@ class _Sim:
             end = now + self.left[w.id]
             self.ends[w.id] = (end, self.seq)
             heapq.heappush(self.heap, (end, self.seq, w.id))
-        self.occ = occupancy_after(self.cluster, self.occ, self.stopped, started)
-        self.stopped = []
+        self.started += started            # counted at the next settle()
+        self.started_ids.update(r.workload.id for r in started)
 
     def next_event(self, now: float) -> float | None:
         """The earliest time after ``now`` at which a cycle could decide differently."""

@@ -1,0 +1,235 @@
+"""The simulated clock around the production core: ``schedule()`` runs on a grid of
+``cycle_interval_s``; the clock jumps over idle stretches to the next grid time at or after the
+next submit, finish or preemption-delay expiry, so a long trace costs what its events cost.
+
+At one instant the order is: finishes (in start order), submits (in file order, each followed by
+its ``reject`` if it can never run or is over its queue's policy, :mod:`scheduler.policy`), then the cycle's preemptions, each just before its
+preemptor's admission. A preempted workload goes back to pending; it keeps what it ran when it
+``checkpoint``s and starts over otherwise.
+"""
+from __future__ import annotations
+
+import gc
+import heapq
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from scheduler.cycle import never_fits, schedule
+from scheduler.events import event as make_event
+from scheduler.model import Decisions, Running, Workload
+from scheduler.policy import refusal
+from scheduler.progress import Progress
+from benchmarks._sim_baseline.report import QueueStats, SimResult, summarize
+from benchmarks._sim_baseline.scenario import Scenario
+from scheduler.snapshot import Occupancy, PendingChanges, Snapshot, occupancy_after, occupancy_of
+
+EPS = 1e-9
+
+
+class _Sim:
+    def __init__(self, sc: Scenario, schedule_fn: Callable[[Snapshot, float], Decisions]) -> None:
+        self.sc = sc
+        self.schedule_fn = schedule_fn
+        self.cluster = sc.cluster
+        self.events: list[dict[str, Any]] = []
+        self.pending: dict[str, Workload] = {}
+        # what the last snapshot's pending was, and what left and joined it since (in that order)
+        self.last_pending: tuple[Workload, ...] | None = None
+        self.removed: list[Workload] = []
+        self.added: list[Workload] = []
+        self.running: dict[str, Running] = {}
+        self.ends: dict[str, tuple[float, int]] = {}
+        self.heap: list[tuple[float, int, str]] = []
+        self.left: dict[str, float] = {}           # running time still needed
+        self.seq = 0
+        self.next_submit = 0
+        self.expiry: list[tuple[float, str]] = []   # (submit + preemption delay, id)
+        self.occ: Occupancy = occupancy_of(sc.cluster, ())
+        self.stopped: list[Running] = []
+        self.stats = {q: QueueStats() for q in sorted(sc.cluster.config.leaves())}
+        self.first_admit: dict[str, float] = {}
+        self.cycles = 0
+        self.core_s = 0.0
+        self.gpu_seconds = 0.0
+        self.last_t = 0.0
+
+    def emit(self, t: float, event: str, w: Workload, **extra: Any) -> None:
+        self.events.append(make_event(t, event, w.id, w.queue, **extra))
+        self.last_t = max(self.last_t, t)
+
+    def advance(self, until: float) -> None:
+        """Apply finishes and submits up to ``until``, in time order (finish first on a tie)."""
+        subs = self.sc.workloads
+        while True:
+            self._drop_stale()
+            tf = self.heap[0][0] if self.heap else math.inf
+            ts = subs[self.next_submit].submit_s if self.next_submit < len(subs) else math.inf
+            if min(tf, ts) > until + EPS:
+                break
+            if tf <= ts:
+                _, _, wid = heapq.heappop(self.heap)
+                self._stop(wid, tf)
+                self.emit(tf, "finish", self.stopped[-1].workload)
+                self.stats[self.stopped[-1].workload.queue].finished += 1
+            else:
+                w = subs[self.next_submit]
+                self.next_submit += 1
+                self.emit(ts, "submit", w)
+                over = refusal(self.cluster.config, w)
+                why = f"policy: {over.message}" if over is not None else never_fits(self.cluster, w)
+                if why is not None:
+                    self.emit(ts, "reject", w, reason=why)
+                    self.stats[w.queue].rejected += 1
+                else:
+                    self.pending[w.id] = w
+                    self.added.append(w)
+                    self.left[w.id] = w.duration_s
+                    heapq.heappush(self.expiry, (w.submit_s + self.sc.settings.preemption_delay_s, w.id))
+
+    def _drop_stale(self) -> None:
+        while self.heap and self.ends.get(self.heap[0][2], (0.0, -1))[1] != self.heap[0][1]:
+            heapq.heappop(self.heap)
+
+    def _stop(self, wid: str, t: float) -> None:
+        r = self.running.pop(wid)
+        del self.ends[wid]
+        self.stopped.append(r)
+        self.gpu_seconds_add(r, t)
+
+    def gpu_seconds_add(self, r: Running, t: float) -> None:
+        gs = r.workload.gpus * (t - r.start_s)
+        self.gpu_seconds += gs
+        self.stats[r.workload.queue].gpu_seconds += gs
+
+    def cycle(self, now: float) -> Decisions:
+        self.occ = occupancy_after(self.cluster, self.occ, self.stopped, ())
+        self.stopped = []
+        pending = tuple(self.pending.values())
+        changes = None
+        if self.last_pending is not None:
+            changes = PendingChanges(self.last_pending, tuple(self.removed), tuple(self.added))
+        self.last_pending, self.removed, self.added = pending, [], []
+        snap = Snapshot(self.cluster, tuple(self.running.values()), pending, self.occ, self.sc.settings,
+                        changes)
+        t0 = time.perf_counter()
+        decisions = self.schedule_fn(snap, now)
+        self.core_s += time.perf_counter() - t0
+        self.cycles += 1
+        self.apply(decisions, now)
+        return decisions
+
+    def apply(self, d: Decisions, now: float) -> None:
+        why = {p.preemptor: p.reason for p in d.preemptions}
+        started: list[Running] = []
+        for a in d.admissions:
+            w = a.workload
+            for vid in a.victims:
+                self._stop(vid, now)
+                v = self.stopped[-1]
+                vw = v.workload
+                self.emit(now, "preempt", vw, by=w.id, reason=why[w.id])
+                self.stats[vw.queue].preempted += 1
+                self.left[vid] = self.left[vid] - (now - v.start_s) if vw.checkpoint else vw.duration_s
+                self.pending[vid] = vw
+                self.added.append(vw)
+                heapq.heappush(self.expiry, (vw.submit_s + self.sc.settings.preemption_delay_s, vid))
+            del self.pending[w.id]
+            self.removed.append(w)
+            self.emit(now, "admit", w, gpu_type=a.placement.gpu_type, placement=a.placement.as_dict())
+            if w.id not in self.first_admit:
+                self.first_admit[w.id] = now
+                self.stats[w.queue].admitted += 1
+                self.stats[w.queue].waits.append(now - w.submit_s)
+            r = Running(w, a.placement, now)
+            self.running[w.id] = r
+            started.append(r)
+            self.seq += 1
+            end = now + self.left[w.id]
+            self.ends[w.id] = (end, self.seq)
+            heapq.heappush(self.heap, (end, self.seq, w.id))
+        self.occ = occupancy_after(self.cluster, self.occ, self.stopped, started)
+        self.stopped = []
+
+    def next_event(self, now: float) -> float | None:
+        """The earliest time after ``now`` at which a cycle could decide differently."""
+        self._drop_stale()
+        subs = self.sc.workloads
+        times = []
+        if self.heap:
+            times.append(self.heap[0][0])
+        if self.next_submit < len(subs):
+            times.append(subs[self.next_submit].submit_s)
+        ex = self.expiry
+        while ex and (ex[0][0] <= now + EPS or ex[0][1] not in self.pending):
+            heapq.heappop(ex)
+        if ex and self.sc.settings.preemption:
+            times.append(ex[0][0])
+        return min(times) if times else None
+
+
+def simulate(sc: Scenario, schedule_fn: Callable[[Snapshot, float], Decisions] = schedule,
+             progress: Progress | None = None) -> SimResult:
+    """Replay ``sc``. ``schedule_fn`` is the production :func:`scheduler.cycle.schedule`; the
+    benchmarks pass a baseline policy here to measure it on the same clock. ``progress``
+    (:class:`scheduler.progress.Progress`) shows simulated time, events and what is left; it never
+    changes the replay."""
+    sim = _Sim(sc, schedule_fn)
+    # A large replay keeps almost everything it makes (workloads, events, the cycles' memos) and
+    # makes no reference cycles, so the collector's full passes over that heap find nothing and
+    # land in some cycle's time (a quarter of the core's time on the 50,000-workload backlog).
+    # What survives a cycle is frozen out of them (gc.freeze moves lists: no pass) and given back
+    # at the end; young collections still run.
+    frozen = len(sc.workloads) >= 5_000 and gc.isenabled() and gc.get_freeze_count() == 0
+    if frozen:
+        gc.collect()
+        gc.freeze()
+    try:
+        return _run(sim, sc, progress, frozen)
+    finally:
+        if frozen:
+            gc.unfreeze()
+
+
+def _run(sim: _Sim, sc: Scenario, progress: Progress | None, freeze: bool) -> SimResult:
+    dt = sc.cycle_interval_s
+    until = math.inf if sc.until_s is None else sc.until_s
+    k = 0
+    while k * dt <= until + EPS:
+        now = k * dt
+        sim.advance(now)
+        d = sim.cycle(now)
+        if freeze:
+            gc.freeze()
+        if progress is not None and progress.due():
+            _show(progress, sim, now, until)
+        if d.admissions:
+            k += 1
+            continue
+        e = sim.next_event(now)
+        if e is None:
+            break
+        k = max(k + 1, math.ceil(e / dt - EPS))
+    if progress is not None:
+        progress.close()
+    if sc.until_s is not None:
+        sim.advance(until)
+    end = sim.last_t
+    unfinished = bool(sim.running or sim.pending or sim.next_submit < len(sc.workloads))
+    if sc.until_s is not None and unfinished:
+        end = until
+    for r in sim.running.values():
+        sim.gpu_seconds_add(r, end)
+    return summarize(sc, sim.events, sim.stats, end, sim.gpu_seconds, sim.cycles, sim.core_s)
+
+
+def _show(progress: Progress, sim: _Sim, now: float, until: float) -> None:
+    """Done = workloads finished or rejected out of all (or the clock's share of ``until``)."""
+    total = len(sim.sc.workloads)
+    done = sum(q.finished + q.rejected for q in sim.stats.values())
+    frac = done / total if total else 1.0
+    if until != math.inf and until > 0:
+        frac = max(frac, now / until)
+    progress.show(frac, 1.0, f"t={now:,.0f} s  events {len(sim.events):,}  pending {len(sim.pending):,}  "
+                  f"running {len(sim.running):,}  done {done:,}/{total:,}")

@@ -1,0 +1,231 @@
+"""Read a scenario (docs/SCENARIOS.md) into frozen values, naming the YAML path of
+the first problem (``workloads[3].gpus_per_pod: expected a positive integer``).
+
+Workloads come from the YAML ``workloads:`` list, from the JSON-lines file that
+``workloads_file:`` names (one workload object a line, streamed; a problem is named
+``FILE:LINE: field: reason``), or both: inline ones first, then the file's, in file order.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accounting.errors import QueueConfigError
+from accounting.queue_names import nearest
+from accounting.queues import OPEN_POLICY, parse_queue_config
+from gpuq.errors import shown
+from scheduler.errors import ScenarioError, SnapshotError
+from scheduler.model import Node, Workload
+from scheduler.snapshot import Cluster, Settings, build_cluster
+
+TOP = frozenset({"name", "until", "scheduler", "gpu_types", "nodes", "queues", "policy", "workloads",
+                 "workloads_file"})
+SCHED = frozenset({"preemption", "preemption_delay_s", "cycle_interval_s"})
+NODE = frozenset({"name", "gpu_type", "gpus", "count", "cpu", "memory"})
+WORK = frozenset({"id", "queue", "submit", "duration", "pods", "gpus_per_pod", "gpu_types", "priority",
+                  "preemptible", "checkpoint", "count", "originator"})
+
+_FIELDS = {k: k for k in WORK}
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    until_s: float | None
+    cycle_interval_s: float
+    settings: Settings
+    cluster: Cluster
+    workloads: tuple[Workload, ...]      # by submit time, then file order
+
+
+class _Reader:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, reason: str) -> ScenarioError:
+        return ScenarioError(where, reason, self.source)
+
+    def mapping(self, v: Any, where: str, allowed: frozenset[str]) -> Mapping[str, Any]:
+        if not isinstance(v, Mapping):
+            raise self.fail(where or "(top)", f"expected a mapping, got {type(v).__name__}")
+        for k in v:
+            if k not in allowed:
+                raise self.fail(f"{where}.{k}" if where else str(k),
+                                f"unknown field (expected one of {', '.join(sorted(allowed))})")
+        return v
+
+    def int(self, v: Any, where: str, minimum: int = 1) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise self.fail(where, f"expected {kind}, got {shown(v)}")
+        return v
+
+    def num(self, v: Any, where: str, positive: bool = False) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (positive and v == 0):
+            raise self.fail(where, f"expected a {'positive' if positive else 'non-negative'} number, got {shown(v)}")
+        return float(v)
+
+    def flag(self, v: Any, where: str) -> bool:
+        if not isinstance(v, bool):
+            raise self.fail(where, f"expected true or false, got {shown(v)}")
+        return v
+
+    def text(self, v: Any, where: str) -> str:
+        if isinstance(v, bool) or not isinstance(v, (str, int)) or str(v) == "":
+            raise self.fail(where, f"expected a non-empty string, got {shown(v)}")
+        return str(v)
+
+    def items(self, v: Any, where: str) -> list[Any]:
+        if v is None:
+            return []
+        if not isinstance(v, list):
+            raise self.fail(where, f"expected a list, got {type(v).__name__}")
+        return v
+
+
+def load_yaml(path: str | Path, what: str = "scenario") -> Any:
+    """A YAML file's content; ScenarioError names the file and the line of a syntax error."""
+    import yaml
+
+    from benchmarks._sim_baseline.yamlsafe import safe_load
+
+    p = Path(path)
+    try:
+        return safe_load(p.read_text())         # libyaml where installed; aliases bounded (gpuq.yamlsafe)
+    except OSError as exc:
+        raise ScenarioError("(file)", f"cannot read {what}: {exc.strerror or exc}", str(p)) from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(file)"
+        raise ScenarioError(where, f"invalid YAML: {getattr(exc, 'problem', None) or exc}", str(p)) from exc
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    return parse_scenario(load_yaml(path), source=str(path))
+
+
+def parse_scenario(data: Any, source: str = "<mapping>", base_dir: str | Path | None = None) -> Scenario:
+    """``base_dir`` resolves a relative ``workloads_file:``; default: the directory of ``source``
+    when it names a file, else the current directory."""
+    r = _Reader(source)
+    top = r.mapping(data, "", TOP)
+    sched = r.mapping(top.get("scheduler") or {}, "scheduler", SCHED)
+    settings = Settings(
+        preemption=r.flag(sched.get("preemption", True), "scheduler.preemption"),
+        preemption_delay_s=r.num(sched.get("preemption_delay_s", 30), "scheduler.preemption_delay_s"),
+    )
+    interval = r.num(sched.get("cycle_interval_s", 1), "scheduler.cycle_interval_s", positive=True)
+    until = None if top.get("until") is None else r.num(top["until"], "until")
+    try:
+        config = parse_queue_config({"queues": top.get("queues") or {}, "gpu_types": top.get("gpu_types"),
+                                     "policy": top.get("policy")}, default_policy=OPEN_POLICY)
+    except QueueConfigError as exc:
+        raise r.fail(exc.where, exc.reason) from exc
+    nodes: list[Node] = []
+    for i, raw in enumerate(r.items(top.get("nodes"), "nodes")):
+        where = f"nodes[{i}]"
+        spec = r.mapping(raw, where, NODE)
+        if "name" not in spec or "gpu_type" not in spec:
+            raise r.fail(where, "needs name and gpu_type")
+        name = r.text(spec["name"], f"{where}.name")
+        gpu_type = r.text(spec["gpu_type"], f"{where}.gpu_type")
+        gpus = r.int(spec.get("gpus", 0), f"{where}.gpus", minimum=0)
+        cpu = r.int(spec.get("cpu", 0), f"{where}.cpu", minimum=0) * 1000
+        mem = r.int(spec.get("memory", 0), f"{where}.memory", minimum=0)
+        names = [name] if "count" not in spec else [
+            f"{name}-{j}" for j in range(r.int(spec["count"], f"{where}.count"))]
+        nodes.extend(Node(n, gpu_type, gpus, cpu, mem) for n in names)
+    try:
+        cluster = build_cluster(config, nodes)
+    except SnapshotError as exc:
+        raise r.fail("nodes", str(exc)) from exc
+    if base_dir is None:
+        base_dir = Path(source).parent if source != "<mapping>" else Path(".")
+    workloads = _workloads(r, top, cluster, Path(base_dir))
+    return Scenario(
+        name=str(top.get("name") or (Path(source).stem if source != "<mapping>" else "scenario")),
+        until_s=until, cycle_interval_s=interval, settings=settings, cluster=cluster,
+        workloads=tuple(sorted(workloads, key=lambda w: w.submit_s)),
+    )
+
+
+def _workloads(r: _Reader, top: Mapping[str, Any], cluster: Cluster, base_dir: Path) -> list[Workload]:
+    queues = cluster.config.queues
+    out: list[Workload] = []
+    seen: dict[str, str] = {}
+    for i, raw in enumerate(r.items(top.get("workloads"), "workloads")):
+        _workload(r, raw, f"workloads[{i}]", f"workloads[{i}].", queues, seen, out)
+    if top.get("workloads_file") is not None:
+        name = r.text(top["workloads_file"], "workloads_file")
+        path = Path(name) if Path(name).is_absolute() else base_dir / name
+        for line, raw in _json_lines(path):
+            try:
+                _workload(r, raw, "(line)", "", queues, seen, out, f"{path}:{line}")
+            except ScenarioError as exc:
+                raise ScenarioError(exc.where, exc.reason, f"{path}:{line}") from None
+    return out
+
+
+def _json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) of each non-blank line, read as it goes."""
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError("(file)", f"cannot read workloads_file: {exc.strerror or exc}", str(path)) from exc
+    loads = json.loads
+    with handle:
+        for n, text in enumerate(handle, 1):
+            if not text.strip():
+                continue
+            try:
+                yield n, loads(text)
+            except ValueError as exc:
+                raise ScenarioError("(line)", f"invalid JSON: {exc}", f"{path}:{n}") from None
+
+
+def _workload(r: _Reader, raw: Any, where: str, at: str, queues: Mapping[str, Any], seen: dict[str, str],
+              out: list[Workload], origin: str | None = None) -> None:
+    """Check one workload object; ``at`` prefixes field paths (``workloads[3].`` or nothing)."""
+    if not at and not isinstance(raw, Mapping):
+        raise r.fail(where, f"expected a JSON object (one workload), got {type(raw).__name__}")
+    spec = r.mapping(raw, where if at else "", WORK)
+    f = _FIELDS if not at else {k: at + k for k in WORK}
+    for key in ("id", "queue", "duration"):
+        if key not in spec:
+            raise r.fail(f"{at}{key}", "required field missing")
+    wid = r.text(spec["id"], f["id"])
+    queue = r.text(spec["queue"], f["queue"])
+    if queue not in queues or queue == "root":
+        leaves = [p for p, q in queues.items() if q.is_leaf and p != "root"]
+        raise r.fail(f["queue"], f"unknown queue {shown(queue)}; {nearest(queue, leaves)}")
+    if not queues[queue].is_leaf:
+        raise r.fail(f["queue"], f"queue {shown(queue)} is not a leaf (only leaf queues take workloads)")
+    types = r.items(spec.get("gpu_types"), f["gpu_types"])
+    base = Workload(
+        id=wid, queue=queue,
+        pods=r.int(spec.get("pods", 1), f["pods"]),
+        gpus_per_pod=r.int(spec.get("gpus_per_pod", 1), f["gpus_per_pod"]),
+        gpu_types=tuple(r.text(t, f"{at}gpu_types[{j}]") for j, t in enumerate(types)),
+        priority=r.int(spec.get("priority", 0), f["priority"], minimum=-(2**31)),
+        preemptible=r.flag(spec.get("preemptible", True), f["preemptible"]),
+        submit_s=r.num(spec.get("submit", 0), f["submit"]),
+        duration_s=r.num(spec["duration"], f["duration"], positive=True),
+        checkpoint=r.flag(spec.get("checkpoint", False), f["checkpoint"]),
+        originator=r.flag(spec.get("originator", False), f["originator"]),
+    )
+    ids = [wid] if "count" not in spec else [
+        f"{wid}-{j}" for j in range(r.int(spec["count"], f["count"]))]
+    first = origin or where
+    for one in ids:
+        if one in seen:
+            raise r.fail(f["id"], f"duplicate workload id {shown(one)} (first at {seen[one]})")
+        seen[one] = first
+        out.append(base if one == wid else _with_id(base, one))
+
+
+def _with_id(w: Workload, wid: str) -> Workload:
+    return Workload(wid, w.queue, w.pods, w.gpus_per_pod, w.gpu_types, w.priority, w.preemptible,
+                    w.submit_s, w.duration_s, w.checkpoint, w.originator)
