@@ -2,9 +2,10 @@
 
 A walk (:meth:`scheduler.cycle._Cycle.walk`) stores one verdict per waiting workload and builds no
 reason; the reasons are built from the verdicts when :attr:`scheduler.model.Decisions.pending` is
-first read. A verdict is shared: every workload of a gang shape in one walk takes the same object,
-so a verdict holds only what is the same for all of them, and what differs per workload (its GPUs,
-its submit time) is read from the workload when its reason is built. Four kinds, each named for
+first read. A verdict is shared: every workload of a gang shape in one walk takes the same object
+(but the verdict of a non-preemptible workload over its guarantee, which names its GPUs), so a
+verdict holds only what is the same for all of them, and what differs per workload (its GPUs, its
+submit time) is read from the workload when its reason is built. Four kinds, each named for
 what it means:
 
 * :class:`Settled`: the reason is known in full, its code and message (never fits; over a max;
@@ -19,9 +20,10 @@ what it means:
 * :class:`AwaitingDelay`: no room on free capacity, and the workload may preempt once the
   preemption delay since its submit has passed: the message adds when (``now``, its submit).
 
-The first three are immutable :class:`typing.NamedTuple` s and :class:`AwaitingDelay` too, so a
-verdict can be shared, compared and kept. A workload that starts gets no verdict: the walk ends
-there with its :class:`scheduler.model.Admission`.
+All four are immutable ``@final`` :class:`typing.NamedTuple` s: a verdict can be shared, compared
+and kept, and ``type(v) is Settled`` and so on narrow a :data:`Verdict` for mypy (the reading
+dispatches that way, the cheapest test there is). A workload that starts gets no verdict: the
+walk ends there with its :class:`scheduler.model.Admission`.
 
 :class:`Fit` is the part of a gang shape's verdict that no cluster state changes (whether it can
 ever run, where it looks for room), with its static verdicts built once.
