@@ -58,7 +58,7 @@ from typing import Any
 
 from accounting import queues as _queues
 from accounting.errors import QueueConfigError, QueueNotCreated
-from accounting.queue_rules import _preorder, _show
+from accounting.queue_rules import _preorder, _show, guarantee_cap
 from accounting.queues import ROOT, GpuType, Placement, Queue, QueueConfig, _resources, _unknown_keys
 from gpuq.errors import shown
 
@@ -286,12 +286,10 @@ class NamespaceQueues:
             if held is None:
                 held = self._held[parent_path] = _guarantees(self.base, parent)
             for res, amount in t.guaranteed.items():
-                if res in parent.guaranteed:
-                    section, cap = "guaranteed", parent.guaranteed[res]
-                elif res in parent.max:
-                    section, cap = "max", parent.max[res]
-                else:
+                bound = guarantee_cap(parent, res)
+                if bound is None:
                     continue
+                section, cap = bound
                 if amount > 0 and held.get(res, 0) + amount > cap:
                     raise QueueNotCreated(path, f"the guarantees of {parent_path}'s queues ({held.get(res, 0)}) and "
                                           f"its template's ({amount}) would exceed its {section} {_show(res, cap)}")

@@ -68,6 +68,16 @@ def _check_ancestors(config: QueueConfig, q: Queue, where: str) -> None:
                                        f"{_show(res, amount)} is above the max {lim[1]} of {lim[0]}")
 
 
+def guarantee_cap(q: Queue, res: str) -> tuple[str, int] | None:
+    """What bounds the guarantees of ``q``'s children for ``res``: its own guarantee, else its max
+    (``(section, amount)``), or None when neither names ``res``."""
+    if res in q.guaranteed:
+        return "guaranteed", q.guaranteed[res]
+    if res in q.max:
+        return "max", q.max[res]
+    return None
+
+
 def _check_children(config: QueueConfig, q: Queue, source: str) -> None:
     kids = [config.queues[c] for c in q.children]
     resources = sorted({r for k in kids for r in k.guaranteed})
@@ -75,12 +85,10 @@ def _check_children(config: QueueConfig, q: Queue, source: str) -> None:
         parts = [(k.name, k.guaranteed[res]) for k in kids if k.guaranteed.get(res, 0) > 0]
         total = sum(a for _, a in parts)
         detail = ", ".join(f"{n} {a}" for n, a in sorted(parts))
-        if res in q.guaranteed:
-            section, cap = "guaranteed", q.guaranteed[res]
-        elif res in q.max:
-            section, cap = "max", q.max[res]
-        else:
+        bound = guarantee_cap(q, res)
+        if bound is None:
             continue
+        section, cap = bound
         if total > cap:
             raise QueueConfigError(f"{source}.{q.path}.{section}",
                                    f"{_show(res, cap)} is below the children's guaranteed total {total} ({detail})")

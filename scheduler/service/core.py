@@ -217,6 +217,13 @@ class SchedulerService:
             self._pos.add(e.workload)
             e.reason = Reason(QUEUED, "within its queue's policy now; waiting for the next cycle")
 
+    def not_allowed_queue(self, workload_id: str) -> str | None:
+        """The queue a pending workload names when it is held because its namespace may not use
+        that queue; else None."""
+        with self._lock:
+            e = self._entries.get(workload_id)
+            return e.workload.queue if e is not None and e.not_allowed else None
+
     def policy_hold(self, workload_id: str) -> tuple[Workload, str] | None:
         """(the workload, why) when it is pending and held for its queue's policy; else None."""
         with self._lock:

@@ -69,11 +69,10 @@ def sync_listed(service: SchedulerService, source: WorkloadLister, now: float, t
         if hold is not None and hold[0] != w:
             service.remove(w.id, now, "its object changed while held for its queue's policy")
         state = service.state_of(w.id)
-        if state == "pending":
-            view = service.explain(w.id)
-            if view.reason_code == NOT_ALLOWED and view.queue != w.queue:     # relabelled: taken again
-                service.remove(w.id, now, f"its object now names queue {w.queue}")
-                state = "cancelled"
+        held_in = service.not_allowed_queue(w.id) if state == "pending" else None
+        if held_in is not None and held_in != w.queue:                     # relabelled: taken again
+            service.remove(w.id, now, f"its object now names queue {w.queue}")
+            state = "cancelled"
         if state in (None, "finished", "cancelled"):
             try:
                 view = service.submit(w, t, now, hold_not_allowed=True)
