@@ -26,7 +26,7 @@ TOP = frozenset({"name", "until", "scheduler", "gpu_types", "nodes", "queues", "
 SCHED = frozenset({"preemption", "preemption_delay_s", "cycle_interval_s"})
 NODE = frozenset({"name", "gpu_type", "gpus", "count", "cpu", "memory"})
 WORK = frozenset({"id", "queue", "submit", "duration", "pods", "gpus_per_pod", "gpu_types", "priority",
-                  "preemptible", "checkpoint", "count", "originator"})
+                  "preemptible", "checkpoint", "count", "originator", "expected_duration"})
 
 _FIELDS = {k: k for k in WORK}
 
@@ -215,6 +215,8 @@ def _workload(r: _Reader, raw: Any, where: str, at: str, queues: Mapping[str, An
         duration_s=r.num(spec["duration"], f["duration"], positive=True),
         checkpoint=r.flag(spec.get("checkpoint", False), f["checkpoint"]),
         originator=r.flag(spec.get("originator", False), f["originator"]),
+        expected_duration_s=(None if spec.get("expected_duration") is None
+                             else r.num(spec["expected_duration"], f["expected_duration"], positive=True)),
     )
     ids = [wid] if "count" not in spec else [
         f"{wid}-{j}" for j in range(r.int(spec["count"], f["count"]))]
@@ -228,4 +230,5 @@ def _workload(r: _Reader, raw: Any, where: str, at: str, queues: Mapping[str, An
 
 def _with_id(w: Workload, wid: str) -> Workload:
     return Workload(wid, w.queue, w.pods, w.gpus_per_pod, w.gpu_types, w.priority, w.preemptible,
-                    w.submit_s, w.duration_s, w.checkpoint, w.originator)
+                    w.submit_s, w.duration_s, w.checkpoint, w.originator,
+                    expected_duration_s=w.expected_duration_s)

@@ -1,0 +1,370 @@
+"""Backtest the start-time forecasts (``gpuq simulate --eta``, :mod:`scheduler.forecast`) on replays.
+
+    .venv/bin/python -m benchmarks.bench_eta [--quick] [--only NAME ...] [--runs K] [--min-samples N]
+        [--scale-sizes] [--no-scale]
+
+Each replay runs ``simulate(..., eta=EtaOptions(...))``: at every cycle that sees new submits, the
+forecaster simulates forward from that cycle's state with durations drawn from the finishes so far
+(and declared durations), never the true ones. Then, for the workloads that waited at least
+``MIN_WAIT_S`` (60 s) from submit to first start, it prints:
+
+- ``rel_err_p50``: the median over those workloads of ``|p50 - actual start| / actual wait``;
+- ``coverage``: the share of their actual starts inside ``[p10, p90]``;
+- the same two for the naive peer (``peer.*``): at each submit, its ``position`` in its queue (1 =
+  next) times the mean observed running time (the queue's finished workloads, all of them while
+  the queue has fewer than ``min_samples``; the same prior as the forecaster before anything
+  finished), and as its interval ``position`` times the 10th and 90th percentiles of the same
+  durations. It reads the same information as the forecaster: the events so far and the
+  workloads' shapes, never a true duration;
+- the replay's wall time with and without ``--eta``, the forecasts' share, and peak RSS.
+
+Replays: the Alibaba GPU trace v2023 (``tests/data/traces/alibaba-gpu-v2023``) compressed until
+work waits, and synthetic scenarios with heavy-tailed durations (lognormal, Pareto) and bursty
+arrivals (bursts at Poisson times, geometric sizes), one with a share of declared (noisy, biased)
+durations. The goal (issue 18): ``rel_err_p50 < 0.3`` and ``coverage`` in ``[0.7, 0.9]``, ahead of
+the peer on both (coverage: nearer the band).
+
+``--scale-sizes`` measures the forecaster alone at the live refresh's sizes (10,000 and 50,000
+pending on a busy cluster): one forecast of every pending workload, its CPU time.
+
+Lines starting ``RESULT`` are the figures: ``RESULT <name> <value> [unit]``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+import random
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "tests" / "data" / "traces" / "alibaba-gpu-v2023"
+MIN_WAIT_S = 60.0
+
+
+def result(name: str, value: float | str, unit: str = "") -> None:
+    v = f"{value:.6g}" if isinstance(value, float) else str(value)
+    print(f"RESULT {name} {v} {unit}".rstrip(), flush=True)
+
+
+# -- scenarios -------------------------------------------------------------------------------------
+
+class Truth:
+    """What the synthetic generator drew each workload's duration from (the bench's oracle)."""
+
+    def __init__(self) -> None:
+        self.dist: dict[str, tuple[str, float, float]] = {}     # id -> (kind, median, spread)
+
+    def draw(self, wid: str, done: float, u: float) -> float:
+        kind, median, spread = self.dist[wid]
+        if kind == "pareto":                      # spread: the index; scale so the median is median
+            xm = median / 2 ** (1 / spread)
+            lo = max(done, xm)
+            return min(lo / (1.0 - u) ** (1 / spread), CAP_S) if lo < CAP_S else done
+        z0 = (math.log(max(done, 1e-9) / median)) / spread   # lognormal conditional on > done
+        p0 = statistics.NormalDist().cdf(z0) if done > 0 else 0.0
+        p = p0 + (1 - p0) * u
+        return min(median * math.exp(spread * statistics.NormalDist().inv_cdf(min(max(p, 1e-12), 1 - 1e-12))),
+                   max(CAP_S, done))
+
+
+CAP_S = 8 * 3600.0
+
+
+def synthetic(n: int, kind: str, seed: int, declared: float = 0.0, load: float = 1.0, groups: bool = True,
+              truth: Truth | None = None) -> dict[str, Any]:
+    """``n`` workloads in 4 queues on 16 nodes x 8 GPUs (two types), arriving in bursts: a burst is
+    one submitter's sweep (a job array), of geometric size (mean 8) within 30 s, its workloads of
+    one queue, shape, GPU types and priority; bursts start at Poisson times. Durations, capped at
+    8 h: with ``groups``, each kind of workload (queue, shape, GPU types) has a median of its own
+    (600 s x a lognormal of sigma 1: the mix spans two orders of magnitude) and its runs vary
+    around it, lognormal of sigma 0.7 or Pareto of index 1.5; without, every workload draws from
+    one distribution (median 600 s, lognormal sigma 1.2 or Pareto 1.5): nothing distinguishes one
+    from another. ``declared`` of the sweeps declare ``expected_duration`` on each of their
+    workloads (its duration x a lognormal noise of sigma 0.5, biased 1.3x long, as users round
+    up). ``load``: offered GPU-seconds over capacity x the arrival span. ``truth`` records each
+    one's distribution (the bench's oracle)."""
+    rng = random.Random(seed)
+    nodes = [{"name": "h", "gpu_type": "H100", "gpus": 8, "count": 8},
+             {"name": "a", "gpu_type": "A100", "gpus": 8, "count": 8}]
+    gpus = 128
+    queues = {"prod": {"guaranteed": {"gpu": 48}, "max": {"gpu": 128}, "priority": 1},
+              "research": {"guaranteed": {"gpu": 40}, "max": {"gpu": 128}},
+              "batch": {"guaranteed": {"gpu": 24}, "max": {"gpu": 96}},
+              "dev": {"guaranteed": {"gpu": 16}, "max": {"gpu": 48}}}
+    qnames, qweights = list(queues), (3, 3, 2, 2)
+    medians: dict[tuple[Any, ...], float] = {}
+    work: list[dict[str, Any]] = []
+    bursts: list[int] = []
+    while len(work) < n:
+        size = 1
+        while rng.random() < 1 - 1 / 8:
+            size += 1
+        size = min(size, n - len(work))
+        bursts.append(size)
+        q = rng.choices(qnames, qweights)[0]
+        per_pod = rng.choices((1, 2, 4, 8), (4, 3, 2, 2))[0]
+        pods = 2 if per_pod == 8 and rng.random() < 0.3 else 1
+        r = rng.random()
+        types = ["H100"] if r < 0.25 else ["A100"] if r < 0.4 else []
+        priority = 1 if q == "prod" and rng.random() < 0.2 else 0
+        declares = bool(declared) and rng.random() < declared
+        key = (q, per_pod, pods, tuple(types))
+        if groups:
+            if key not in medians:
+                medians[key] = 600.0 * math.exp(rng.gauss(0.0, 1.0))
+            median, spread = medians[key], (0.7 if kind == "lognormal" else 1.5)
+        else:
+            median, spread = 600.0, (1.2 if kind == "lognormal" else 1.5)
+        for _ in range(size):
+            w: dict[str, Any] = {"id": f"w{len(work)}", "queue": q, "pods": pods, "gpus_per_pod": per_pod}
+            if types:
+                w["gpu_types"] = list(types)
+            if truth is not None:
+                truth.dist[w["id"]] = (kind, median, spread)
+            if kind == "lognormal":
+                d = median * math.exp(spread * rng.gauss(0.0, 1.0))
+            else:
+                d = median / 2 ** (1 / spread) / (1.0 - rng.random()) ** (1 / spread)
+            w["duration"] = round(min(max(d, 10.0), CAP_S), 3)
+            if priority:
+                w["priority"] = priority
+            if declares:
+                w["expected_duration"] = round(w["duration"] * 1.3 * math.exp(0.5 * rng.gauss(0.0, 1.0)), 3)
+            work.append(w)
+    demand = sum(w["duration"] * w["pods"] * w["gpus_per_pod"] for w in work)
+    mean_gap = demand / (gpus * load) / len(bursts)
+    t, i = 0.0, 0
+    for size in bursts:
+        for _ in range(size):
+            work[i]["submit"] = round(t + rng.uniform(0.0, 30.0), 3)
+            i += 1
+        t += rng.expovariate(1.0 / mean_gap)
+    name = f"synthetic-{kind}{'' if groups else '-iid'}{'-declared' if declared else ''}"
+    return {"name": name, "nodes": nodes, "queues": queues, "workloads": work}
+
+
+def alibaba(limit: int | None, time_scale: float) -> dict[str, Any]:
+    from scheduler.traces import load_alibaba_v2023
+
+    return load_alibaba_v2023(TRACE, limit=limit, assignment="hash:8", time_scale=time_scale).scenario
+
+
+# -- scoring ---------------------------------------------------------------------------------------
+
+def starts_of(events: tuple[dict[str, Any], ...]) -> tuple[dict[str, float], dict[str, float]]:
+    """(submit time, first admit time) per workload."""
+    sub: dict[str, float] = {}
+    first: dict[str, float] = {}
+    for e in events:
+        if e["event"] == "submit":
+            sub[e["workload"]] = e["t"]
+        elif e["event"] == "admit":
+            first.setdefault(e["workload"], e["t"])
+    return sub, first
+
+
+def peer_forecasts(events: tuple[dict[str, Any], ...], workloads: dict[str, Any], min_samples: int,
+                   prior_s: float) -> dict[str, tuple[float, float, float]]:
+    """The naive peer's (p10, p50, p90) per submitted workload, from the events before it (module
+    docstring): position in its queue x the mean (and p10, p90) observed running time."""
+    pending: dict[str, dict[str, tuple[int, float, str]]] = {}
+    admitted_at: dict[str, float] = {}
+    runs: dict[str, list[float]] = {}
+    every: list[float] = []
+    out: dict[str, tuple[float, float, float]] = {}
+    for e in events:
+        kind, wid, q, t = e["event"], e["workload"], e["queue"], e["t"]
+        if kind == "submit":
+            w = workloads[wid]
+            key = (-w.priority, w.submit_s, w.id)
+            mine = pending.setdefault(q, {})
+            pos = 1 + sum(1 for k in mine.values() if k < key)
+            xs = runs.get(q, [])
+            if len(xs) < min_samples:
+                xs = every
+            if xs:
+                mean = statistics.fmean(xs)
+                qs = statistics.quantiles(xs, n=10) if len(xs) > 1 else [xs[0]] * 9
+                lo, hi = qs[0], qs[-1]
+            else:
+                mean, lo, hi = prior_s, prior_s / 3, prior_s * 3
+            out[wid] = (t + pos * lo, t + pos * mean, t + pos * hi)
+            mine[wid] = key
+        elif kind == "reject":
+            pending.get(q, {}).pop(wid, None)
+        elif kind == "admit":
+            pending.get(q, {}).pop(wid, None)
+            admitted_at[wid] = t
+        elif kind == "preempt":
+            w = workloads[wid]
+            pending.setdefault(q, {})[wid] = (-w.priority, w.submit_s, w.id)
+        elif kind == "finish":
+            d = t - admitted_at[wid]
+            runs.setdefault(q, []).append(d)
+            every.append(d)
+    return out
+
+
+def score(events: tuple[dict[str, Any], ...], forecasts: dict[str, tuple[float, float, float]]) -> dict[str, float]:
+    sub, first = starts_of(events)
+    errs: list[float] = []
+    inside = 0
+    n = 0
+    for wid, s in sub.items():
+        a = first.get(wid)
+        if a is None or a - s < MIN_WAIT_S:
+            continue
+        f = forecasts.get(wid)
+        n += 1
+        if f is None:
+            errs.append(math.inf)
+            continue
+        errs.append(abs(f[1] - a) / (a - s))
+        inside += f[0] <= a + 1e-6 and a <= f[2] + 1e-6
+    return {"waited": float(n), "rel_err_p50": statistics.median(errs) if errs else math.nan,
+            "coverage": inside / n if n else math.nan,
+            "late_share": (sum(1 for wid, s in sub.items() if wid in forecasts and wid in first
+                               and first[wid] - s >= MIN_WAIT_S and first[wid] > forecasts[wid][1]) / n) if n else math.nan}
+
+
+@contextmanager
+def oracle(sc: Any, truth: Truth | None, arrivals: bool) -> Iterator[None]:
+    """Replace, for the bench's reference rows only, what the forecasts know by the truth: the
+    synthetic generator's duration distribution of each workload (``truth``; the draws stay
+    draws, conditional on what each has done) and the real future arrivals (``arrivals``)."""
+    from scheduler import forecast as F
+    from scheduler.model import Workload
+    from scheduler.simulator import engine
+
+    saved = engine.DurationModel, engine.ArrivalModel
+
+    class TrueDurations(F.Durations):
+        def total(self, w: Any, done_s: float, u: float) -> float:
+            assert truth is not None
+            return truth.draw(w.id.rsplit("/", 1)[-1], done_s, u)
+
+    class TrueModel(F.DurationModel):
+        def present(self, unfinished: Any = ()) -> F.Durations:
+            return TrueDurations(self, unfinished)
+
+    class TrueArrivals(F.ArrivalModel):
+        def stream(self, now: float, sampler: Any, tag: str) -> Iterator[Workload]:
+            for w in sc.workloads:
+                if w.submit_s > now:
+                    yield Workload(f"{tag}/{w.id}", w.queue, w.pods, w.gpus_per_pod, w.gpu_types, w.priority,
+                                   w.preemptible, w.submit_s, 0.0, w.checkpoint, w.originator,
+                                   expected_duration_s=w.expected_duration_s)
+
+    if truth is not None:
+        engine.DurationModel = TrueModel      # type: ignore[misc]
+    if arrivals:
+        engine.ArrivalModel = TrueArrivals    # type: ignore[misc]
+    try:
+        yield
+    finally:
+        engine.DurationModel, engine.ArrivalModel = saved   # type: ignore[misc]
+
+
+def backtest(label: str, scenario: dict[str, Any], runs: int | None, min_samples: int, seed: int = 0,
+             variants: tuple[str, ...] = ("model",), truth: Truth | None = None) -> dict[str, dict[str, float]]:
+    """Replay ``scenario`` plainly and with forecasts, check the events are the same, and print
+    the scores. ``variants``: ``model`` (what ``--eta`` does), ``no-arrivals`` (the forecasts
+    without :class:`scheduler.forecast.ArrivalModel`), ``true-arrivals`` (the real future
+    arrivals, durations from the model), ``oracle`` (the real arrivals and each workload's true
+    duration distribution: the best a forecast can do without knowing the durations themselves)."""
+    from scheduler.simulator import EtaOptions, parse_scenario
+    from scheduler.simulator.engine import simulate
+
+    sc = parse_scenario(scenario)
+    t0 = time.perf_counter()
+    plain = simulate(sc)
+    plain_s = time.perf_counter() - t0
+    result(f"{label}.workloads", len(sc.workloads))
+    result(f"{label}.replay_wall_s", plain_s, "s")
+    by_id = {w.id: w for w in sc.workloads}
+    scores: dict[str, dict[str, float]] = {}
+    for variant in variants:
+        opts = EtaOptions(runs=runs or EtaOptions().runs, min_samples=min_samples, seed=seed,
+                          arrivals=variant != "no-arrivals")
+        with oracle(sc, truth if variant == "oracle" else None, variant in ("oracle", "true-arrivals")):
+            t0 = time.perf_counter()
+            c0 = time.process_time()
+            res = simulate(sc, eta=opts)
+            eta_s, eta_cpu = time.perf_counter() - t0, time.process_time() - c0
+        stripped = [{k: v for k, v in e.items() if k != "eta"} for e in res.events]
+        if stripped != list(plain.events):
+            raise SystemExit(f"{label}: --eta changed the events")
+        ours = {e["workload"]: (e["eta"]["p10"], e["eta"]["p50"], e["eta"]["p90"])
+                for e in res.events if e["event"] == "submit" and "eta" in e}
+        a = score(res.events, ours)
+        scores[variant] = a
+        v = "" if variant == "model" else f".{variant}"
+        if variant == "model":
+            result(f"{label}.waited_60s", int(a["waited"]))
+        result(f"{label}{v}.rel_err_p50", a["rel_err_p50"])
+        result(f"{label}{v}.coverage", a["coverage"])
+        result(f"{label}{v}.late_share", a["late_share"])
+        result(f"{label}{v}.replay_eta_wall_s", eta_s, "s")
+        result(f"{label}{v}.replay_eta_cpu_s", eta_cpu, "s")
+        if variant == "model":
+            peer = peer_forecasts(res.events, by_id, min_samples, opts.prior_s)
+            b = score(res.events, peer)
+            scores["peer"] = b
+            result(f"{label}.peer.rel_err_p50", b["rel_err_p50"])
+            result(f"{label}.peer.coverage", b["coverage"])
+            ok = (a["rel_err_p50"] < 0.3 and 0.7 <= a["coverage"] <= 0.9 and a["rel_err_p50"] < b["rel_err_p50"]
+                  and abs(a["coverage"] - 0.8) < abs(b["coverage"] - 0.8))
+            result(f"{label}.goal_met", "yes" if ok else "no")
+    return scores
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="reduced sizes (make bench)")
+    p.add_argument("--only", nargs="*", help="replays to run (" + ", ".join(REPLAYS) + ")")
+    p.add_argument("--variants", default="model", help="comma list: model, no-arrivals, true-arrivals, oracle")
+    p.add_argument("--runs", type=int, help="forward runs per forecast (default scheduler.forecast.RUNS)")
+    p.add_argument("--min-samples", type=int, default=None)
+    p.add_argument("--n", type=int, help="workloads per synthetic replay")
+    p.add_argument("--load", type=float, default=1.0)
+    p.add_argument("--alibaba-limit", type=int)
+    p.add_argument("--alibaba-scale", type=float, default=0.02)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+    from scheduler.forecast import MIN_SAMPLES
+
+    ms = args.min_samples or MIN_SAMPLES
+    n = args.n or (300 if args.quick else 2000)
+    variants = tuple(args.variants.split(","))
+    for label, (kind, groups, declared) in REPLAYS.items():
+        if args.only and label not in args.only:
+            continue
+        if kind == "alibaba":
+            backtest(label, alibaba(args.alibaba_limit or (1500 if args.quick else None), args.alibaba_scale),
+                     args.runs, ms, variants=tuple(v for v in variants if v != "oracle"))
+            continue
+        truth = Truth()
+        sc = synthetic(n, kind, args.seed, declared=declared, load=args.load, groups=groups, truth=truth)
+        backtest(label, sc, args.runs, ms, variants=variants, truth=truth)
+    result("peak_rss_mib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "MiB")
+    return 0
+
+
+# label -> (duration kind, per-kind medians, share declared)
+REPLAYS: dict[str, tuple[str, bool, float]] = {
+    "synthetic-lognormal": ("lognormal", True, 0.0),
+    "synthetic-pareto": ("pareto", True, 0.0),
+    "synthetic-declared": ("lognormal", True, 0.5),
+    "synthetic-iid": ("lognormal", False, 0.0),
+    "alibaba": ("alibaba", False, 0.0),
+}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
