@@ -3,44 +3,56 @@
 A forecast simulates forward from the present through the production core
 (:func:`scheduler.cycle.schedule`), the way the simulator replays a scenario: the running work
 with the time it has already run, the pending work, the cluster, the settings (preemption, its
-delay); cycles on the scheduler's grid, the clock jumping over idle stretches to the next finish
-or preemption-delay expiry. What the forward runs do not know is how long each workload will
-run; each draws it from what is known now (:class:`DurationModel`):
+delay); cycles on the scheduler's grid, the clock jumping over idle stretches to the next finish,
+arrival or preemption-delay expiry. What the forward runs do not know is how long each workload
+will run, and what will arrive meanwhile; each run draws both from what is known now.
 
-- a workload's declared ``expected_duration_s`` when it has one, scaled by a draw of the
-  actual/declared ratio of finished workloads like it that declared one (with fewer than
-  ``min_samples`` such ratios, the declared duration as it is);
-- otherwise the observed running time of a finished workload like it: same queue, GPU types
-  asked and shape (``gpus_per_pod`` x ``pods``), backing off to the same queue and GPU types, the
-  same queue, then all finished workloads, while a group has fewer than ``min_samples`` samples
-  (:data:`MIN_SAMPLES`);
-- for a workload that has already run ``done`` seconds (running now, or preempted with a
-  checkpoint), its total conditional on exceeding ``done``: a draw among the samples above
-  ``done`` (the same back-off, counting only those), so a job that has outlived most of its peers
-  is expected to be one of the long ones;
-- past every sample (or before any workload has finished): a Pareto tail of index 1 from ``done``
-  (the total exceeds ``x`` with probability ``done / x``: median ``2 x done``), or, with nothing
-  run and nothing known, a wide prior around ``prior_s``.
+Durations (:class:`DurationModel`, :class:`Durations`), never a workload's true ``duration_s``
+(the simulator's truth: reading it would make a backtest meaningless):
 
-Never a workload's true ``duration_s``: that is the simulator's truth, and reading it would make
-a backtest meaningless. Randomness enters only through the :class:`Sampler` passed in (a
-``random.Random(seed)`` does), so a forecast is a pure function of its inputs and the seed.
+- a declared ``expected_duration_s`` scaled by a draw of the actual/declared ratio of finished
+  workloads like it that declared one (with fewer than ``min_samples`` such ratios, the declared
+  duration as it is);
+- otherwise the observed running times of finished workloads like it: same queue, GPU types
+  asked and shape (``gpus_per_pod`` x ``pods``), backing off to the same queue and GPU types,
+  the same queue, then all, while a group has fewer than ``min_samples`` (:data:`MIN_SAMPLES`);
+- as a Kaplan-Meier curve that counts the unfinished work as censored (a running workload will
+  run longer than it has): the finished alone are biased short, the long ones being those still
+  running (early in a history, by far);
+- for a workload that has already run ``done`` seconds (running, or preempted with a
+  checkpoint), its total conditional on exceeding ``done``, from its own group (counted in all,
+  not above ``done``: backing off for a long runner would draw it among the long kinds); past
+  every finished one, a Pareto tail of the group's own tail index (:func:`tail_index`);
+- a kind (finest group) with too few finished is drawn as a whole (:class:`_Kind`): a Gaussian
+  copula on the coarser group's curve, whose shared factor makes a sweep long or short together
+  in a run and is moved by what is known of the kind (its few finished, its unfinished so far);
+  without it the draws of a sweep of an unseen kind average out and its interval is far too
+  narrow;
+- before anything finished, a wide prior around ``prior_s``.
 
-**The interval.** ``runs`` forward runs (:data:`RUNS`), each with its own draw of every duration;
-a workload's p10/p50/p90 are the quantiles (linear interpolation between order statistics) of its
-start across the runs. This is the spread that the durations' uncertainty gives, propagated
+Arrivals (:class:`ArrivalModel`): a block bootstrap of the recent submits, so work that will come
+ahead (a queue below its guarantee, a higher priority) delays the forecast as it would the start.
+
+Randomness enters only through the :class:`Sampler` passed in (a ``random.Random(seed)`` does),
+so a forecast is a pure function of its inputs and the seed.
+
+**The interval.** ``runs`` forward runs (:data:`RUNS`), each with its own draws; a workload's
+p10/p50/p90 are the quantiles (linear interpolation between order statistics) of its start across
+the runs. This is the spread that the uncertainty of durations and arrivals gives, propagated
 through the real policy (fair share, gangs, backfill, preemption), which no closed form follows.
-Why it is calibrated, and where not: the draws come from the same distribution the finished
-workloads came from, so where that distribution holds for the pending work the runs' starts are
-draws from the start's distribution given the present; the backtest (``benchmarks/bench_eta.py``,
-docs/PERFORMANCE.md "Start-time forecasts") measures the share of actual starts inside
-[p10, p90]. What a forecast does not know widens the truth beyond the interval: work submitted
-after it is made (it can only come ahead by priority or by its queue's fair share), and a change
-in the durations' distribution. ``runs`` was chosen by measurement (docs/PERFORMANCE.md).
+The draws are stratified across runs (:class:`_Strata`), so 16 runs give steadier quantiles than
+16 independent ones. Why it is calibrated, and where not: where the finished and running work
+tell the distribution of the pending work's durations (the Kaplan-Meier curve, the kinds'
+posterior) and the recent past tells what will arrive, the runs' starts are draws from the
+start's distribution given the present, and the backtest (``benchmarks/bench_eta.py``,
+docs/PERFORMANCE.md "Start-time forecasts") measures the share of actual starts inside [p10, p90]
+against the 80 % this aims at. What the model cannot know narrows the truth's odds: a kind never
+seen, a burst of arrivals unlike the past ones, a change in durations.
 
 The first cycle is the present's own: the simulator passes the decisions its cycle made
 (``first``), the same in every run, so a workload admitted in it gets ``p10 = p50 = p90 =`` that
-cycle's time. A run stops once every target has started.
+cycle's time. A run stops once every target has started. Nothing here writes to the caller's
+cluster or snapshot: the forward runs use a copy of the cluster with a memo of their own.
 """
 from __future__ import annotations
 
@@ -58,8 +70,8 @@ from scheduler.snapshot import Cluster, Occupancy, PendingChanges, Snapshot, occ
 
 EPS = 1e-9
 
-# A group's samples are used when it has at least this many (above the workload's ``done``);
-# fewer back off to the next coarser group. 10: enough for the group's p10 and p90 to be two
+# A group's samples are used when it has at least this many finished; fewer back off to the next
+# coarser group (and make the finest a kind drawn as a whole, _Kind). 10: enough for the group's p10 and p90 to be two
 # different order statistics, few enough that a queue's own history counts after its first ten
 # finishes (docs/PERFORMANCE.md, "Start-time forecasts", compares 5, 10 and 30).
 MIN_SAMPLES = 10
@@ -193,13 +205,27 @@ class DurationModel:
         return Durations(self, unfinished)
 
 
+def tail_index(xs: Sequence[float]) -> float:
+    """The Hill estimate of the tail index of the sorted ``xs`` from their top fifth (3 to 50 of
+    them), within [0.5, 5]; 1 (a tail as heavy as a median of twice the start) with too few. How
+    long a run that has outlived every finished one of its kind will go on is read from how the
+    longest finished ones spread: a kind whose long runs are alike ends soon after them."""
+    n = len(xs)
+    k = min(max(n // 5, 3), 50)
+    if n <= k or xs[n - k - 1] <= 0:
+        return 1.0
+    ref = math.log(xs[n - k - 1])
+    spread = sum(math.log(x) for x in xs[n - k:]) / k - ref
+    return min(max(1.0 / spread, 0.5), 5.0) if spread > 0 else 5.0
+
+
 class _Survival:
     """A group's running times as a Kaplan-Meier survival curve: the finished ones are events,
     the unfinished ones censored at what they have done. ``times``: the distinct event times in
     order; ``dead[k]``: 1 - S(times[k]), non-decreasing; ``events``: the finished ones, sorted;
     ``last``: past the last event the curve is known flat up to here (the longest unfinished)."""
 
-    __slots__ = ("events", "times", "dead", "last")
+    __slots__ = ("events", "times", "dead", "last", "alpha")
 
     def __init__(self, events: list[float], censored: list[float]) -> None:
         self.events = events
@@ -225,6 +251,7 @@ class _Survival:
         self.times = times
         self.dead = dead
         self.last = max(times[-1] if times else 0.0, censored[-1] if censored else 0.0)
+        self.alpha = tail_index(events)
 
     def cdf(self, x: float) -> float:
         """1 - S(x)."""
@@ -237,27 +264,24 @@ class _Survival:
         before = self.dead[k - 1] if k else 0.0
         return (before + self.cdf(x)) / 2
 
-    def above(self, x: float) -> int:
-        """Finished ones above ``x``."""
-        return len(self.events) - bisect_right(self.events, x)
-
     def draw(self, done: float, u: float) -> float:
         """A draw given more than ``done``: the first event time where the curve falls below
-        ``S(done) x (1 - u)``; where it never does (the longest runs have not finished), a Pareto
-        tail of index 1 from the longest unfinished run: the total exceeds ``x`` there with
-        probability ``S x last / x``."""
+        ``S(done) x (1 - u)``; where it never does (the longest runs have not finished, or
+        ``done`` is past them all), a Pareto tail from there (``last`` or ``done``) of the
+        finished runs' own tail index (:func:`tail_index`): the total exceeds ``x`` with
+        probability ``S x (base / x) ** alpha``."""
         times, dead = self.times, self.dead
         k0 = bisect_right(times, done)
         s0 = 1.0 - dead[k0 - 1] if k0 else 1.0
+        if s0 <= 1e-12:                # past every finished one, none unfinished beyond
+            return done * min((1.0 - u) ** (-1.0 / self.alpha), TAIL_CAP) if done > 0 else done
         target = s0 * (1.0 - u)
         k = bisect_right(dead, 1.0 - target, lo=k0)
         if k < len(times):
             return times[k]
         base = max(self.last, done)
         s_base = 1.0 - dead[-1] if dead else s0
-        if base <= 0:
-            return base
-        return base * min(s_base / max(target, 1e-300), TAIL_CAP)
+        return base * min((s_base / max(target, 1e-300)) ** (1.0 / self.alpha), TAIL_CAP)
 
 
 class Durations:
@@ -296,7 +320,7 @@ class Durations:
         key = group_keys(w)[0]
         if key in self._kinds:
             return self._kinds[key]
-        pooled = self._pick(False, group_keys(w)[1:], 0.0, strict=False)
+        pooled = self._pick(False, group_keys(w)[1:], strict=False)
         kind = None
         if pooled is not None:
             s = self.model._runs.get(key)
@@ -317,18 +341,21 @@ class Durations:
         assert c is None or isinstance(c, _Survival)
         return c
 
-    def _pick(self, ratios: bool, keys: Sequence[GroupKey], above: float, strict: bool) -> _Survival | None:
-        """The finest group with at least ``min_samples`` finished above ``above``; with none,
-        the coarsest if it has any above (``None`` with ``strict``, or when it has none)."""
+    def _pick(self, ratios: bool, keys: Sequence[GroupKey], strict: bool) -> _Survival | None:
+        """The finest group with at least ``min_samples`` finished; with none, the coarsest if it
+        has any (``None`` with ``strict``, or when it has none). Counted in all, not above what a
+        workload has done: backing off for a long-running one would draw it from a mix dominated
+        by the long kinds (a bias measured in ``benchmarks/bench_eta.py``'s development); its
+        own group's tail says how much longer it goes on."""
         need = self.model.min_samples
         for k in keys:
             c = self._curve(ratios, k)
-            if c is not None and c.above(above) >= need:
+            if c is not None and len(c.events) >= need:
                 return c
         if strict:
             return None
         c = self._curve(ratios, keys[-1])
-        return c if c is not None and c.above(above) > 0 else None
+        return c if c is not None and c.events else None
 
     def total(self, w: Workload, done_s: float, u: float, u_kind: float | None = None) -> float:
         """A draw (``u`` uniform on [0, 1)) of ``w``'s total running time given that it has
@@ -339,7 +366,7 @@ class Durations:
         keys = group_keys(w)
         declared = w.expected_duration_s
         if declared:
-            c = self._pick(True, keys, done_s / declared, strict=True)
+            c = self._pick(True, keys, strict=True)
             if c is not None:
                 return declared * c.draw(done_s / declared, u)
             if declared > done_s:
@@ -348,7 +375,7 @@ class Durations:
             kind = self._kind(w)
             if kind is not None:
                 return kind.draw(done_s, u, u_kind)
-        c = self._pick(False, keys, done_s, strict=False)
+        c = self._pick(False, keys, strict=False)
         if c is not None:
             return c.draw(done_s, u)
         if done_s > 0:
@@ -357,6 +384,18 @@ class Durations:
 
 
 GRID = tuple(-4.0 + 8.0 * i / 80 for i in range(81))
+
+
+def _grid_cdf(logs: Sequence[float]) -> list[float]:
+    top = max(logs)
+    acc, cdf = 0.0, []
+    for lp in logs:
+        acc += math.exp(lp - top)
+        cdf.append(acc)
+    return [c / acc for c in cdf]
+
+
+_PRIOR_CDF = _grid_cdf([-0.5 * z * z for z in GRID])
 
 
 class _Kind:
@@ -375,6 +414,9 @@ class _Kind:
     def __init__(self, pooled: _Survival, a: float, finished: Sequence[float], unfinished: Sequence[float]) -> None:
         self.pooled, self.a = pooled, a
         b = self.b = math.sqrt(max(1.0 - a * a, 1e-6))
+        if not finished and not unfinished:
+            self.cdf = _PRIOR_CDF
+            return
         cs = [_z(pooled.mid_cdf(x)) for x in finished]
         ds = [_z(pooled.cdf(x)) for x in unfinished]
         logs = []
@@ -386,12 +428,7 @@ class _Kind:
             for d in ds:
                 lp += math.log(max(1.0 - _NORMAL.cdf((d - a * z) / b), 1e-300))
             logs.append(lp)
-        top = max(logs)
-        acc, cdf = 0.0, []
-        for lp in logs:
-            acc += math.exp(lp - top)
-            cdf.append(acc)
-        self.cdf = [c / acc for c in cdf]
+        self.cdf = _grid_cdf(logs)
 
     def draw(self, done: float, u: float, u_kind: float) -> float:
         k = bisect_left(self.cdf, u_kind)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.forecast import ArrivalModel, DurationModel, Eta, Forecaster, quantile
+from scheduler.forecast import ArrivalModel, DurationModel, Eta, Forecaster, quantile, tail_index
 from scheduler.model import Workload
 from scheduler.snapshot import Settings, snapshot
 from scheduler.testing import cluster, run, wl
@@ -121,9 +121,12 @@ def test_remaining_time_conditional_on_elapsed() -> None:
     assert min(draws) == 60.0 and max(draws) == 100.0     # only those that outlast 55 s
     assert [d.total(w, 55.0, (u + 0.5) / 5) for u in range(5)] == [60.0, 70.0, 80.0, 90.0, 100.0]
     assert [d.total(w, 0.0, (u + 0.5) / 10) for u in range(10)] == [10.0 * i for i in range(1, 11)]
-    # past every sample: a heavy tail from what it has done, never below it
+    # past every sample: a Pareto tail from what it has done, of the samples' own tail index
+    alpha = tail_index([10.0 * i for i in range(1, 11)])
+    assert 3 < alpha < 5
     tail = [d.total(w, 500.0, u / 10) for u in range(10)]
-    assert all(t >= 500.0 for t in tail) and tail == sorted(tail) and tail[5] == pytest.approx(1000.0)
+    assert all(t >= 500.0 for t in tail) and tail == sorted(tail)
+    assert tail[5] == pytest.approx(500.0 * 2 ** (1 / alpha))
 
 
 def test_unfinished_work_corrects_the_short_bias() -> None:
@@ -137,7 +140,8 @@ def test_unfinished_work_corrects_the_short_bias() -> None:
     assert model.present().total(w, 0.0, 0.9) == 10.0
     d = model.present([(wl(f"r{i}", "q"), 500.0) for i in range(10)])
     assert d.total(w, 0.0, 0.4) == 10.0 and d.total(w, 0.0, 0.6) > 500.0
-    assert d.total(w, 0.0, 0.75) == pytest.approx(1000.0)     # S = 0.5 x 500 / x past 500
+    # past 500 the tail: S = 0.5 x (500 / x) ** alpha, alpha 5 (the finished ones do not spread)
+    assert d.total(w, 0.0, 0.75) == pytest.approx(500.0 * 2 ** (1 / 5))
 
 
 def test_declared_durations_scaled_by_observed_ratios() -> None:
@@ -148,8 +152,14 @@ def test_declared_durations_scaled_by_observed_ratios() -> None:
     for i in range(4):                                         # they run half what they declare
         model.observe(wl(f"f{i}", "q", expected_duration_s=200.0), 100.0)
     assert model.present().total(w, 0.0, 0.3) == 50.0
-    # overran its declared duration with no ratio that far: the undeclared draws take over
-    assert model.present().total(wl("y", "q", expected_duration_s=10.0), 20.0, 0.0) == 100.0
+    # overran its declared duration past every ratio seen: the ratios' tail, from what it has done
+    late = [model.present().total(wl("y", "q", expected_duration_s=10.0), 20.0, u / 4) for u in range(4)]
+    assert late[0] == 20.0 and late == sorted(late) and late[-1] > 20.0
+    # overran with no ratios at all: as one that declared nothing
+    plain = DurationModel(min_samples=3)
+    for i in range(4):
+        plain.observe(wl(f"g{i}", "q"), 100.0)
+    assert plain.present().total(wl("y", "q", expected_duration_s=10.0), 20.0, 0.0) == 100.0
 
 
 def test_prior_before_anything_finished() -> None:
@@ -208,6 +218,14 @@ def test_checkpointed_work_done_counts() -> None:
     # it ran 70 s before a preemption and 10 s since (started again at 50, now 60): 20 s left
     got = Forecaster(c, 1.0, runs=2).forecast(snap, 60.0, DurationModel(), random.Random(0), done_s={"ck": 80.0})
     assert got["n"].p50 == 80.0
+
+
+def test_tail_index() -> None:
+    rng = random.Random(3)
+    heavy = sorted(1.0 / (1.0 - rng.random()) for _ in range(2000))     # Pareto, index 1
+    assert 0.7 < tail_index(heavy) < 1.4
+    assert tail_index([5.0, 6.0]) == 1.0                   # too few to tell
+    assert tail_index([7.0] * 30) == 5.0                   # all alike: the tail ends soon
 
 
 def test_quantile_and_validation() -> None:
