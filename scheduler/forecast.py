@@ -274,7 +274,7 @@ class _Survival:
         k0 = bisect_right(times, done)
         s0 = 1.0 - dead[k0 - 1] if k0 else 1.0
         if s0 <= 1e-12:                # past every finished one, none unfinished beyond
-            return done * min(math.pow(1.0 - u, -1.0 / self.alpha), TAIL_CAP) if done > 0 else done
+            return done * min(math.pow(max(1.0 - u, 1e-12), -1.0 / self.alpha), TAIL_CAP) if done > 0 else done
         target = s0 * (1.0 - u)
         k = bisect_right(dead, 1.0 - target, lo=k0)
         if k < len(times):
