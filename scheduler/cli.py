@@ -37,6 +37,9 @@ def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
                         "costs more than a plain replay)")
     p.add_argument("--eta-runs", type=int, metavar="K", help="forward runs per forecast (default: scheduler.forecast.RUNS)")
     p.add_argument("--eta-seed", type=int, default=0, metavar="N", help="the forecasts' seed (default 0)")
+    p.add_argument("--eta-arrivals", action="store_true",
+                   help="the forecasts also draw the work that will arrive, from the submits so far "
+                        "(docs/PERFORMANCE.md, \"Start-time forecasts\")")
     p.add_argument("--compare", metavar="QUEUES_B.yaml",
                    help="also replay the same work under this queue file and print both results side "
                    "by side; --out is then optional")
@@ -67,10 +70,11 @@ def simulate_main(argv: list[str]) -> int:
     if args.eta:
         if args.eta_runs is not None and args.eta_runs < 1:
             parser.error("--eta-runs: must be at least 1")
-        eta = EtaOptions(seed=args.eta_seed) if args.eta_runs is None else EtaOptions(runs=args.eta_runs,
-                                                                                     seed=args.eta_seed)
-    elif args.eta_runs is not None or args.eta_seed:
-        parser.error("--eta-runs and --eta-seed go with --eta")
+        eta = EtaOptions(seed=args.eta_seed, arrivals=args.eta_arrivals)
+        if args.eta_runs is not None:
+            eta = EtaOptions(runs=args.eta_runs, seed=args.eta_seed, arrivals=args.eta_arrivals)
+    elif args.eta_runs is not None or args.eta_seed or args.eta_arrivals:
+        parser.error("--eta-runs, --eta-seed and --eta-arrivals go with --eta")
     try:
         result = run_scenario(args.scenario, progress=Progress.auto("simulate"), eta=eta)
     except ScenarioError as exc:

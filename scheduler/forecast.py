@@ -30,8 +30,11 @@ Durations (:class:`DurationModel`, :class:`Durations`), never a workload's true 
   narrow;
 - before anything finished, a wide prior around ``prior_s``.
 
-Arrivals (:class:`ArrivalModel`): a block bootstrap of the recent submits, so work that will come
-ahead (a queue below its guarantee, a higher priority) delays the forecast as it would the start.
+Arrivals (:class:`ArrivalModel`, optional): a block bootstrap of the recent submits, so work that
+will come ahead (a queue below its guarantee, a higher priority) delays the forecast as it would
+the start. Without it the forecast knows only the present's work and leans early; with it, it is
+as good as the past is like the future (docs/PERFORMANCE.md: better intervals on steady synthetic
+arrivals, far too late on the Alibaba trace's bursts), at several times the cost.
 
 Randomness enters only through the :class:`Sampler` passed in (a ``random.Random(seed)`` does),
 so a forecast is a pure function of its inputs and the seed.
@@ -71,11 +74,13 @@ from scheduler.snapshot import Cluster, Occupancy, PendingChanges, Snapshot, occ
 EPS = 1e-9
 
 # A group's samples are used when it has at least this many finished; fewer back off to the next
-# coarser group (and make the finest a kind drawn as a whole, _Kind). 10: enough for the group's p10 and p90 to be two
-# different order statistics, few enough that a queue's own history counts after its first ten
-# finishes (docs/PERFORMANCE.md, "Start-time forecasts", compares 5, 10 and 30).
-MIN_SAMPLES = 10
-# Forward runs per forecast (docs/PERFORMANCE.md, "Start-time forecasts", compares 8 to 64).
+# coarser group (and make the finest a kind drawn as a whole, _Kind, its own few finished moving
+# its draws). 30 rather than 10 or 5: a kind's first ten to thirty runs tell its scale better
+# through _Kind's posterior than as a sample of their own (docs/PERFORMANCE.md, "Start-time
+# forecasts": on the synthetic replays of 800, 30 has the lower error).
+MIN_SAMPLES = 30
+# Forward runs per forecast: 8 cover less (docs/PERFORMANCE.md, "Start-time forecasts") for half
+# the cost; the quantiles come from stratified draws (_Strata).
 RUNS = 16
 # The prior's spread when nothing has finished: a lognormal of this sigma around ``prior_s``.
 PRIOR_SIGMA = 1.0

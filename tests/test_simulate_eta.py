@@ -98,6 +98,9 @@ def test_eta_changes_no_decision_and_marks_submits() -> None:
     assert again.events_jsonl() == res.events_jsonl()
     other = run_scenario(sc, eta=EtaOptions(runs=8, seed=1))
     assert strip(other.events) == strip(res.events) and other.events_jsonl() != res.events_jsonl()
+    # drawing arrivals too changes the forecasts, not the decisions
+    with_arrivals = run_scenario(sc, eta=EtaOptions(runs=4, arrivals=True))
+    assert len(check(plain, with_arrivals)) == 60 and with_arrivals.events_jsonl() != res.events_jsonl()
 
 
 @pytest.mark.parametrize("name", ["classic-60-40.yaml", "gang-and-fallback.yaml", "hierarchy-max.yaml"])
@@ -109,7 +112,7 @@ def test_cli_eta(tmp_path: Path) -> None:
     scen = tmp_path / "s.yaml"
     scen.write_text(json.dumps(mixed(20)))                     # JSON is YAML
     assert simulate_main([str(scen), "--out", str(tmp_path / "plain")]) == 0
-    assert simulate_main([str(scen), "--out", str(tmp_path / "eta"), "--eta", "--eta-runs", "4"]) == 0
+    assert simulate_main([str(scen), "--out", str(tmp_path / "eta"), "--eta", "--eta-runs", "4", "--eta-arrivals"]) == 0
     plain = [json.loads(x) for x in (tmp_path / "plain" / "events.jsonl").read_text().splitlines()]
     eta = [json.loads(x) for x in (tmp_path / "eta" / "events.jsonl").read_text().splitlines()]
     assert strip(eta) == plain
@@ -120,7 +123,7 @@ def test_cli_eta(tmp_path: Path) -> None:
 def test_cli_eta_options_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scen = tmp_path / "s.yaml"
     scen.write_text(json.dumps(mixed(5)))
-    for argv in (["--eta", "--eta-runs", "0"], ["--eta-seed", "3"], ["--eta-runs", "4"]):
+    for argv in (["--eta", "--eta-runs", "0"], ["--eta-seed", "3"], ["--eta-runs", "4"], ["--eta-arrivals"]):
         with pytest.raises(SystemExit) as exc:
             simulate_main([str(scen), "--out", str(tmp_path / "o"), *argv])
         assert exc.value.code == 2

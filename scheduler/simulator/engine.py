@@ -40,14 +40,17 @@ EPS = 1e-9
 @dataclass(frozen=True, slots=True)
 class EtaOptions:
     """How ``simulate`` forecasts start times (:mod:`scheduler.forecast`): forward ``runs`` per
-    forecast, the duration model's ``min_samples`` and ``prior_s``, and the ``seed`` of the
-    sampler (each forecast draws from ``random.Random(seed * 1_000_003 + cycle)``)."""
+    forecast, the duration model's ``min_samples`` and ``prior_s``, the ``seed`` of the sampler
+    (each forecast draws from ``random.Random(seed * 1_000_003 + cycle)``), and ``arrivals``: also
+    draw the work that will arrive (:class:`scheduler.forecast.ArrivalModel`), off by default
+    (docs/PERFORMANCE.md, "Start-time forecasts": it helps where arrivals repeat the past and
+    overshoots badly where they come in bursts unlike it, at several times the cost)."""
 
     runs: int = RUNS
     min_samples: int = MIN_SAMPLES
     prior_s: float = 3600.0
     seed: int = 0
-    arrivals: bool = True
+    arrivals: bool = False
 
 
 class _Eta:
