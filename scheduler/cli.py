@@ -31,6 +31,15 @@ def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
     )
     p.add_argument("scenario", help="the scenario, a YAML file")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    p.add_argument("--eta", action="store_true",
+                   help="put on each submit event the start-time forecast made when it was submitted: "
+                        '"eta": {"p10", "p50", "p90"} in seconds on the scenario\'s clock (changes no decision; '
+                        "costs more than a plain replay)")
+    p.add_argument("--eta-runs", type=int, metavar="K", help="forward runs per forecast (default: scheduler.forecast.RUNS)")
+    p.add_argument("--eta-seed", type=int, default=0, metavar="N", help="the forecasts' seed (default 0)")
+    p.add_argument("--eta-arrivals", action="store_true",
+                   help="the forecasts also draw the work that will arrive, from the submits so far "
+                        "(docs/PERFORMANCE.md, \"Start-time forecasts\")")
     p.add_argument("--compare", metavar="QUEUES_B.yaml",
                    help="also replay the same work under this queue file and print both results side "
                    "by side; --out is then optional")
@@ -53,9 +62,21 @@ def simulate_main(argv: list[str]) -> int:
         from scheduler.compare import baseline_main
 
         return baseline_main(argv)
-    args = simulate_parser().parse_args(argv)
+    from scheduler.simulator import EtaOptions
+
+    parser = simulate_parser()
+    args = parser.parse_args(argv)
+    eta = None
+    if args.eta:
+        if args.eta_runs is not None and args.eta_runs < 1:
+            parser.error("--eta-runs: must be at least 1")
+        eta = EtaOptions(seed=args.eta_seed, arrivals=args.eta_arrivals)
+        if args.eta_runs is not None:
+            eta = EtaOptions(runs=args.eta_runs, seed=args.eta_seed, arrivals=args.eta_arrivals)
+    elif args.eta_runs is not None or args.eta_seed or args.eta_arrivals:
+        parser.error("--eta-runs, --eta-seed and --eta-arrivals go with --eta")
     try:
-        result = run_scenario(args.scenario, progress=Progress.auto("simulate"))
+        result = run_scenario(args.scenario, progress=Progress.auto("simulate"), eta=eta)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

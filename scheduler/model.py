@@ -33,6 +33,12 @@ class Workload:
     ``originator`` marks the workload that holds its application's originator pod (the Ray head):
     it is preempted last. ``order_key`` is the documented in-queue order
     ``(-priority, submit_s, id)``: higher priority first, then older, then the stable id.
+
+    ``duration_s`` is the running time the simulator gives the workload (a scenario's ``duration``):
+    the truth of a replay, which nothing that forecasts may read. ``expected_duration_s`` is what
+    its submitter declared it will need (a scenario's ``expected_duration``), or ``None``: the only
+    duration of the workload itself that start-time forecasts use (:mod:`scheduler.forecast`). No
+    decision of the core reads either.
     """
 
     id: str
@@ -48,6 +54,7 @@ class Workload:
     originator: bool = False
     cpu_millicores_per_pod: int = 0
     memory_per_pod_bytes: int = 0
+    expected_duration_s: float | None = None
     order_key: tuple[int, float, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

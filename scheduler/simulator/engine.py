@@ -6,18 +6,27 @@ At one instant the order is: finishes (in start order), submits (in file order, 
 its ``reject`` if it can never run or is over its queue's policy, :mod:`scheduler.policy`), then the cycle's preemptions, each just before its
 preemptor's admission. A preempted workload goes back to pending; it keeps what it ran when it
 ``checkpoint``s and starts over otherwise.
+
+With ``eta`` (:class:`EtaOptions`, ``gpuq simulate --eta``) each cycle that sees workloads
+submitted since the last one forecasts their start (:mod:`scheduler.forecast`) from that cycle's
+snapshot and decisions, with a duration model fed by the finishes so far, and puts it on their
+``submit`` event as ``eta``. The forecast runs on its own copy of the cluster and reads nothing
+the replay decides with: the events are the same with or without it, ``eta`` keys aside.
 """
 from __future__ import annotations
 
 import gc
 import heapq
 import math
+import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from scheduler.cycle import never_fits, schedule
 from scheduler.events import event as make_event
+from scheduler.forecast import MIN_SAMPLES, RUNS, ArrivalModel, DurationModel, Forecaster
 from scheduler.model import Decisions, Running, Workload
 from scheduler.policy import refusal
 from scheduler.progress import Progress
@@ -28,8 +37,40 @@ from scheduler.snapshot import Occupancy, PendingChanges, Snapshot, occupancy_af
 EPS = 1e-9
 
 
+@dataclass(frozen=True, slots=True)
+class EtaOptions:
+    """How ``simulate`` forecasts start times (:mod:`scheduler.forecast`): forward ``runs`` per
+    forecast, the duration model's ``min_samples`` and ``prior_s``, the ``seed`` of the sampler
+    (each forecast draws from ``random.Random(seed * 1_000_003 + cycle)``), and ``arrivals``: also
+    draw the work that will arrive (:class:`scheduler.forecast.ArrivalModel`), off by default
+    (docs/PERFORMANCE.md, "Start-time forecasts": it helps where arrivals repeat the past and
+    overshoots badly where they come in bursts unlike it, at several times the cost)."""
+
+    runs: int = RUNS
+    min_samples: int = MIN_SAMPLES
+    prior_s: float = 3600.0
+    seed: int = 0
+    arrivals: bool = False
+
+
+class _Eta:
+    """The forecasting side of a replay: the model fed by finishes, the submit events waiting for
+    their forecast, and what each workload ran in earlier runs that counts (checkpoints)."""
+
+    def __init__(self, sc: Scenario, opts: EtaOptions) -> None:
+        self.opts = opts
+        self.model = DurationModel(opts.min_samples, opts.prior_s)
+        self.arrivals = ArrivalModel() if opts.arrivals else None
+        self.forecaster = Forecaster(sc.cluster, sc.cycle_interval_s, opts.runs)
+        self.fresh: dict[str, dict[str, Any]] = {}      # id -> its submit event, not yet forecast
+        self.ran: dict[str, float] = {}                 # earlier runs that count (checkpointed)
+        self.wall_s = 0.0
+        self.forecasts = 0
+
+
 class _Sim:
-    def __init__(self, sc: Scenario, schedule_fn: Callable[[Snapshot, float], Decisions]) -> None:
+    def __init__(self, sc: Scenario, schedule_fn: Callable[[Snapshot, float], Decisions],
+                 eta: EtaOptions | None = None) -> None:
         self.sc = sc
         self.schedule_fn = schedule_fn
         self.cluster = sc.cluster
@@ -57,6 +98,7 @@ class _Sim:
         self.core_s = 0.0
         self.gpu_seconds = 0.0
         self.last_t = 0.0
+        self.eta = _Eta(sc, eta) if eta is not None else None
 
     def emit(self, t: float, event: str, w: Workload, **extra: Any) -> None:
         self.events.append(make_event(t, event, w.id, w.queue, **extra))
@@ -74,8 +116,11 @@ class _Sim:
             if tf <= ts:
                 _, _, wid = heapq.heappop(self.heap)
                 self._stop(wid, tf)
-                self.emit(tf, "finish", self.stopped[-1].workload)
-                self.stats[self.stopped[-1].workload.queue].finished += 1
+                r = self.stopped[-1]
+                self.emit(tf, "finish", r.workload)
+                self.stats[r.workload.queue].finished += 1
+                if self.eta is not None:
+                    self.eta.model.observe(r.workload, self.eta.ran.pop(wid, 0.0) + tf - r.start_s)
             else:
                 w = subs[self.next_submit]
                 self.next_submit += 1
@@ -86,6 +131,10 @@ class _Sim:
                     self.emit(ts, "reject", w, reason=why)
                     self.stats[w.queue].rejected += 1
                 else:
+                    if self.eta is not None:
+                        self.eta.fresh[w.id] = self.events[-1]
+                        if self.eta.arrivals is not None:
+                            self.eta.arrivals.observe(w)
                     self.pending[w.id] = w
                     self.added.append(w)
                     self.left[w.id] = w.duration_s
@@ -133,8 +182,29 @@ class _Sim:
         decisions = self.schedule_fn(snap, now)
         self.core_s += time.perf_counter() - t0
         self.cycles += 1
+        if self.eta is not None and self.eta.fresh:
+            self.forecast(snap, now, decisions)
         self.apply(decisions, now)
         return decisions
+
+    def forecast(self, snap: Snapshot, now: float, decisions: Decisions) -> None:
+        """Forecast the start of the workloads submitted since the last cycle, from ``snap`` and
+        this cycle's ``decisions``, and put it on their submit events."""
+        eta = self.eta
+        assert eta is not None
+        t0 = time.perf_counter()
+        done = {wid: ran + (now - self.running[wid].start_s if wid in self.running else 0.0)
+                for wid, ran in eta.ran.items()}
+        sampler = random.Random(eta.opts.seed * 1_000_003 + self.cycles)
+        got = eta.forecaster.forecast(snap, now, eta.model, sampler, targets=eta.fresh, done_s=done,
+                                      first=decisions, arrivals=eta.arrivals)
+        for wid, ev in eta.fresh.items():
+            e = got.get(wid)
+            if e is not None:
+                ev["eta"] = e.as_dict()
+        eta.fresh = {}
+        eta.forecasts += 1
+        eta.wall_s += time.perf_counter() - t0
 
     def apply(self, d: Decisions, now: float) -> None:
         why = {p.preemptor: p.reason for p in d.preemptions}
@@ -148,6 +218,8 @@ class _Sim:
                 self.emit(now, "preempt", vw, by=w.id, reason=why[w.id])
                 self.stats[vw.queue].preempted += 1
                 self.left[vid] = self.left[vid] - (now - v.start_s) if vw.checkpoint else vw.duration_s
+                if self.eta is not None and vw.checkpoint:
+                    self.eta.ran[vid] = self.eta.ran.get(vid, 0.0) + now - v.start_s
                 self.pending[vid] = vw
                 self.added.append(vw)
                 heapq.heappush(self.expiry, (vw.submit_s + self.sc.settings.preemption_delay_s, vid))
@@ -186,12 +258,13 @@ class _Sim:
 
 
 def simulate(sc: Scenario, schedule_fn: Callable[[Snapshot, float], Decisions] = schedule,
-             progress: Progress | None = None) -> SimResult:
+             progress: Progress | None = None, eta: EtaOptions | None = None) -> SimResult:
     """Replay ``sc``. ``schedule_fn`` is the production :func:`scheduler.cycle.schedule`; the
     benchmarks pass a baseline policy here to measure it on the same clock. ``progress``
     (:class:`scheduler.progress.Progress`) shows simulated time, events and what is left; it never
-    changes the replay."""
-    sim = _Sim(sc, schedule_fn)
+    changes the replay. ``eta`` puts a start-time forecast on each submit event (module
+    docstring); it never changes the replay either."""
+    sim = _Sim(sc, schedule_fn, eta)
     # A large replay keeps almost everything it makes (workloads, events, the cycles' memos) and
     # makes no reference cycles, so the collector's full passes over that heap find nothing and
     # land in some cycle's time (a quarter of the core's time on the 50,000-workload backlog).

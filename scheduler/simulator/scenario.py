@@ -8,6 +8,7 @@ Workloads come from the YAML ``workloads:`` list, from the JSON-lines file that
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
@@ -28,7 +29,7 @@ TOP = frozenset({"name", "until", "scheduler", "gpu_types", "nodes", "queues", "
 SCHED = frozenset({"preemption", "preemption_delay_s", "cycle_interval_s"})
 NODE = frozenset({"name", "gpu_type", "gpus", "count", "cpu", "memory"})
 WORK = frozenset({"id", "queue", "submit", "duration", "pods", "gpus_per_pod", "gpu_types", "priority",
-                  "preemptible", "checkpoint", "count", "originator"})
+                  "preemptible", "checkpoint", "count", "originator", "expected_duration"})
 
 _FIELDS = {k: k for k in WORK}
 _PLAIN_KEYS = WORK - {"count"}
@@ -191,7 +192,10 @@ def _plain_workload(raw: Any, leaves: frozenset[str], seen: dict[str, str], out:
     wid, queue, duration, submit = get("id"), get("queue"), get("duration"), get("submit", 0)
     pods, per_pod, priority = get("pods", 1), get("gpus_per_pod", 1), get("priority", 0)
     preemptible, checkpoint, originator = get("preemptible", True), get("checkpoint", False), get("originator", False)
-    types = get("gpu_types")
+    types, expected = get("gpu_types"), get("expected_duration")
+    if expected is not None and ((expected.__class__ is not float and expected.__class__ is not int)
+                                 or not 0 < expected < math.inf):
+        return False
     if (wid.__class__ is not str or not wid or wid in seen or queue.__class__ is not str or queue not in leaves
             or (duration.__class__ is not float and duration.__class__ is not int) or not duration > 0
             or (submit.__class__ is not float and submit.__class__ is not int) or submit < 0
@@ -208,7 +212,8 @@ def _plain_workload(raw: Any, leaves: frozenset[str], seen: dict[str, str], out:
         return False
     seen[wid] = first
     out.append(Workload(wid, queue, pods, per_pod, gpu_types, priority, preemptible, float(submit),
-                        float(duration), checkpoint, originator))
+                        float(duration), checkpoint, originator,
+                        expected_duration_s=None if expected is None else float(expected)))
     return True
 
 
@@ -258,6 +263,8 @@ def _workload(r: _Reader, raw: Any, where: str, at: str, queues: Mapping[str, An
         duration_s=r.num(spec["duration"], f["duration"], positive=True),
         checkpoint=r.flag(spec.get("checkpoint", False), f["checkpoint"]),
         originator=r.flag(spec.get("originator", False), f["originator"]),
+        expected_duration_s=(None if spec.get("expected_duration") is None
+                             else r.num(spec["expected_duration"], f["expected_duration"], positive=True)),
     )
     ids = [wid] if "count" not in spec else [
         f"{wid}-{j}" for j in range(r.int(spec["count"], f["count"]))]
@@ -271,4 +278,5 @@ def _workload(r: _Reader, raw: Any, where: str, at: str, queues: Mapping[str, An
 
 def _with_id(w: Workload, wid: str) -> Workload:
     return Workload(wid, w.queue, w.pods, w.gpus_per_pod, w.gpu_types, w.priority, w.preemptible,
-                    w.submit_s, w.duration_s, w.checkpoint, w.originator)
+                    w.submit_s, w.duration_s, w.checkpoint, w.originator,
+                    expected_duration_s=w.expected_duration_s)
