@@ -783,3 +783,9 @@ class Forecaster:
             occ = occupancy_after(cluster, occ, stopped, started)
         self.cycles += cycles
         return starts
+
+
+def live_forecaster(cluster: Cluster, interval_s: float) -> Forecaster:
+    """The forecaster the live service refreshes its forecasts with (``scheduler/service``): one
+    place that chooses the method and its cost, so the service and ``POST /dry-run`` agree."""
+    return Forecaster(cluster, interval_s)
