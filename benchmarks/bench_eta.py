@@ -304,7 +304,8 @@ def oracle(sc: Any, truth: Truth | None, arrivals: bool) -> Iterator[None]:
 
 
 def backtest(label: str, scenario: dict[str, Any], runs: int | None, min_samples: int, seed: int = 0,
-             variants: tuple[str, ...] = ("model",), truth: Truth | None = None) -> dict[str, dict[str, float]]:
+             variants: tuple[str, ...] = ("model",), truth: Truth | None = None, method: str = "timeline",
+             levels: tuple[float, float, float] | None = None) -> dict[str, dict[str, float]]:
     """Replay ``scenario`` plainly and with forecasts, check the events are the same, and print
     the scores. ``variants``: ``model`` (what ``--eta`` does), ``arrivals`` (the forecasts with
     :class:`scheduler.forecast.ArrivalModel`), ``true-arrivals`` (the real future
@@ -323,7 +324,8 @@ def backtest(label: str, scenario: dict[str, Any], runs: int | None, min_samples
     scores: dict[str, dict[str, float]] = {}
     for variant in variants:
         opts = EtaOptions(runs=runs or EtaOptions().runs, min_samples=min_samples, seed=seed,
-                          arrivals=variant != "model")
+                          arrivals=variant != "model" and method == "runs", method=method,
+                          levels=levels or EtaOptions().levels)
         with oracle(sc, truth if variant == "oracle" else None, variant in ("oracle", "true-arrivals")):
             t0 = time.perf_counter()
             c0 = time.process_time()
@@ -364,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="reduced sizes (make bench)")
     p.add_argument("--only", nargs="*", help="replays to run (" + ", ".join(REPLAYS) + ")")
     p.add_argument("--variants", default="model", help="comma list: model, arrivals, true-arrivals, oracle")
+    p.add_argument("--method", default="timeline", choices=("timeline", "runs"),
+                   help="the forecaster: timeline (scheduler.timeline, what the service runs; default) or runs "
+                        "(scheduler.forecast.Forecaster, the core run forward --runs times)")
+    p.add_argument("--levels", metavar="LOW,MID,HIGH", help="the timeline's duration quantiles (default "
+                   "scheduler.timeline.LOW, MID, HIGH)")
     p.add_argument("--runs", type=int, help="forward runs per forecast (default scheduler.forecast.RUNS)")
     p.add_argument("--min-samples", type=int, default=None)
     p.add_argument("--n", type=int, help="workloads per synthetic replay")
@@ -383,6 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     ms = args.min_samples or MIN_SAMPLES
     n = args.n or (300 if args.quick else 2000)
     variants = tuple(args.variants.split(","))
+    levels = tuple(float(x) for x in args.levels.split(",")) if args.levels else None
+    if levels is not None and len(levels) != 3:
+        p.error("--levels: three quantiles, LOW,MID,HIGH")
+    kw: dict[str, Any] = {"method": args.method, "levels": levels}
+    result("method", args.method + ("" if levels is None else " " + ",".join(map(str, levels))))
     for label, (kind, groups, declared) in REPLAYS.items():
         if args.only is not None and label not in args.only:
             continue
@@ -390,20 +402,21 @@ def main(argv: list[str] | None = None) -> int:
             backtest(label, alibaba(args.alibaba_limit or (1000 if args.quick else None),
                                     args.alibaba_scale or (0.005 if args.quick else 0.008),
                                     args.alibaba_shrink or (16 if args.quick else 8)),
-                     args.runs, ms, variants=tuple(v for v in variants if v != "oracle"))
+                     args.runs, ms, variants=tuple(v for v in variants if v != "oracle"), **kw)
             continue
         truth = Truth()
         sc = synthetic(n, kind, args.seed, declared=declared, load=args.load, groups=groups, truth=truth)
-        backtest(label, sc, args.runs, ms, variants=variants, truth=truth)
+        backtest(label, sc, args.runs, ms, variants=variants, truth=truth, **kw)
     for size in (int(x) for x in args.scale_sizes.split(",") if x):
-        got = scale(size, args.scale_runs)
+        got = scale(size, args.scale_runs, method=args.method)
+        tag = "timeline" if args.method == "timeline" else f"runs{args.scale_runs}"
         for k, v in got.items():
-            result(f"scale.{size}.runs{args.scale_runs}.{k}", v, "s" if k.endswith("_s") else "")
+            result(f"scale.{size}.{tag}.{k}", v, "s" if k.endswith("_s") else "")
     result("peak_rss_mib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "MiB")
     return 0
 
 
-def scale(pending: int, runs: int, n_nodes: int = 5000) -> dict[str, float]:
+def scale(pending: int, runs: int, n_nodes: int = 5000, method: str = "timeline") -> dict[str, float]:
     """The live refresh's cost: one forecast of every one of ``pending`` workloads waiting on a
     full cluster of ``n_nodes`` x 8 GPUs (the backlog shape of ``bench_scheduler``: 1,000 queues,
     4 GPU types), with 2,000 finished workloads of the same shape as history, ``runs`` forward runs
@@ -413,6 +426,7 @@ def scale(pending: int, runs: int, n_nodes: int = 5000) -> dict[str, float]:
     from scheduler.forecast import DurationModel, Forecaster
     from scheduler.model import Running
     from scheduler.snapshot import Settings, snapshot
+    from scheduler.timeline import Timeline
 
     c = make_cluster(n_nodes)
     gpus = n_nodes * 8
@@ -426,6 +440,13 @@ def scale(pending: int, runs: int, n_nodes: int = 5000) -> dict[str, float]:
     for w in make_backlog(c, 2000, seed=12):
         model.observe(w, w.duration_s)            # history: finished ones' observed running times
     snap = snapshot(c, running, left, Settings())
+    if method == "timeline":
+        tl = Timeline(c, 1.0)
+        c0 = time.process_time()
+        got = tl.forecast(snap, 100.0, model, cycle=False)
+        cpu = time.process_time() - c0
+        return {"pending": float(len(left)), "running": float(len(running)), "forecasts": float(len(got)),
+                "cpu_s": cpu, "events": float(tl.events)}
     fc = Forecaster(c, 1.0, runs)
     c0 = time.process_time()
     got = fc.forecast(snap, 100.0, model, random.Random(1))

@@ -35,10 +35,15 @@ def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
                    help="put on each submit event the start-time forecast made when it was submitted: "
                         '"eta": {"p10", "p50", "p90"} in seconds on the scenario\'s clock (changes no decision; '
                         "costs more than a plain replay)")
-    p.add_argument("--eta-runs", type=int, metavar="K", help="forward runs per forecast (default: scheduler.forecast.RUNS)")
-    p.add_argument("--eta-seed", type=int, default=0, metavar="N", help="the forecasts' seed (default 0)")
+    p.add_argument("--eta-method", choices=("timeline", "runs"),
+                   help="how to forecast: timeline (the default, what gpuq serve does: one pass through the "
+                        "work ahead) or runs (the scheduler run forward several times with sampled run times: "
+                        "slower; for comparison)")
+    p.add_argument("--eta-runs", type=int, metavar="K",
+                   help="with --eta-method runs: forward runs per forecast (default: scheduler.forecast.RUNS)")
+    p.add_argument("--eta-seed", type=int, default=0, metavar="N", help="with --eta-method runs: the seed (default 0)")
     p.add_argument("--eta-arrivals", action="store_true",
-                   help="the forecasts also draw the work that will arrive, from the submits so far "
+                   help="with --eta-method runs: also draw the work that will arrive, from the submits so far "
                         "(docs/PERFORMANCE.md, \"Start-time forecasts\")")
     p.add_argument("--compare", metavar="QUEUES_B.yaml",
                    help="also replay the same work under this queue file and print both results side "
@@ -67,14 +72,18 @@ def simulate_main(argv: list[str]) -> int:
     parser = simulate_parser()
     args = parser.parse_args(argv)
     eta = None
+    runs_only = args.eta_runs is not None or args.eta_seed or args.eta_arrivals
     if args.eta:
+        method = args.eta_method or "timeline"
+        if runs_only and method != "runs":
+            parser.error("--eta-runs, --eta-seed and --eta-arrivals go with --eta-method runs")
         if args.eta_runs is not None and args.eta_runs < 1:
             parser.error("--eta-runs: must be at least 1")
-        eta = EtaOptions(seed=args.eta_seed, arrivals=args.eta_arrivals)
+        eta = EtaOptions(seed=args.eta_seed, arrivals=args.eta_arrivals, method=method)
         if args.eta_runs is not None:
-            eta = EtaOptions(runs=args.eta_runs, seed=args.eta_seed, arrivals=args.eta_arrivals)
-    elif args.eta_runs is not None or args.eta_seed or args.eta_arrivals:
-        parser.error("--eta-runs, --eta-seed and --eta-arrivals go with --eta")
+            eta = EtaOptions(runs=args.eta_runs, seed=args.eta_seed, arrivals=args.eta_arrivals, method=method)
+    elif runs_only or args.eta_method:
+        parser.error("--eta-method, --eta-runs, --eta-seed and --eta-arrivals go with --eta")
     try:
         result = run_scenario(args.scenario, progress=Progress.auto("simulate"), eta=eta)
     except ScenarioError as exc:

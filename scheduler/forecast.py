@@ -389,7 +389,7 @@ class Durations:
         return self.model.prior_s * math.exp(PRIOR_SIGMA * _NORMAL.inv_cdf(min(max(u, 1e-9), 1 - 1e-9)))
 
 
-GRID = tuple(-4.0 + 8.0 * i / 80 for i in range(81))
+GRID = tuple(-4.0 + 8.0 * i / 40 for i in range(41))
 
 
 def _grid_cdf(logs: Sequence[float]) -> list[float]:
@@ -426,13 +426,16 @@ class _Kind:
         cs = [_z(pooled.mid_cdf(x)) for x in finished]
         ds = [_z(pooled.cdf(x)) for x in unfinished]
         logs = []
+        # sum over the finished of ((c - a z) / b)^2, from their count, sum and sum of squares;
+        # each unfinished: log P(score > d) = log(erfc((d - a z) / (b sqrt 2)) / 2)
+        n, s1, s2 = len(cs), math.fsum(cs), math.fsum(c * c for c in cs)
+        k = 1.0 / (b * math.sqrt(2.0))
+        log, erfc = math.log, math.erfc
         for z in GRID:
-            lp = -0.5 * z * z
-            for c in cs:
-                e = (c - a * z) / b
-                lp -= 0.5 * e * e
+            az = a * z
+            lp = -0.5 * z * z - 0.5 * (s2 - 2.0 * az * s1 + n * az * az) / (b * b)
             for d in ds:
-                lp += math.log(max(1.0 - _NORMAL.cdf((d - a * z) / b), 1e-300))
+                lp += log(max(0.5 * erfc((d - az) * k), 1e-300))
             logs.append(lp)
         self.cdf = _grid_cdf(logs)
 
@@ -575,6 +578,41 @@ class _Base:
     ids: frozenset[str]             # of running and pending (drawn stratified; arrivals are not)
 
 
+def after_first(snap: Snapshot, now: float, first: Decisions, want: frozenset[str],
+                done_s: Mapping[str, float]) -> tuple[_Base, dict[str, Eta]]:
+    """The state after the present cycle (``first``, the decisions at ``now`` on ``snap``), shared
+    by every forward run, and the forecasts it settles: a target admitted in it starts at ``now``.
+    ``done_s`` as in :meth:`Forecaster.forecast`."""
+    running = {r.workload.id: r for r in snap.running}
+    pending = {w.id: w for w in snap.pending}
+    done: dict[str, float] = {wid: done_s.get(wid, now - r.start_s) for wid, r in running.items()}
+    for wid in pending:
+        d = done_s.get(wid, 0.0)
+        if d > 0:
+            done[wid] = d
+    stopped: list[Running] = []
+    started: list[Running] = []
+    out: dict[str, Eta] = {}
+    for a in first.admissions:
+        for vid in a.victims:
+            r = running.pop(vid)
+            stopped.append(r)
+            pending[vid] = r.workload
+            if not r.workload.checkpoint:
+                done.pop(vid, None)
+        w = a.workload
+        del pending[w.id]
+        r = Running(w, a.placement, now)
+        running[w.id] = r
+        started.append(r)
+        if w.id in want:
+            out[w.id] = Eta(now, now, now)
+    occ = occupancy_after(snap.cluster, snap.occupancy, stopped, started)
+    targets = frozenset(wid for wid in want if wid in pending)
+    return _Base(now, tuple(running.values()), tuple(pending.values()), occ, done, targets,
+                 frozenset(running) | frozenset(pending)), out
+
+
 class Forecaster:
     """Forecasts for one cluster. It keeps its own copy of the cluster, whose ``memo`` the forward
     runs use (the caller's cluster memo, which the live cycles use, is never touched), and keeps
@@ -618,7 +656,7 @@ class Forecaster:
             first = self.schedule_fn(own, now)
             self.cycles += 1
         done_s = done_s or {}
-        base, out = self._after_first(own, now, first, want, done_s)
+        base, out = after_first(own, now, first, want, done_s)
         if not base.targets:
             return out
         unfinished = [(r.workload, done_s.get(r.workload.id, now - r.start_s)) for r in snap.running]
@@ -637,37 +675,6 @@ class Forecaster:
             if not math.isinf(eta.p90):
                 out[wid] = eta
         return out
-
-    def _after_first(self, snap: Snapshot, now: float, first: Decisions, want: frozenset[str],
-                     done_s: Mapping[str, float]) -> tuple[_Base, dict[str, Eta]]:
-        running = {r.workload.id: r for r in snap.running}
-        pending = {w.id: w for w in snap.pending}
-        done: dict[str, float] = {wid: done_s.get(wid, now - r.start_s) for wid, r in running.items()}
-        for wid in pending:
-            d = done_s.get(wid, 0.0)
-            if d > 0:
-                done[wid] = d
-        stopped: list[Running] = []
-        started: list[Running] = []
-        out: dict[str, Eta] = {}
-        for a in first.admissions:
-            for vid in a.victims:
-                r = running.pop(vid)
-                stopped.append(r)
-                pending[vid] = r.workload
-                if not r.workload.checkpoint:
-                    done.pop(vid, None)
-            w = a.workload
-            del pending[w.id]
-            r = Running(w, a.placement, now)
-            running[w.id] = r
-            started.append(r)
-            if w.id in want:
-                out[w.id] = Eta(now, now, now)
-        occ = occupancy_after(snap.cluster, snap.occupancy, stopped, started)
-        targets = frozenset(wid for wid in want if wid in pending)
-        return _Base(now, tuple(running.values()), tuple(pending.values()), occ, done, targets,
-                     frozenset(running) | frozenset(pending)), out
 
     def _run(self, base: _Base, snap: Snapshot, durations: Durations, sampler: Sampler,
              stream: Iterator[Workload] | None, strata: _Strata, k: int) -> dict[str, float]:

@@ -68,10 +68,12 @@ def check(plain: Any, with_eta: Any) -> dict[str, dict[str, float]]:
     return etas
 
 
-def test_eta_changes_no_decision_and_marks_submits() -> None:
+@pytest.mark.parametrize("method", ["timeline", "runs"])
+def test_eta_changes_no_decision_and_marks_submits(method: str) -> None:
     sc = mixed()
     plain = run_scenario(sc)
-    res = run_scenario(sc, eta=EtaOptions(runs=8))
+    opts = EtaOptions(runs=8, method=method)
+    res = run_scenario(sc, eta=opts)
     etas = check(plain, res)
     assert len(etas) == 60
     assert plain.summary["preemptions"] > 0            # the forward runs had preemption to follow
@@ -93,37 +95,47 @@ def test_eta_changes_no_decision_and_marks_submits() -> None:
     assert 5 <= exact < len(etas)
     # some waited, and their forecasts are not all point masses
     assert any(v["p90"] > v["p10"] for v in etas.values())
-    # the same seed, the same bytes; another seed, other forecasts
-    again = run_scenario(sc, eta=EtaOptions(runs=8))
+    # the same seed, the same bytes; another seed, other forecasts (the timeline draws nothing)
+    again = run_scenario(sc, eta=opts)
     assert again.events_jsonl() == res.events_jsonl()
-    other = run_scenario(sc, eta=EtaOptions(runs=8, seed=1))
+    if method == "timeline":
+        assert run_scenario(sc, eta=EtaOptions(method=method, seed=1)).events_jsonl() == res.events_jsonl()
+        return
+    other = run_scenario(sc, eta=EtaOptions(runs=8, seed=1, method=method))
     assert strip(other.events) == strip(res.events) and other.events_jsonl() != res.events_jsonl()
     # drawing arrivals too changes the forecasts, not the decisions
-    with_arrivals = run_scenario(sc, eta=EtaOptions(runs=4, arrivals=True))
+    with_arrivals = run_scenario(sc, eta=EtaOptions(runs=4, arrivals=True, method=method))
     assert len(check(plain, with_arrivals)) == 60 and with_arrivals.events_jsonl() != res.events_jsonl()
 
 
 @pytest.mark.parametrize("name", ["classic-60-40.yaml", "gang-and-fallback.yaml", "hierarchy-max.yaml"])
 def test_examples_unchanged_with_eta(name: str) -> None:
-    check(run_scenario(OWN / name), run_scenario(OWN / name, eta=EtaOptions(runs=4)))
+    check(run_scenario(OWN / name), run_scenario(OWN / name, eta=EtaOptions()))
+    check(run_scenario(OWN / name), run_scenario(OWN / name, eta=EtaOptions(runs=4, method="runs")))
 
 
 def test_cli_eta(tmp_path: Path) -> None:
     scen = tmp_path / "s.yaml"
     scen.write_text(json.dumps(mixed(20)))                     # JSON is YAML
     assert simulate_main([str(scen), "--out", str(tmp_path / "plain")]) == 0
-    assert simulate_main([str(scen), "--out", str(tmp_path / "eta"), "--eta", "--eta-runs", "4", "--eta-arrivals"]) == 0
+    assert simulate_main([str(scen), "--out", str(tmp_path / "eta"), "--eta", "--eta-method", "runs", "--eta-runs", "4",
+                          "--eta-arrivals"]) == 0
+    assert simulate_main([str(scen), "--out", str(tmp_path / "tl"), "--eta"]) == 0
     plain = [json.loads(x) for x in (tmp_path / "plain" / "events.jsonl").read_text().splitlines()]
     eta = [json.loads(x) for x in (tmp_path / "eta" / "events.jsonl").read_text().splitlines()]
     assert strip(eta) == plain
     assert sum("eta" in e for e in eta) == 20
+    tl = [json.loads(x) for x in (tmp_path / "tl" / "events.jsonl").read_text().splitlines()]
+    assert strip(tl) == plain and sum("eta" in e for e in tl) == 20
     assert "eta" not in (tmp_path / "plain" / "events.jsonl").read_text()
 
 
 def test_cli_eta_options_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scen = tmp_path / "s.yaml"
     scen.write_text(json.dumps(mixed(5)))
-    for argv in (["--eta", "--eta-runs", "0"], ["--eta-seed", "3"], ["--eta-runs", "4"], ["--eta-arrivals"]):
+    for argv in (["--eta", "--eta-method", "runs", "--eta-runs", "0"], ["--eta-seed", "3"], ["--eta-runs", "4"],
+                 ["--eta-arrivals"], ["--eta", "--eta-runs", "4"], ["--eta-method", "runs"],
+                 ["--eta", "--eta-method", "other"]):
         with pytest.raises(SystemExit) as exc:
             simulate_main([str(scen), "--out", str(tmp_path / "o"), *argv])
         assert exc.value.code == 2

@@ -27,6 +27,7 @@ from typing import Any
 from scheduler.cycle import never_fits, schedule
 from scheduler.events import event as make_event
 from scheduler.forecast import MIN_SAMPLES, RUNS, ArrivalModel, DurationModel, Forecaster
+from scheduler.timeline import HIGH, LOW, MID, Timeline
 from scheduler.model import Decisions, Running, Workload
 from scheduler.policy import refusal
 from scheduler.progress import Progress
@@ -39,14 +40,17 @@ EPS = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class EtaOptions:
-    """How ``simulate`` forecasts start times (:mod:`scheduler.forecast`): forward ``runs`` per
-    forecast, the duration model's ``min_samples`` and ``prior_s``, the ``seed`` of the sampler
+    """How ``simulate`` forecasts start times: ``method`` ``"timeline"`` (:mod:`scheduler.timeline`,
+    what the live service runs: one event-driven timeline per quantile, ``levels``) or ``"runs"``
+    (:class:`scheduler.forecast.Forecaster`: the core run forward ``runs`` times per forecast), the duration model's ``min_samples`` and ``prior_s``, the ``seed`` of the sampler
     (each forecast draws from ``random.Random(seed * 1_000_003 + cycle)``), and ``arrivals``: also
     draw the work that will arrive (:class:`scheduler.forecast.ArrivalModel`), off by default
     (docs/PERFORMANCE.md, "Start-time forecasts": it helps where arrivals repeat the past and
     overshoots badly where they come in bursts unlike it, at several times the cost)."""
 
     runs: int = RUNS
+    method: str = "timeline"
+    levels: tuple[float, float, float] = (LOW, MID, HIGH)
     min_samples: int = MIN_SAMPLES
     prior_s: float = 3600.0
     seed: int = 0
@@ -61,7 +65,11 @@ class _Eta:
         self.opts = opts
         self.model = DurationModel(opts.min_samples, opts.prior_s)
         self.arrivals = ArrivalModel() if opts.arrivals else None
-        self.forecaster = Forecaster(sc.cluster, sc.cycle_interval_s, opts.runs)
+        if opts.method not in ("timeline", "runs"):
+            raise ValueError(f"unknown forecasting method {opts.method!r} (timeline or runs)")
+        self.forecaster: Forecaster | Timeline = (
+            Timeline(sc.cluster, sc.cycle_interval_s, opts.levels) if opts.method == "timeline"
+            else Forecaster(sc.cluster, sc.cycle_interval_s, opts.runs))
         self.fresh: dict[str, dict[str, Any]] = {}      # id -> its submit event, not yet forecast
         self.ran: dict[str, float] = {}                 # earlier runs that count (checkpointed)
         self.wall_s = 0.0

@@ -1,0 +1,462 @@
+"""Start-time forecasts at the live service's cost: one event-driven timeline per quantile.
+
+:class:`scheduler.forecast.Forecaster` runs the production core forward, 16 times, through every
+cycle until each target starts: faithful, but 25 s of CPU at 10,000 pending (docs/PERFORMANCE.md,
+"Start-time forecasts"), where the live refresh has 1 s. :class:`Timeline` keeps what decides a
+start and drops the cycle's overheads:
+
+- the **same inputs**: the state after the present cycle (the core's own decisions at ``now``,
+  :func:`scheduler.forecast.after_first`), durations from the same :class:`DurationModel`
+  (declared ``expected_duration``, the observed running times of finished work like it with the
+  running ones censored, its kinds), never a workload's true duration;
+- the **same rules, event by event** instead of cycle by cycle: the clock jumps from one finish
+  (or preemption-delay expiry) to the next, on the scheduler's grid; at each, queues are served
+  lowest fair share first (:func:`scheduler.ordering.queue_key`), each queue's workloads in
+  workload order, the first that fits its queue chain's maxes (:func:`scheduler.quota.over_max`)
+  and a best-fit gang placement (:class:`scheduler.placement.FreeIndex`, the core's own) starts,
+  a ``strict_fifo`` queue's head blocking the rest; a workload within its queue's guarantee whose
+  preemption delay has passed reclaims GPUs from preemptible work of queues above their
+  guarantee (the core's victim order, :func:`scheduler.preemption.candidate_key`, and floor,
+  :func:`scheduler.quota.below_floor`), and a victim waits again with what it has done (kept
+  when it checkpoints);
+- **one timeline per quantile** instead of sampled runs: every duration at its ``q``-quantile (given
+  what the workload has already run) in the timeline of ``q``. The start in the timeline of
+  :data:`LOW` is the forecast's p10, of :data:`MID` its p50, of :data:`HIGH` its p90 (sorted, since
+  a start need not be monotone in durations). All durations at one quantile together move every
+  start the same way, as a change of the whole workload's mix would (what the 16 runs' sampled
+  durations could not: they average out over a deep queue and their interval came out far too
+  narrow, coverage 0.34 to 0.64 where 0.8 was the aim); the levels are the calibration, chosen on
+  the synthetic backtests and checked on the Alibaba replay (``benchmarks/bench_eta.py``,
+  docs/PERFORMANCE.md).
+
+What it leaves out, against the core: the policy's refusals that a workload meets once (a
+non-preemptible workload over its guarantee, the victim search's quota relief across queues),
+the order of victims beyond the core's preference key, and work that will arrive later (which
+makes every forecast lean early; the high timeline's long durations cover some of it). The check
+against the core is ``tests/test_timeline.py`` (the same starts as the core's forward run where the
+rules coincide) and the backtest.
+
+Cost: each timeline is one pass over the finishes ahead of the last target, each event a few
+heap operations and the placement of what starts; no cycle, no reasons, no snapshot.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from scheduler.cycle import acceptable_types, schedule
+from scheduler.forecast import EPS, DurationModel, Durations, Eta, Sampler, _Base, after_first, group_keys
+from scheduler.memo import CycleMemo
+from scheduler.model import Decisions, Placement, Running, Workload
+from scheduler.ordering import queue_key
+from scheduler.placement import FreeIndex
+from scheduler.quota import Ledger, below_floor, over_guarantee, over_max
+from scheduler.snapshot import Cluster, Snapshot, demand
+
+LOW, MID, HIGH = 0.2, 0.5, 0.8
+"""The duration quantiles of the three timelines (p10, p50, p90 of the start): calibrated on the
+backtests (docs/PERFORMANCE.md, "Start-time forecasts")."""
+
+_Shape = tuple[tuple[str, ...], int, int]          # types, gpus per pod, pods
+
+
+class Timeline:
+    """Forecasts for one cluster, :meth:`forecast` with the signature of
+    :meth:`scheduler.forecast.Forecaster.forecast`. It keeps a copy of the cluster whose memo the
+    present cycle uses when the caller has not run it (the caller's memo is never touched)."""
+
+    def __init__(self, cluster: Cluster, interval_s: float,
+                 levels: tuple[float, float, float] = (LOW, MID, HIGH)) -> None:
+        if not interval_s > 0:
+            raise ValueError("interval_s must be positive")
+        if not 0 < levels[0] <= levels[1] <= levels[2] < 1:
+            raise ValueError("levels must rise within (0, 1)")
+        self.cluster = replace(cluster, memo=CycleMemo())
+        self.interval_s = interval_s
+        self.levels = levels
+        self.events = 0                  # timeline events, over all forecasts (for benchmarks)
+
+    def forecast(self, snap: Snapshot, now: float, model: DurationModel, sampler: Sampler | None = None, *,
+                 targets: Iterable[str] | None = None, done_s: Mapping[str, float] | None = None,
+                 first: Decisions | None = None, arrivals: object = None, cycle: bool = True) -> dict[str, Eta]:
+        """The start-time forecast of each of ``targets`` (default: all pending), as
+        :meth:`scheduler.forecast.Forecaster.forecast`. ``sampler`` and ``arrivals`` are accepted
+        for the same signature and not used: the timelines draw nothing. ``cycle=False`` (the live
+        service, whose last cycle's decisions are in ``snap`` already): no present cycle is run
+        when ``first`` is not given; the timelines serve at ``now`` first instead."""
+        want = frozenset(w.id for w in snap.pending) if targets is None else frozenset(targets)
+        own = replace(snap, cluster=self.cluster, changes=None)
+        serve_now = first is None and not cycle
+        if first is None:
+            first = schedule(own, now) if cycle else Decisions(now, (), (), ())
+        done_s = done_s or {}
+        base, out = after_first(own, now, first, want, done_s)
+        if not base.targets:
+            return out
+        unfinished = [(r.workload, base.done.get(r.workload.id, 0.0)) for r in base.running]
+        unfinished += [(w, d) for w in base.pending if (d := base.done.get(w.id, 0.0)) > 0]
+        durations = model.present(unfinished)
+        for wid, (lo, mid, hi) in self._run(own, base, durations, serve_now).items():
+            if wid in base.targets and not math.isinf(hi):
+                out[wid] = Eta(min(lo, mid), mid, max(hi, mid))
+        return out
+
+    def _run(self, snap: Snapshot, base: _Base, durations: Durations,
+             serve_now: bool) -> dict[str, tuple[float, float, float]]:
+        """The timeline: target id -> its start on the low, middle and high paths."""
+        run = _Run(self.cluster, snap.settings.preemption, snap.settings.preemption_delay_s, base, durations,
+                   self.levels)
+        starts = run.go(self.interval_s, serve_now)
+        self.events += run.events
+        return starts
+
+
+class _Run:
+    """The state of one timeline (:meth:`Timeline._run`).
+
+    Pending work is kept per queue and shape (types, GPUs per pod, pods), each list in workload
+    order and consumed from the front, so a queue's candidates are its shapes' heads. What a
+    pass over the queues would recompute is cached and dropped when its inputs change: whether
+    a shape fits the free GPUs (dropped when any GPU is taken or freed), each queue's key (when
+    its usage changes), a queue's failed victim search (until new work borrows, or its own usage
+    drops). A pass considers only the queues with a shape that fits, and those that may reclaim."""
+
+    def __init__(self, cluster: Cluster, preemption: bool, delay_s: float, base: _Base,
+                 durations: Durations, levels: tuple[float, float, float]) -> None:
+        self.cluster, self.durations, self.levels = cluster, durations, levels
+        self.now = base.now
+        self.delay = delay_s if preemption else math.inf
+        self.free = FreeIndex(cluster, base.occupancy.node_free, base.occupancy.levels)
+        self.ledger = Ledger(base.occupancy.usage)
+        self.cache: dict[object, tuple[float, float, float]] = {}
+        self.done = dict(base.done)
+        self.tot: dict[str, tuple[float, float, float]] = {}
+        self.running: dict[str, tuple[Running, float, int]] = {}     # id -> (run, end, seq)
+        self.bounds: dict[str, tuple[float, float]] = {}              # id -> its end (low, high)
+        self.heap: list[tuple[float, int, str]] = []
+        self.seq = 0
+        now = self.now
+        for r in base.running:
+            wid = r.workload.id
+            d = self.done.get(wid, 0.0)
+            self.tot[wid] = (lo, mid, hi) = self.total(r.workload, d)
+            self.seq += 1
+            end = now + max(mid - d, 0.0)
+            self.running[wid] = (r, end, self.seq)
+            self.bounds[wid] = (now + max(lo - d, 0.0), now + max(hi - d, 0.0))
+            self.heap.append((end, self.seq, wid))
+        heapq.heapify(self.heap)
+        # preemptible running work per GPU type, in reverse victim order (read from the end): what
+        # starts later goes near the end, cheaply; what stops stays until a search meets it
+        self.victims: dict[str, list[tuple[_VKey, str]]] = {}
+        self.vkeys: dict[str, _VKey] = {}
+        self.vstale: dict[str, int] = {}
+        for r in base.running:
+            if r.workload.preemptible:
+                k = self.vkeys[r.workload.id] = _victim_key(r, self.running[r.workload.id][2])
+                self.victims.setdefault(r.placement.gpu_type, []).append((k, r.workload.id))
+        for lst in self.victims.values():
+            lst.sort()
+        self.pend: dict[tuple[str, _Shape], list[Workload]] = {}
+        self.heads: dict[tuple[str, _Shape], int] = {}
+        self.qshapes: dict[str, set[_Shape]] = {}
+        self.shape_queues: dict[_Shape, set[str]] = {}
+        for w in sorted(base.pending, key=_order):
+            self.pend.setdefault((w.queue, _shape(cluster, w)), []).append(w)
+        for (q, s) in self.pend:
+            self.heads[(q, s)] = 0
+            self.qshapes.setdefault(q, set()).add(s)
+            self.shape_queues.setdefault(s, set()).add(q)
+        self.strict = frozenset(q for q, cfg in cluster.config.queues.items() if cfg.strict_fifo)
+        self.expiry = [(w.submit_s + self.delay, w.id) for w in base.pending
+                       if self.now + EPS < w.submit_s + self.delay < math.inf]
+        heapq.heapify(self.expiry)
+        self.left = set(base.targets)
+        self.starts: dict[str, tuple[float, float, float]] = {}
+        self.trigger = (now, now, now)         # the event being served: (its time, low, high)
+        self.fit: dict[_Shape, bool] = {}
+        self.slots: dict[tuple[str, int], int] = {}    # pods of a size that fit a type, while free is unchanged
+        self.keys: dict[str, tuple[float, int, int, str]] = {}
+        self.failed: dict[str, tuple[int, int]] = {}      # queue -> (borrowed, own) its search failed at
+        self.borrowed = 0                                  # rises when work starts above its guarantee
+        self.own: dict[str, int] = {}                      # per queue: rises when its usage drops
+        self.qheads: dict[str, list[tuple[tuple[int, float, str], Workload, _Shape]]] = {}   # shapes' heads, in order
+        self.below = {q for q in self.qshapes if self.within(q)}      # queues under their guarantee
+        self.events = 0
+
+    def total(self, w: Workload, done: float) -> tuple[float, float, float]:
+        """``w``'s total running time at the three quantiles, given ``done`` seconds run."""
+        d = self.durations
+        if done > 0:
+            shared = d.shared(w)
+            return (d.total(w, done, self.levels[0], self.levels[0] if shared else None),
+                    d.total(w, done, self.levels[1], self.levels[1] if shared else None),
+                    d.total(w, done, self.levels[2], self.levels[2] if shared else None))
+        key = (group_keys(w)[0], w.expected_duration_s)
+        x = self.cache.get(key)
+        if x is None:
+            shared = d.shared(w)
+            x = self.cache[key] = (d.total(w, 0.0, self.levels[0], self.levels[0] if shared else None),
+                                   d.total(w, 0.0, self.levels[1], self.levels[1] if shared else None),
+                                   d.total(w, 0.0, self.levels[2], self.levels[2] if shared else None))
+        return x
+
+    def key(self, q: str) -> tuple[float, int, int, str]:
+        k = self.keys.get(q)
+        if k is None:
+            k = self.keys[q] = queue_key(self.cluster, self.ledger, q)
+        return k
+
+    def shape_fits(self, s: _Shape) -> bool:
+        f = self.fit.get(s)
+        if f is None:
+            types, gpp, pods = s
+            slots = self.slots
+            f = False
+            for t in types:
+                n = slots.get((t, gpp))
+                if n is None:
+                    n = slots[(t, gpp)] = self.free.slots(t, gpp, 1 << 30)
+                if n >= pods:
+                    f = True
+                    break
+            self.fit[s] = f
+        return f
+
+    def within(self, q: str) -> bool:
+        """Whether ``q`` holds less than its guarantee (of GPUs): its work may reclaim."""
+        return self.ledger.used(q, "gpu") < self.cluster.guarantee[q].get("gpu", 0)
+
+    def start(self, w: Workload, placement: Placement, t: float) -> None:
+        g = self.cluster.guarantee[w.queue].get("gpu", 0)
+        self.ledger.add(self.cluster.chains[w.queue], demand(w, placement.gpu_type))
+        if self.ledger.used(w.queue, "gpu") > g:
+            self.borrowed += 1
+        if w.queue in self.below and not self.within(w.queue):
+            self.below.discard(w.queue)
+        self.keys.pop(w.queue, None)
+        self.fit.clear()
+        self.slots.clear()
+        d = self.done.get(w.id, 0.0)
+        t_ = self.tot.get(w.id)
+        if t_ is None:
+            t_ = self.tot[w.id] = self.total(w, d)
+        lo, mid, hi = t_
+        self.seq += 1
+        end = t + max(mid - d, 0.0)
+        r = self.running[w.id] = (Running(w, placement, t), end, self.seq)
+        if w.preemptible:
+            k = self.vkeys[w.id] = _victim_key(r[0], self.seq)
+            insort(self.victims.setdefault(placement.gpu_type, []), (k, w.id))
+        at, t_lo, t_hi = self.trigger          # the start on the low and high paths: after the
+        s_lo, s_hi = t_lo + (t - at), t_hi + (t - at)      # finish that made room, there
+        self.bounds[w.id] = (s_lo + max(lo - d, 0.0), s_hi + max(hi - d, 0.0))
+        heapq.heappush(self.heap, (end, self.seq, w.id))
+        if w.id in self.left:
+            self.left.discard(w.id)
+            self.starts[w.id] = (s_lo, t, s_hi)
+
+    def stop(self, wid: str, t: float, finished: bool) -> None:
+        r, end, _ = self.running.pop(wid)
+        w = r.workload
+        self.free.release(r.placement)
+        self.ledger.remove(self.cluster.chains[w.queue], demand(w, r.placement.gpu_type))
+        self.keys.pop(w.queue, None)
+        self.own[w.queue] = self.own.get(w.queue, 0) + 1
+        self.fit.clear()
+        self.slots.clear()
+        if self.within(w.queue):
+            self.below.add(w.queue)
+        if self.vkeys.pop(wid, None) is not None:
+            t_ = r.placement.gpu_type
+            n = self.vstale[t_] = self.vstale.get(t_, 0) + 1
+            vl = self.victims[t_]
+            if n * 2 > len(vl) and n > 64:
+                vk = self.vkeys
+                self.victims[t_] = [(k, v) for k, v in vl if vk.get(v) == k]
+                self.vstale[t_] = 0
+        if finished:
+            return
+        self.bounds.pop(wid, None)
+        if w.checkpoint:
+            self.done[wid] = self.tot[wid][1] - (end - t)
+        else:
+            self.done.pop(wid, None)
+        s = _shape(self.cluster, w)
+        lst = self.pend.setdefault((w.queue, s), [])
+        insort(lst, w, lo=self.heads.setdefault((w.queue, s), 0), key=_order)    # waits again, in order
+        self.qheads.pop(w.queue, None)
+        self.qshapes.setdefault(w.queue, set()).add(s)
+        self.shape_queues.setdefault(s, set()).add(w.queue)
+        if self.now + EPS < w.submit_s + self.delay < math.inf:
+            heapq.heappush(self.expiry, (w.submit_s + self.delay, wid))
+
+    def consume(self, q: str, s: _Shape) -> None:
+        """The head of ``q``'s shape ``s`` started: the next one of the shape becomes its head."""
+        k = self.heads[(q, s)] + 1
+        lst = self.pend[(q, s)]
+        hs = self.qheads.get(q)
+        if hs is not None:
+            w = lst[k - 1]
+            del hs[bisect_left(hs, (w.order_key,))]
+            if k < len(lst):
+                nxt = lst[k]
+                insort(hs, (nxt.order_key, nxt, s))
+        if k >= len(lst):
+            del self.pend[(q, s)], self.heads[(q, s)]
+            self.qshapes[q].discard(s)
+            self.shape_queues[s].discard(q)
+        elif k > 64 and k * 2 > len(lst):
+            del lst[:k]
+            self.heads[(q, s)] = 0
+        else:
+            self.heads[(q, s)] = k
+
+    def try_place(self, w: Workload) -> Placement | None:
+        for t_ in acceptable_types(self.cluster, w):
+            if not self.free.fits(t_, w.gpus_per_pod, w.pods):
+                continue
+            if over_max(self.cluster, self.ledger, w.queue, demand(w, t_)) is not None:
+                continue
+            return self.free.place(t_, w.gpus_per_pod, w.pods)
+        return None
+
+    def reclaim(self, w: Workload, t: float) -> Placement | None:
+        """Victims for ``w`` (within its guarantee, its delay passed) among the preemptible work of
+        queues above their guarantee, in the core's order; applied when a set frees room."""
+        cluster, ledger, free, chains = self.cluster, self.ledger, self.free, self.cluster.chains
+        fence = cluster.fences[w.queue]
+        shared = frozenset(chains[w.queue])
+        for t_ in acceptable_types(cluster, w):
+            vec = demand(w, t_)
+            if over_guarantee(cluster, ledger, w.queue, vec) is not None:
+                continue
+            taken: list[Running] = []
+            running = self.running
+            vl = self.victims.get(t_, [])
+            vkeys = self.vkeys
+            for k, vid in reversed(vl):
+                if vkeys.get(vid) != k:
+                    continue
+                r = running[vid][0]
+                vq = r.workload.queue
+                if vq == w.queue or r.workload.priority > w.priority or cluster.fences[vq] != fence:
+                    continue
+                vv = demand(r.workload, t_)
+                if below_floor(cluster, ledger, vq, vv, shared) is not None:
+                    continue
+                ledger.remove(chains[r.workload.queue], vv)
+                free.release(r.placement)
+                taken.append(r)
+                if free.fits(t_, w.gpus_per_pod, w.pods) and over_max(cluster, ledger, w.queue, vec) is None:
+                    break
+            else:
+                for r in reversed(taken):
+                    ledger.add(chains[r.workload.queue], demand(r.workload, t_))
+                    free.take(r.placement)
+                continue
+            for r in taken:                 # undo the trial; stop() applies it for real
+                ledger.add(chains[r.workload.queue], demand(r.workload, t_))
+                free.take(r.placement)
+            for r in taken:
+                self.stop(r.workload.id, t, finished=False)
+            return free.place(t_, w.gpus_per_pod, w.pods)
+        return None
+
+    def serve(self, t: float) -> None:
+        """One pass at ``t``: start what fits, lowest fair share first, then what may reclaim."""
+        delay = self.delay
+        fitting = [s for s, qs in self.shape_queues.items() if qs and self.shape_fits(s)]
+        cand: set[str] = set()
+        for s in fitting:
+            cand |= self.shape_queues[s]
+        re: set[str] = set()
+        if delay < math.inf:
+            for q in self.below:
+                if self.qshapes.get(q) and self.failed.get(q) != (self.borrowed, self.own.get(q, 0)):
+                    re.add(q)
+        h = [(self.key(q), q) for q in cand | re]
+        heapq.heapify(h)
+        misses = 0
+        while h:
+            if misses >= 8 and fitting:        # the free GPUs may fit nothing any more: then only
+                misses = 0                      # the queues that may reclaim are left to try
+                fitting = [x for x in fitting if self.shape_fits(x)]
+                if not fitting:
+                    h = [(k, x) for k, x in h if x in re]
+                    heapq.heapify(h)
+                    continue
+            _, q = heapq.heappop(h)
+            misses += 1
+            heads = self.qheads.get(q)
+            if heads is None:
+                pend, at = self.pend, self.heads
+                heads = self.qheads[q] = sorted(
+                    [(w_.order_key, w_, s_) for s_ in self.qshapes[q] for w_ in (pend[(q, s_)][at[(q, s_)]],)])
+            for _, w, s in (heads[:1] if q in self.strict else heads):
+                p = self.try_place(w) if self.shape_fits(s) else None
+                if p is None and q in re and t + EPS >= w.submit_s + delay:
+                    p = self.reclaim(w, t)
+                    if p is None:
+                        self.failed[q] = (self.borrowed, self.own.get(q, 0))
+                        re.discard(q)
+                if p is not None:
+                    self.consume(q, s)
+                    self.start(w, p, t)
+                    misses = 0
+                    if self.qshapes[q]:
+                        heapq.heappush(h, (self.key(q), q))
+                    break
+
+    def go(self, dt: float, serve_now: bool = False) -> dict[str, tuple[float, float, float]]:
+        """Serve event by event until every target has started or nothing more frees room;
+        at ``now`` too with ``serve_now`` (else the present cycle has served it)."""
+        t = now = self.now
+        heap, running, expiry = self.heap, self.running, self.expiry
+        serve_next = serve_now
+        while self.left:
+            if serve_next:
+                self.serve(t)
+                self.events += 1
+                if not self.left:
+                    break
+            while heap and (heap[0][2] not in running or running[heap[0][2]][2] != heap[0][1]):
+                heapq.heappop(heap)
+            while expiry and expiry[0][0] <= t + EPS:
+                heapq.heappop(expiry)
+            e = min(heap[0][0] if heap else math.inf, expiry[0][0] if expiry else math.inf)
+            if math.isinf(e):
+                break                    # nothing more frees room: the rest never start here
+            t = now + max(math.ceil((e - now) / dt - EPS), 1) * dt if e > t + EPS else t + dt
+            self.trigger = (t, t, t)
+            while heap and heap[0][0] <= t + EPS:
+                end, n, wid = heapq.heappop(heap)
+                cur = running.get(wid)
+                if cur is not None and cur[2] == n:
+                    self.stop(wid, t, finished=True)
+                    lo, hi = self.bounds.pop(wid)
+                    self.trigger = (end, lo, hi)       # the last finish before t made the room
+            serve_next = True
+        return self.starts
+
+
+_VKey = tuple[bool, int, float, bool, str, int]
+
+
+def _victim_key(r: Running, seq: int) -> _VKey:
+    """:func:`scheduler.preemption.candidate_key` reversed (but for the id among equals): the
+    first victim last; ``seq`` tells this run of the workload from an earlier one."""
+    w = r.workload
+    return (not w.originator, -w.priority, r.start_s, r.idle, w.id, seq)
+
+
+def _order(w: Workload) -> tuple[int, float, str]:
+    return w.order_key
+
+
+
+def _shape(cluster: Cluster, w: Workload) -> _Shape:
+    return (acceptable_types(cluster, w), w.gpus_per_pod, w.pods)
