@@ -331,7 +331,8 @@ def books_text(b: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-WORKLOAD_COLUMNS = ("id", "queue", "state", "gpus", "priority", "gpu_type", "reason_code", "position", "message")
+WORKLOAD_COLUMNS = ("id", "queue", "state", "gpus", "priority", "gpu_type", "reason_code", "position", "eta",
+                    "message")
 
 
 def workloads_main(argv: list[str], settings: Any) -> int:
@@ -354,8 +355,14 @@ def workloads_main(argv: list[str], settings: Any) -> int:
     if args.format == "json":
         print(json.dumps(rows, indent=1))
     else:
-        sys.stdout.write(render(WORKLOAD_COLUMNS, [[r.get(c) for c in WORKLOAD_COLUMNS] for r in rows], args.format))
+        sys.stdout.write(render(WORKLOAD_COLUMNS, [workload_row(r) for r in rows], args.format))
     return 0
+
+
+def workload_row(r: dict[str, Any]) -> list[Any]:
+    """A row of ``gpuq workloads``: ``eta`` is the forecast's p50 (its ISO time; empty when none)."""
+    eta = r.get("eta") or {}
+    return [eta.get("p50") if c == "eta" else r.get(c) for c in WORKLOAD_COLUMNS]
 
 
 def explain_main(argv: list[str], settings: Any) -> int:
@@ -375,14 +382,23 @@ def explain_main(argv: list[str], settings: Any) -> int:
     return _show(w, args.format, explain_text)
 
 
-def explain_text(w: dict[str, Any]) -> str:
+def explain_text(w: dict[str, Any], now: float | None = None) -> str:
+    """``gpuq explain``'s text; ``now`` (default: this machine's clock) is what the forecast's
+    "in about 12 min" counts from."""
+    import time
+
     gang = f"{w['pods']} x {w['gpus_per_pod']} GPUs" if w["pods"] > 1 else f"{w['gpus_per_pod']} GPUs"
     types = ", ".join(w["gpu_types"]) or "any type"
     lines = [f"workload {w['id']} in queue {w['queue']}: {w['state']} ({gang} of {types}, priority {w['priority']})"]
     if w["state"] == "pending":
         lines.append(f"reason: {w['reason_code']}")
         lines.append(f"  {w['message']}")
-        lines.append(f"position: {w['position']} in queue {w['queue']}")
+        where = f"position {w['position']} in {w['queue']}" if w.get("position") is not None else ""
+        eta = w.get("eta")
+        if eta:
+            lines.append(f"{eta_text(eta, time.time() if now is None else now)}{', ' + where if where else ''}")
+        else:
+            lines.append(f"{where + '; ' if where else ''}no start-time forecast yet")
     elif w["state"] == "running":
         where = ", ".join(f"{n}:{g}" for n, g in (w["placement"] or {}).items())
         lines.append(f"running on {w['gpu_type']} ({where}) since {_iso(w['start_s'])}")
@@ -391,6 +407,33 @@ def explain_text(w: dict[str, Any]) -> str:
     if w.get("preempted"):
         lines.append(f"preempted {w['preempted']} time(s)")
     return "\n".join(lines) + "\n"
+
+
+def eta_text(eta: dict[str, str], now: float) -> str:
+    """A forecast as people say it: "expected to start in about 12 min (80 % between 5 and 25 min)"."""
+    p10, p50, p90 = (_seconds(eta[k]) - now for k in ("p10", "p50", "p90"))
+    if p90 <= 0:
+        return f"expected to start any moment now (forecast for {eta['p50']})"
+    if p50 <= 0:
+        return f"expected to start any moment now (80 % by {_wait(p90)} from now)"
+    return f"expected to start in about {_wait(p50)} (80 % between {_wait(max(p10, 0.0))} and {_wait(p90)})"
+
+
+def _wait(s: float) -> str:
+    """A wait rounded as people say it: "40 s", "12 min", "2.5 h", "3.0 d"."""
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 90 * 60:
+        return f"{s / 60:.0f} min"
+    if s < 48 * 3600:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def _seconds(text: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def _iso(t: float | None) -> str:

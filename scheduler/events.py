@@ -6,7 +6,8 @@ An event is a dict with FORMAT.md's keys, in this order: ``t``, ``event``, ``wor
 ``reason`` also on ``reject`` and ``cancel``). :func:`event` builds one (the simulator and the live
 service both call it). In the table a row adds ``ts`` (wall time), ``cluster``, ``seq`` (order
 among events at the same ``t``) and ``spec`` (the submitted workload and its target as JSON, on
-``submit`` rows only, so a restarted service can rebuild its queue; empty elsewhere):
+``submit`` rows only, so a restarted service can rebuild its queue, a declared
+``expected_duration_s`` included; empty elsewhere):
 
     ts DateTime64(3,'UTC'), cluster, t Float64, seq UInt64, event, workload, queue, gpu_type,
     placement Map(String, UInt32), by, reason, spec
@@ -84,8 +85,12 @@ _T_FIELDS = ("kind", "namespace", "name", "api_version", "entrypoint")
 
 
 def spec_json(w: Workload, target: Target) -> str:
+    """The spec a ``submit`` row carries; ``expected_duration_s`` only where declared (the specs
+    stored before it existed read back the same)."""
     data: dict[str, Any] = {f: getattr(w, f) for f in _W_FIELDS}
     data["gpu_types"] = list(w.gpu_types)
+    if w.expected_duration_s is not None:
+        data["expected_duration_s"] = w.expected_duration_s
     t: dict[str, Any] = {f: getattr(target, f) for f in _T_FIELDS}
     t["runtime_env"] = dict(target.runtime_env)
     t["metadata"] = dict(target.metadata)
@@ -97,6 +102,8 @@ def parse_spec(text: str) -> tuple[Workload, Target]:
     data = json.loads(text)
     t = data.pop("target", {}) or {}
     types = tuple(data.pop("gpu_types", ()) or ())
-    w = Workload(**{k: v for k, v in data.items() if k in _W_FIELDS}, gpu_types=types)
+    expected = data.pop("expected_duration_s", None)
+    w = Workload(**{k: v for k, v in data.items() if k in _W_FIELDS}, gpu_types=types,
+                 expected_duration_s=None if expected is None else float(expected))
     target = Target(**{k: t[k] for k in (*_T_FIELDS, "runtime_env", "metadata") if k in t})
     return w, target

@@ -10,7 +10,8 @@ The fleet, two hours before NOW (times in seconds from NOW - 7200):
   p1 prod            4 H100 on h1, no DCGM data
   old prod           8 H100 on h2, ended an hour before the others started
 The scheduler (its events only; no allocation rows): probe (1 A100) admitted 10 min before NOW and
-finished after 30 s; train-a (8 H100) admitted at NOW; train-b (3 x 8 H100) waits.
+finished after 30 s; train-a (8 H100) forecast at its submission to start then, admitted at NOW
+(a start 60 s off its forecast, outside its interval); train-b (3 x 8 H100) waits, forecast.
 
 Every headline number (the st.metric row) of every page is checked against the API's answer of the
 same moment, from the endpoints the page reads; no page shows "None".
@@ -36,6 +37,7 @@ import yaml
 from streamlit.testing.v1 import AppTest
 
 from accounting.idle import GPU_UTIL, PROF_ACTIVE
+from dashboards.common import duration
 from dashboards.views.cost import COLUMNS as CSV_COLUMNS
 from gpuq.settings import load_settings
 from gpuq.store import COLUMNS, open_store
@@ -125,10 +127,12 @@ def api_url(chdb_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         svc.cycle(NOW - 560)
         svc.submit(Workload("train-a", "prod", gpus_per_pod=8, gpu_types=("H100",), submit_s=NOW - 60),
                    Target(), NOW - 60)
+        svc.forecasts.refresh(NOW - 60)      # forecast to start at once
         svc.cycle(NOW)                       # admitted now: no GPU-seconds yet
         svc.submit(Workload("train-b", "prod", pods=3, gpus_per_pod=8, gpu_types=("H100",), submit_s=NOW - 30),
                    Target(), NOW - 30)
         svc.cycle(NOW)
+        svc.forecasts.refresh(NOW)
         acc.refresh(NOW, svc.pending_demand())
         port = free_port()
         app = create_app(svc, acc, load_settings(None), clock=lambda: NOW)
@@ -212,6 +216,19 @@ def test_scheduler_page_shows_pending_and_admissions(api_url: str, monkeypatch: 
     pending = at.dataframe[0].value
     assert list(pending["id"]) == ["train-b"] and list(pending["position"]) == [1]
     assert pending["reason"][0] and pending["message"][0]
+    eta = httpx.get(api_url + "/workloads/train-b").json()["eta"]
+    p10, p50, p90 = (dt.datetime.fromisoformat(eta[k]).timestamp() - NOW for k in ("p10", "p50", "p90"))
+    assert 0 <= p10 <= p50 <= p90
+    assert pending["expected start"][0] == f"in {duration(p50)} ({duration(p10)} to {duration(p90)})"
+    # the forecasts' accuracy per queue: train-a started 60 s after the time it was forecast to start
+    accuracy = at.dataframe[1].value
+    api = httpx.get(api_url + "/forecasts/accuracy").json()["queues"]
+    assert [(r["queue"], r["forecast"], r["starts"], r["inside_interval"], r["median_error_s"],
+             r["median_relative_error"]) for r in api] == [("prod", "latest", 1, 0.0, 60.0, 1.0),
+                                                          ("prod", "submit", 1, 0.0, 60.0, 1.0)]
+    assert [tuple(r) for r in accuracy[["queue", "starts", "inside p10-p90", "median error",
+                                        "median relative error"]].itertuples(index=False)] == [
+        ("prod", 1, "0 %", "60 s", "100 %")] * 2
 
 
 def test_queues_page_and_range_in_the_url(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -366,7 +383,7 @@ def test_no_page_shows_none(api_url: str, page: str, monkeypatch: pytest.MonkeyP
 
 def test_scheduler_events_show_the_workloads_gpus(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     at = render(api_url, "scheduler", monkeypatch)
-    events = at.dataframe[1].value
+    events = at.dataframe[2].value
     got = {(r["event"], r["workload"]): (r["GPUs"], r["GPU type"]) for _, r in events.iterrows()}
     assert got[("finish", "probe")] == (1, "A100") and got[("admit", "probe")] == (1, "A100")
     assert got[("admit", "train-a")] == (8, "H100")

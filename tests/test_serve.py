@@ -133,12 +133,13 @@ def test_serve_end_to_end(setup: tuple[Path, str], servers: list[Server]) -> Non
     srv.wait_until(lambda: srv.state("a1") == "running", 10, "admitted")
     assert srv.client.post("/workloads", json={"id": "b1", "queue": "b", "gpus_per_pod": 8}).status_code == 201
     srv.wait_until(lambda: srv.get("/workloads/b1").json()["reason_code"] == "no_victims", 10, "explained")
+    srv.wait_until(lambda: srv.get("/workloads/b1").json()["eta"] is not None, 10, "forecast")   # its own thread
 
     out = gpuq("explain", "b1", cfg=cfg, late=True)
     assert out.returncode == 0, out.stderr
     assert "workload b1 in queue b: pending" in out.stdout
     assert "reason: no_victims" in out.stdout and "no allowed victim set" in out.stdout
-    assert "position: 1 in queue b" in out.stdout
+    assert "expected to start in about" in out.stdout and ", position 1 in b" in out.stdout
     listed = gpuq("workloads", "--format", "json", cfg=cfg)
     assert listed.returncode == 0, listed.stderr
     assert {w["id"]: w["state"] for w in json.loads(listed.stdout)} == {"a1": "running", "b1": "pending"}

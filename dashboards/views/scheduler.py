@@ -1,15 +1,19 @@
-"""Scheduler: what waits and why, what was admitted and preempted, and what would happen if a
-workload arrived now (the API's dry run)."""
+"""Scheduler: what waits and why (and when it is expected to start), what was admitted and
+preempted, how right the start-time forecasts were per queue, and what would happen if a workload
+arrived now (the API's dry run, with its forecast)."""
 from __future__ import annotations
 
+import datetime as dt
 import time
+from typing import Any
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
 from dashboards.client import ApiError, Client
-from dashboards.common import Range, bar_height, duration, fetch, fetch_queues, fit, gpus, leaves, metrics_row, table, when
+from dashboards.common import (Range, bar_height, duration, fetch, fetch_queues, fit, gpus, leaves, metrics_row, pct,
+                               table, when)
 from dashboards.views import run
 
 EVENT_COLOURS = {"admit": "#54a24b", "preempt": "#e45756", "finish": "#4c78a8", "cancel": "#bab0ac",
@@ -44,10 +48,12 @@ def body(client: Client, rng: Range) -> None:
         table(pd.DataFrame([{
             "queue": w["queue"], "position": w["position"], "id": w["id"], "GPUs": w["gpus"],
             "GPU types": ", ".join(w["gpu_types"]) or "any", "priority": w["priority"],
-            "waiting": duration(max(0.0, now - w["submit_s"])), "reason": w["reason_code"], "message": w["message"]}
+            "waiting": duration(max(0.0, now - w["submit_s"])), "expected start": expected(w.get("eta"), now),
+            "reason": w["reason_code"], "message": w["message"]}
             for w in pending]))
     else:
         st.success("Nothing is waiting.")
+    _accuracy(client)
     st.subheader(f"Admissions and preemptions, {shown_rng.label}")
     shown = [e for e in events if e["event"] != "submit"]
     if not shown:
@@ -65,6 +71,42 @@ def body(client: Client, rng: Range) -> None:
         table(pd.DataFrame([{"time": when(e["t"]), "event": e["event"], "workload": e["workload"],
                              "queue": e["queue"], "GPUs": e["gpus"] or None, "GPU type": e["gpu_type"] or None,
                              "by": e["by"] or None, "reason": e["reason"] or None} for e in shown]))
+
+
+def expected(eta: dict[str, str] | None, now: float) -> str | None:
+    """A forecast as the pending table shows it: "in 12 min (5 min to 25 min)": p50, and p10 to
+    p90 (80 % of starts), counted from the API's now; None (shown "–") when there is none yet."""
+    if not eta:
+        return None
+    p10, p50, p90 = (max(0.0, _seconds(eta[k]) - now) for k in ("p10", "p50", "p90"))
+    if p90 <= 0:
+        return "any moment now"
+    return f"in {duration(p50)} ({duration(p10)} to {duration(p90)})"
+
+
+def _seconds(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _accuracy(client: Client) -> None:
+    st.subheader("Start-time forecasts: how right they were")
+    acc = fetch(client, "/forecasts/accuracy")
+    if acc is None:
+        return
+    rows: list[dict[str, Any]] = acc.get("queues") or []
+    if not rows:
+        st.info("No workload has started with a forecast yet.")
+        return
+    table(pd.DataFrame([{
+        "queue": r["queue"], "forecast": FORECAST_KINDS.get(r["forecast"], r["forecast"]), "starts": r["starts"],
+        "inside p10-p90": pct(r["inside_interval"]), "median error": duration(r["median_error_s"]),
+        "median relative error": pct(r["median_relative_error"])} for r in rows]))
+    st.caption("Over each queue's last starts: the share that started between the forecast's p10 and p90 "
+               "(80 % is calibrated), and how far p50 was from the start (relative: over the wait, for "
+               "waits of a minute or more).")
+
+
+FORECAST_KINDS = {"submit": "first, after submission", "latest": "last, before the start"}
 
 
 def _iso(t: float) -> str:
@@ -112,6 +154,8 @@ def _answer(d: dict) -> None:
             "pending": f"Pending: {d.get('reason_code')}: {d.get('message')}"
                        + (f" (position {d['position']})" if d.get("position") is not None else ""),
             "reject": f"Rejected: {d.get('message')}"}.get(outcome, outcome)
+    if outcome == "pending" and d.get("eta"):
+        text += f"; expected to start {expected(d['eta'], _seconds(d['eta']['at']))}"
     (st.success if outcome == "admit" else st.warning if outcome in ("preempt", "pending") else st.error)(text)
     if d.get("victims"):
         table(pd.DataFrame(d["victims"]))

@@ -19,11 +19,14 @@ Allowed                  (:mod:`accounting.access`); the reason as ``gpuq explai
 PolicyRefused Warning    not admitted: the object asks more than its queue's policy allows (its
                          priority or ``gpuq.io/preemptible: "false"``, :mod:`scheduler.policy`);
                          ``not admitted: priority 2147483647 above team-x's max_priority 0``
+BadAnnotation Warning    an annotation the workload source could not read and left out, the workload
+                         being scheduled without it (``gpuq.io/expected-duration``); the message
+                         names the annotation (once per object generation and problem)
 ============  =========  ===========================================================================
 
 ``involvedObject``: apiVersion, kind, name, namespace and uid (when the actuator read the object);
 ``source.component: gpuq-scheduler``, ``reportingComponent: gpuq``, ``reportingInstance`` (the
-host), ``action`` (Admit/Preempt/Suspend/Cancel/Refuse), ``count: 1``, first/last timestamps.
+host), ``action`` (Admit/Preempt/Suspend/Cancel/Refuse/Read), ``count: 1``, first/last timestamps.
 
 **Idempotent-ish.** The Event's name is deterministic: ``<object>.gpuq-<action>-<12 hex>`` of
 sha256(object uid or namespace/name, action, a token). For a RayJob/RayCluster the token is the
@@ -61,7 +64,8 @@ REPORTING_COMPONENT = "gpuq"
 KINDS = {"admit": ("Admitted", "Normal", "Admit"), "preempt": ("Preempted", "Warning", "Preempt"),
          "suspend": ("Suspended", "Warning", "Suspend"), "cancel": ("Cancelled", "Normal", "Cancel"),
          "not-allowed": ("QueueNotAllowed", "Warning", "Refuse"),
-         "refuse": ("PolicyRefused", "Warning", "Refuse")}
+         "refuse": ("PolicyRefused", "Warning", "Refuse"),
+         "bad-annotation": ("BadAnnotation", "Warning", "Read")}
 MESSAGE_LIMIT = 1024                   # events.k8s.io caps a note at 1 kB; keep core events the same
 
 

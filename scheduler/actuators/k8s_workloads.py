@@ -33,6 +33,12 @@ The mapping (:func:`workload_of`). The scheduler's Workload is one pod set (``po
   ``scheduling.k8s.io/v1`` (a missing class is a mapping error, as pods naming it would be
   refused); else 0. **preemptible**: ``gpuq.io/preemptible`` ("false" -> False; default True).
   **submit_s**: ``metadata.creationTimestamp`` (epoch seconds).
+* **expected_duration_s**: the ``gpuq.io/expected-duration`` annotation, the running time its
+  submitter expects, in seconds (``9000``) or as a Go duration (``2h30m``, ``90m``, ``1.5h``);
+  it changes no decision, only the start-time forecasts (:mod:`scheduler.service.forecasts`).
+  A value that is neither, or not positive, does not hold the workload back: it is scheduled
+  without a declared duration, and the problem, naming the annotation, is logged and told by a
+  ``BadAnnotation`` Event on the object (once per object generation).
 * **id**: ``rayjob/<namespace>/<name>`` or ``raycluster/<namespace>/<name>``.
 
 Not mapped (skipped with the reason): a RayJob without ``rayClusterSpec`` (it runs on an existing
@@ -48,6 +54,9 @@ import datetime as dt
 import json
 import socket
 import time
+import logging
+import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +89,14 @@ from scheduler.model import Workload
 GPU_TYPES_ANNOTATION = "gpuq.io/gpu-types"
 PRIORITY_ANNOTATION = "gpuq.io/priority"
 PREEMPTIBLE_ANNOTATION = "gpuq.io/preemptible"
+EXPECTED_DURATION_ANNOTATION = "gpuq.io/expected-duration"
 _FALSE = ("false", "0", "no")
+MAX_EXPECTED_S = 10 * 366 * 86400.0         # the API's bound on a declared running time
+# Go's time.ParseDuration units (a duration is one or more of <number><unit>, "2h30m")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+log = logging.getLogger(__name__)
 
 
 class WorkloadSourceError(SchedulerError):
@@ -166,13 +182,52 @@ def submit_seconds(stamp: Any) -> float:
     return dt.datetime.fromisoformat(stamp).timestamp()
 
 
+def duration_seconds(text: str) -> float:
+    """Seconds (``9000``, ``9000.5``) or a Go duration (``2h30m``, ``90m``, ``1.5h``, ``45s``);
+    ValueError saying what is expected. Positive, at most ten years."""
+    s = text.strip()
+    try:
+        value = float(s)
+    except ValueError:
+        pos, value = 0, 0.0
+        for m in _GO_PART.finditer(s):
+            if m.start() != pos:
+                break
+            value += float(m.group(1)) * _GO_UNITS[m.group(2)]
+            pos = m.end()
+        if not s or pos != len(s):
+            raise ValueError(f"{text!r} is neither seconds nor a Go duration like 2h30m") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_EXPECTED_S):
+        raise ValueError(f"{text!r} must be a positive duration of at most ten years")
+    return value
+
+
+def _expected(notes: Mapping[str, str], warn: Callable[[str], None] | None) -> float | None:
+    raw = notes.get(EXPECTED_DURATION_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        return duration_seconds(str(raw))
+    except ValueError as exc:
+        message = (f"annotation {EXPECTED_DURATION_ANNOTATION}: {exc}; scheduled without a declared "
+                   "duration (it only changes the start-time forecasts)")
+        if warn is not None:
+            warn(message)
+        else:
+            log.warning("%s", message)
+        return None
+
+
 def workload_of(kind: str, obj: Mapping[str, Any], *, keys: SourceKeys = SourceKeys(),
                 node_labels: Mapping[str, str] | None = None,
                 priority_of: Callable[[str], int | None] = lambda _name: None,
+                warn: Callable[[str], None] | None = None,
                 ) -> tuple[Workload, Target] | None:
     """The ``(Workload, Target)`` of a KubeRay object; None when it is not gpuq's (no queue,
     being deleted, cancelled); ObjectError naming the field when it has a queue but cannot be mapped.
-    ``node_labels``: GPU type -> node label value; ``priority_of``: PriorityClass name -> value."""
+    ``node_labels``: GPU type -> node label value; ``priority_of``: PriorityClass name -> value;
+    ``warn``: told what was left out of an object that is mapped anyway (a bad
+    ``gpuq.io/expected-duration``; logged when not given)."""
     meta = obj.get("metadata") or {}
     labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
     queue = _queue(labels, notes, keys)
@@ -199,7 +254,7 @@ def workload_of(kind: str, obj: Mapping[str, Any], *, keys: SourceKeys = SourceK
         priority=_priority(notes, [t for _, t in templates], priority_of),
         preemptible=str(notes.get(PREEMPTIBLE_ANNOTATION, "true")).strip().lower() not in _FALSE,
         submit_s=submit_seconds(meta.get("creationTimestamp")), originator=True,
-        cpu_millicores_per_pod=cpu, memory_per_pod_bytes=mem)
+        cpu_millicores_per_pod=cpu, memory_per_pod_bytes=mem, expected_duration_s=_expected(notes, warn))
     return workload, Target(kind=kind, namespace=ns, name=name, api_version=f"{RAY_GROUP}/{RAY_VERSION}")
 
 
@@ -253,6 +308,8 @@ class KubernetesWorkloadSource:
         self.events = EventRecorder(CoreV1Api(self._client), clock=clock, instance=socket.gethostname(),
                                     timeout_s=timeout_s) if events else None
         self._seen: dict[str, tuple[str, str]] = {}      # workload id -> (uid, generation) as last listed
+        # workload id -> (uid, generation, problem) told by a BadAnnotation Event: told once per generation
+        self.warned: dict[str, tuple[str, str, str]] = {}
 
     def refused(self, workload: Workload, target: Target, code: str, message: str) -> dict[str, str]:
         """Tell the object's owners that the scheduler holds it (``code``: ``queue_not_allowed``) with
@@ -294,17 +351,34 @@ class KubernetesWorkloadSource:
         for kind in self.kinds:
             for obj in self.list_objects(kind):
                 meta = obj.get("metadata") or {}
+                problems: list[str] = []
                 try:
                     got = workload_of(kind, obj, keys=self.keys, node_labels=self.node_labels,
-                                      priority_of=priority_of)
+                                      priority_of=priority_of, warn=problems.append)
                 except ObjectError as exc:
                     skipped.append(f"{kind} {meta.get('namespace')}/{meta.get('name')}: {exc}")
                     continue
                 if got is not None:
                     out.append((*got, obj))
                     seen[got[0].id] = (str(meta.get("uid") or ""), str(meta.get("generation") or ""))
+                    if problems:
+                        self._tell_problem(*got, seen[got[0].id], "; ".join(problems))
         self.skipped, self._seen = tuple(skipped), seen
+        self.warned = {wid: told for wid, told in self.warned.items() if wid in seen}
         return sorted(out, key=lambda x: x[0].id)
+
+    def _tell_problem(self, workload: Workload, target: Target, version: tuple[str, str], problem: str) -> None:
+        """Log a problem of an object mapped anyway and tell it by a ``BadAnnotation`` Event, once
+        per object generation and problem."""
+        told = (*version, problem)
+        if self.warned.get(workload.id) == told:
+            return
+        self.warned[workload.id] = told
+        log.warning("%s %s/%s: %s", target.kind, target.namespace, target.name, problem)
+        if self.events is not None:
+            obj = Involved(target.api_version or f"{RAY_GROUP}/{RAY_VERSION}", target.kind, target.namespace,
+                           target.name, version[0])
+            self.events.record(obj, "bad-annotation", problem, token=f"{version[1]}\0{problem}")
 
     def list_objects(self, kind: str) -> list[dict[str, Any]]:
         """Every object of ``kind`` in the target's namespaces (all when none), paged."""

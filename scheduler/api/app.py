@@ -212,6 +212,13 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
     def preemptions(_: viewer, limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> Any:
         return readable.preemptions(service.preemptions(limit))
 
+    @app.get("/forecasts/accuracy", tags=["workloads"],
+             summary="How right the start-time forecasts were, per queue: over the last starts, the share "
+                     "inside [p10, p90] and the median error of p50 (seconds, and relative to the wait); "
+                     "when the forecasts were last refreshed")
+    def forecast_accuracy(_: viewer) -> Any:
+        return service.forecasts.status()
+
     # -- the accounting --------------------------------------------------------------------------
     @app.get("/queues", tags=["accounting"],
              summary='The accounting\'s "now" view per queue and GPU type; a page of queues with limit and offset '

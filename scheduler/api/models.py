@@ -66,7 +66,9 @@ class TargetIn(_Body):
 class WorkloadIn(_Body):
     """A gang: ``pods`` pods of ``gpus_per_pod`` GPUs, all of one type from ``gpu_types`` (in order
     of preference; empty: any type). ``duration`` (seconds of running time) makes the scheduler
-    finish it by itself; without it the workload runs until the world says it ended."""
+    finish it by itself; without it the workload runs until the world says it ended.
+    ``expected_duration`` (seconds) is how long its submitter expects it to run: it changes no
+    decision, only the start-time forecasts (its own and of the work behind it)."""
 
     id: WorkloadId
     queue: Annotated[str, StringConstraints(min_length=1, max_length=253)]
@@ -77,6 +79,7 @@ class WorkloadIn(_Body):
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
     preemptible: bool = True
     duration: float | None = Field(None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
+    expected_duration: float | None = Field(None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     checkpoint: bool = False
     originator: bool = False
     target: TargetIn = Field(default_factory=TargetIn)
@@ -92,7 +95,7 @@ class WorkloadIn(_Body):
         return Workload(self.id, self.queue, pods=self.pods, gpus_per_pod=self.gpus_per_pod,
                         gpu_types=tuple(self.gpu_types), priority=self.priority, preemptible=self.preemptible,
                         submit_s=now_s, duration_s=self.duration or 0.0, checkpoint=self.checkpoint,
-                        originator=self.originator)
+                        originator=self.originator, expected_duration_s=self.expected_duration)
 
 
 class DryRunIn(WorkloadIn):

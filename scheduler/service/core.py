@@ -29,7 +29,10 @@ is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the t
 * the queue policy (:mod:`scheduler.policy`): a pending workload that asks more than its queue's
   policy allows (priority, non-preemptible) is held out of the cycle with the reason ``policy``
   (:meth:`_police`, at submit, preemption, reload and restore);
-* :meth:`dry_run` answers "what would you do if this arrived now" on a copy;
+* :meth:`dry_run` answers "what would you do if this arrived now" on a copy, with a start-time
+  forecast;
+* :attr:`forecasts` (:mod:`scheduler.service.forecasts`): start-time forecasts of the pending
+  workloads, fed every event the service emits, refreshed off the scheduling path;
 * :meth:`explain`, :meth:`workloads`, :meth:`nodes`, :meth:`preemptions` read.
 
 Every change is an event (:mod:`scheduler.events`) written to ``sink`` (a
@@ -101,6 +104,7 @@ from scheduler.service.positions import Positions
 from scheduler.service.ledger import (DRIFT, MISPLACED, Foreign, Mismatch, admission_store_row, foreign, owner_of_name,
                                       reconcile)
 from scheduler.service.dryrun import dry_run
+from scheduler.service.forecasts import Forecasts
 from scheduler.service.replay import STATE_TABLE, Journal
 from scheduler.snapshot import Cluster, Settings, build_cluster, snapshot
 
@@ -117,8 +121,10 @@ class SchedulerService:
                  sleep: Callable[[float], None] = time.sleep, history: int = 1000,
                  keep_finished: int = 10_000, retry_attempts: int = 4, workers: int = 4,
                  budget_s: float | None = 60.0, brake: PreemptionBrake | None = None,
-                 refused_backoff_s: float = 30.0, fence: Fence | None = None) -> None:
-        """``fence``: True while this replica may act (leader election; None: always)."""
+                 refused_backoff_s: float = 30.0, fence: Fence | None = None,
+                 cycle_interval_s: float = 1.0) -> None:
+        """``fence``: True while this replica may act (leader election; None: always).
+        ``cycle_interval_s``: the scheduler loop's interval, the grid the forecasts simulate on."""
         self.actuator = actuator
         self._fence = fence
         self._fenced_at: float | None = None          # the first cycle that found the fence closed
@@ -158,6 +164,8 @@ class SchedulerService:
         # pending_demand's last answer, by (events emitted, active workloads): every change of the
         # pending set is an event (submit, admit, preempt, cancel), so an unchanged key is the same answer
         self._pending_memo: tuple[tuple[int, int], tuple[PendingDemand, ...]] | None = None
+        # start-time forecasts: fed every event (_emit), refreshed off the scheduling path (gpuq serve)
+        self.forecasts = Forecasts(self, cycle_interval_s)
 
     # -- inputs from the world ---------------------------------------------------------------
     @property
@@ -819,6 +827,7 @@ class SchedulerService:
 
     def _emit(self, now: float, kind: str, w: Workload, spec: str = "", **extra: Any) -> None:
         self._emit_row(now, kind, w.id, w.queue, spec, **extra)
+        self.forecasts.note(ev.round_t(now), kind, w)
 
     def _emit_row(self, now: float, kind: str, wid: str, queue: str, spec: str = "", **extra: Any) -> None:
         event = ev.event(now, kind, wid, queue, **extra)
@@ -932,7 +941,9 @@ class SchedulerService:
             position=self._pos.of(w.id) if e.state == PENDING else None,
             preempted=e.preempted, idle=w.id in self._idle and r is not None,
             target={"kind": t.kind, "namespace": t.namespace, "name": t.name},
-            actuator_message=e.message, acting=e.acting or (CANCELLING if e.cancelling else None))
+            actuator_message=e.message, acting=e.acting or (CANCELLING if e.cancelling else None),
+            expected_duration_s=w.expected_duration_s,
+            eta=self.forecasts.eta(w.id) if e.state == PENDING else None)
 
     def explain(self, workload_id: str) -> WorkloadView:
         with self._lock:
@@ -1054,18 +1065,28 @@ class SchedulerService:
             # the message (near matches among up to 10,000 leaves) is computed without the lock
             raise InvalidWorkload("queue", leaf_problem(config, queue) or "")
         workload = dataclasses.replace(workload, queue=queue)
+        seen: list[Any] = []                        # the dry run's snapshot, forecast after the locks
+
+        def with_extra(extra: Sequence[Workload]) -> Any:
+            seen.append(self._snapshot(extra=extra))
+            return seen[-1]
+
         with self._deciding, self._lock:            # the cluster's memos: one schedule() at a time
             if not _is_leaf(self._config, workload.queue):       # the configuration changed meanwhile
                 raise InvalidWorkload("queue", f"queue {workload.queue!r} is no longer a leaf queue")
-            return dry_run(workload, now, known=self._entries.keys() | self._done.keys(),
-                           cluster=self._cluster_now(), snapshot=lambda extra: self._snapshot(extra=extra),
-                           preemption_delay_s=self.settings.preemption_delay_s)
+            out = dry_run(workload, now, known=self._entries.keys() | self._done.keys(),
+                          cluster=self._cluster_now(), snapshot=with_extra,
+                          preemption_delay_s=self.settings.preemption_delay_s)
+        return self.forecasts.dry_run(out, seen[0] if seen else None, now)
 
     def restore(self, stored: Iterable[ev.StoredEvent]) -> int:
-        """Rebuild the state from stored events (before any submit); return the events replayed."""
+        """Rebuild the state from stored events (before any submit); return the events replayed.
+        The forecasts learn the finished workloads' running times from the same events."""
+        stored = list(stored)
         with self._lock:
             self._cluster = None
             n = self._replay(s for s in stored if s.event["event"] not in PAUSE_KINDS)
+            self.forecasts.learn(stored)
             for e in self._entries.values():        # the queues placement rules made before the restart
                 path, ns = e.workload.queue, e.target.namespace
                 if path not in self._config.queues and self._nsq.place(path, ns) == path:

@@ -24,6 +24,16 @@ bookkeeping; register on the serving process's registry next to the accounting's
     gpuq_books_unbalanced_gpus                       |accounted - placed| summed at the last audit (accounting.audit)
     gpuq_books_difference_gpus{queue,gpu_type,node}  accounted - placed, each cell that differs
     gpuq_books_last_audit_timestamp_seconds          when the books were last audited (absent before)
+    gpuq_forecast_start_error_seconds{queue,forecast}  histogram of |p50 - start| of the workloads that
+                                                     started with a forecast (forecast: submit, the first
+                                                     after submission; latest, the last before the start)
+    gpuq_forecast_interval_hits_total{queue,forecast}  of those, the starts inside [p10, p90]
+    gpuq_forecast_starts_total{queue,forecast}       starts scored against a forecast
+    gpuq_forecast_last_refresh_timestamp_seconds     the scheduler clock of the last forecast refresh
+    gpuq_forecast_refresh_duration_seconds           its wall time (forecasting runs off the scheduling path)
+    gpuq_forecast_pending_forecast                   pending workloads with a forecast after it
+
+The forecasts' series are by queue (the configured leaf queues: bounded) and the two kinds.
 
 The alert rules (alerts/gpuq.rules.yml) compare the last two: a queue whose oldest pending wait is
 far over its 7-day p90 wait.
@@ -38,6 +48,7 @@ from prometheus_client.registry import Collector
 
 from accounting.audit import unbalanced
 from scheduler.service.core import SchedulerService
+from scheduler.service.forecasts import ERROR_BUCKETS_S
 from scheduler.service.views import BUCKETS_S, PENDING, RUNNING, WAIT_BUCKETS_S
 
 
@@ -142,6 +153,32 @@ class SchedulerCollector(Collector):
         for d in books:
             diff.add_metric([d.queue, d.gpu_type, d.node], d.gpus)
         yield diff
+        yield from _forecasts(self._service)
+
+
+def _forecasts(svc: SchedulerService) -> Iterator[Any]:
+    f = svc.forecasts
+    counters = f.counters()
+    err = HistogramMetricFamily("gpuq_forecast_start_error_seconds",
+                                "How far the forecast p50 was from the actual start (|p50 - start|), of the "
+                                "workloads that started with a forecast.", labels=["queue", "forecast"])
+    for (q, kind), (n, _, total, buckets) in sorted(counters.items()):
+        err.add_metric([q, kind], [(str(b), c) for b, c in zip(ERROR_BUCKETS_S, buckets)] + [("+Inf", n)],
+                       sum_value=total)
+    yield err
+    yield _counter("gpuq_forecast_interval_hits", "Starts inside the forecast's [p10, p90].", ["queue", "forecast"],
+                   {key: c[1] for key, c in counters.items()})
+    yield _counter("gpuq_forecast_starts", "Starts scored against a forecast.", ["queue", "forecast"],
+                   {key: c[0] for key, c in counters.items()})
+    if f.last_refresh_s is not None:
+        yield GaugeMetricFamily("gpuq_forecast_last_refresh_timestamp_seconds",
+                                "Scheduler clock of the last forecast refresh.", value=f.last_refresh_s)
+        yield GaugeMetricFamily("gpuq_forecast_refresh_duration_seconds",
+                                "Wall time of the last forecast refresh (off the scheduling path).",
+                                value=f.last_duration_s or 0.0)
+        yield GaugeMetricFamily("gpuq_forecast_pending_forecast",
+                                "Pending workloads with a start-time forecast after the last refresh.",
+                                value=f.forecast_count)
 
 
 def _counter(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], int]) -> CounterMetricFamily:

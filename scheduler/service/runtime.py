@@ -1,4 +1,4 @@
-"""``gpuq serve``: one process, one embedded store, four loops.
+"""``gpuq serve``: one process, one embedded store, five loops.
 
 * the **collectors** (:func:`collector.service.run_collect` in a thread, when sources are
   configured), writing through their own :class:`~gpuq.store.writer.BatchWriter`;
@@ -7,6 +7,9 @@
   pending demand, update the gauges, hand the scheduler its nodes (unless a static list was
   given) and idle flags; materialise closed hours every five minutes;
 * the **scheduler loop** (every ``scheduler.cycle_interval_s``): one :meth:`SchedulerService.cycle`;
+* the **forecasts** (:mod:`scheduler.service.forecasts`): every pending workload's start-time
+  forecast, refreshed at least every ``accounting.interval_s`` and soon after a submit, in a
+  thread of its own: forecasting takes seconds at thousands pending, which no cycle waits for;
 * the **world sync** (every ``accounting.interval_s``, :mod:`scheduler.service.sources`): with the
   ``kubernetes`` actuator, suspended RayJobs/RayClusters come in and deleted ones go; with ``ray``,
   jobs that ended finish their workloads;
@@ -114,7 +117,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
                                    cluster=cluster, retry_attempts=1, workers=sc.actuator_workers,
                                    budget_s=sc.actuator_budget_s, refused_backoff_s=sc.refused_backoff_s,
                                    brake=PreemptionBrake(limit.per_queue_per_hour, limit.cluster_per_hour),
-                                   fence=fence)
+                                   fence=fence, cycle_interval_s=sc.cycle_interval_s)
         writer.start()                               # replays spilled events first, so the restore sees them
         service.restore(read_restart(store, cluster))   # scheduler_events + scheduler_state (no TTL)
         service.load_brakes(store, clock())          # a restart neither lifts a pause nor resets the brake
@@ -154,6 +157,10 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
                                      "gpuq.pending": len(d.pending)})
 
         threads.append(_loop("scheduler", stop, sc.cycle_interval_s, cycle))
+        forecasts = threading.Thread(target=service.forecasts.serve, name="gpuq-forecasts", daemon=True,
+                                     args=(stop, clock, settings.accounting.interval_s, sc.cycle_interval_s))
+        forecasts.start()
+        threads.append(forecasts)
         sync = world_sync(settings, service, actuator)
         if sync is not None:
             threads.append(_loop("world-sync", stop, settings.accounting.interval_s, lambda: sync(clock())))
@@ -196,6 +203,8 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     finally:
         stop.set()
         collector_stop.set()
+        if service is not None:
+            service.forecasts.wake()                 # its loop sees the stop now, not at its next refresh
         if server is not None:
             server.should_exit = True
         for t in [*threads, *([api] if api is not None else [])]:

@@ -85,6 +85,10 @@ class WorkloadView:
     target: dict[str, Any]
     actuator_message: str
     acting: str | None = None          # admitting | preempting | cancelling while the actuator works
+    expected_duration_s: float | None = None   # the running time its submitter declared
+    # pending: when it is expected to start, ISO times {p10, p50, p90, at (when forecast)};
+    # None while not forecast yet, held, or not pending (scheduler.service.forecasts)
+    eta: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +124,8 @@ class DryRun:
     """``outcome``: ``admit`` (fits now), ``preempt`` (admitted now after ``victims`` stop),
     ``pending`` (with ``reason_code``/``message``/``position``) or ``reject`` (can never run).
     ``after_delay``: for a workload that must first wait its preemption delay, what the cycle at
-    the end of the delay would do if nothing else changed."""
+    the end of the delay would do if nothing else changed. ``eta``: the start-time forecast of the
+    workload had it arrived now (:mod:`scheduler.service.forecasts`)."""
 
     workload: str
     queue: str
@@ -134,6 +139,7 @@ class DryRun:
     position: int | None = None
     also_admitted: tuple[str, ...] = ()
     after_delay: DryRun | None = None
+    eta: dict[str, str] | None = None       # when it would start (as WorkloadView.eta); None: rejected
 
 
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
