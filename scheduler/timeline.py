@@ -56,7 +56,7 @@ from scheduler.placement import FreeIndex
 from scheduler.quota import Ledger, below_floor, over_guarantee, over_max
 from scheduler.snapshot import Cluster, Snapshot, demand
 
-LOW, MID, HIGH = 0.2, 0.5, 0.8
+LOW, MID, HIGH = 0.1, 0.5, 0.9
 """The duration quantiles of the three timelines (p10, p50, p90 of the start): calibrated on the
 backtests (docs/PERFORMANCE.md, "Start-time forecasts")."""
 
