@@ -16,7 +16,6 @@ import argparse
 import json
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 from scheduler.errors import ScenarioError
@@ -161,21 +160,11 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 def load_nodes(path: str) -> list[Node]:
-    """A node list file: ``[{name, gpu_type, gpus, count}, ...]`` or ``{nodes: [...]}``."""
-    import yaml
+    """A node list file: ``[{name, gpu_type, gpus, count}, ...]`` or ``{nodes: [...]}``
+    (:func:`scheduler.simulator.scenario.load_nodes`)."""
+    from scheduler.simulator.scenario import load_nodes as load
 
-    from gpuq.yamlsafe import safe_load
-
-    from scheduler.simulator.scenario import parse_scenario
-
-    try:
-        data = safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ScenarioError("(file)", f"cannot read: {exc.strerror or exc}", path) from exc
-    except yaml.YAMLError as exc:
-        raise ScenarioError("(file)", f"invalid YAML: {exc}", path) from exc
-    nodes = data.get("nodes") if isinstance(data, dict) else data
-    return list(parse_scenario({"nodes": nodes}, source=path).cluster.nodes)
+    return load(path)
 
 
 def serve_main(argv: list[str], settings: Any) -> int:

@@ -89,22 +89,47 @@ def parse_add_nodes(text: str) -> tuple[str, int, int]:
 def load_queue_file(path: str, argument: str = "--queues") -> dict[str, Any]:
     """A queue file (or a scenario: its ``queues:``, ``gpu_types:``, ``policy:``) as a mapping,
     checked; an unreadable or invalid file is a WhatifError naming ``argument`` and the file."""
-    from accounting.errors import QueueConfigError
-    from accounting.queues import parse_queue_config
     from scheduler.simulator.scenario import load_yaml
 
     try:
         data = load_yaml(path, "queue file")
     except ScenarioError as exc:
         raise WhatifError(argument, str(exc)) from exc
-    if not isinstance(data, Mapping) or not isinstance(data.get("queues"), Mapping):
-        raise WhatifError(argument, f"{path}: expected a queue file with a 'queues:' mapping")
-    out = {k: data[k] for k in ("queues", "gpu_types", "policy") if k in data}
-    out.setdefault("policy", dict(PRODUCTION_POLICY))
+    return queue_mapping(data, path, argument)
+
+
+def queue_text(text: str, argument: str = "queues") -> dict[str, Any]:
+    """:func:`load_queue_file` of a queue file's text (the API's ``queues`` field)."""
+    import yaml
+
+    from gpuq.yamlsafe import safe_load
+
     try:
-        parse_queue_config(out)
+        data = safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise WhatifError(argument, f"{where}invalid YAML: {getattr(exc, 'problem', None) or exc}") from exc
+    return queue_mapping(data, "(text)", argument)
+
+
+def queue_mapping(data: Any, source: str, argument: str) -> dict[str, Any]:
+    from accounting.errors import QueueConfigError
+    from accounting.queues import parse_queue_config
+
+    if not isinstance(data, Mapping) or not isinstance(data.get("queues"), Mapping):
+        raise WhatifError(argument, f"{source}: expected a queue file with a 'queues:' mapping")
+    out = {k: data[k] for k in ("queues", "gpu_types", "policy") if k in data}
+    try:
+        parse_queue_config(out)                     # as gpuq serve reads it
     except QueueConfigError as exc:
-        raise WhatifError(argument, f"{path}: {exc.located()}") from exc
+        raise WhatifError(argument, f"{source}: {exc.located()}") from exc
+    if "policy" not in out:
+        # gpuq serve gives the root of a file without policy: the production default, which its
+        # top-level queues inherit key by key but may widen; a scenario's root is open instead, so
+        # the default goes on each top-level queue (the same bounds, everywhere below)
+        out["queues"] = {name: {**q, "policy": {**PRODUCTION_POLICY, **(q.get("policy") or {})}}
+                         if isinstance(q, Mapping) else q for name, q in out["queues"].items()}
     return out
 
 
@@ -269,6 +294,8 @@ def apply_change(scenario: Mapping[str, Any], change: Change) -> tuple[dict[str,
             out = with_queues(out, change.queues, change.queues_source)
         except ScenarioError as exc:
             raise WhatifError("--queues", str(exc)) from exc
+        if "policy" not in change.queues:       # its own defaults are on its queues (queue_mapping)
+            out.pop("policy", None)
         from accounting.queues import parse_queue_config
 
         leaves = set(parse_queue_config({k: out[k] for k in ("queues", "gpu_types", "policy") if k in out}).leaves())
@@ -526,7 +553,7 @@ def declared_nodes(settings: Any) -> list[tuple[str, str, int]]:
     path = settings.scheduler.nodes_file
     if not path:
         return []
-    from scheduler.cli import load_nodes
+    from scheduler.simulator.scenario import load_nodes
 
     return [(n.name, n.gpu_type, n.gpus) for n in load_nodes(path)]
 
@@ -602,3 +629,167 @@ def _read_store(settings: Any, store: Any, cluster: str, start: float, end: floa
         return read(settings, s, cluster, start, end)
     finally:
         s.close()
+
+
+# -- out of the API's process (POST /admin/whatif) ---------------------------------------------------
+JOB_LIMIT_S = 900.0        # a replay running longer is stopped (a week of a busy cluster takes seconds to minutes)
+JOBS_KEPT = 16
+
+
+class WhatifBusy(Exception):
+    """A what-if replay is already running (one at a time: each takes a CPU)."""
+
+
+@dataclass(slots=True)
+class Job:
+    id: str
+    by: str
+    started_s: float
+    dir: Path
+    proc: Any                            # subprocess.Popen
+    change: dict[str, Any]
+    state: str = "running"               # running | done | failed
+    ended_s: float | None = None
+    report: dict[str, Any] | None = None
+    error: str | None = None
+
+    def view(self, with_report: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "state": self.state, "by": self.by, "started": _iso(self.started_s),
+                               "ended": None if self.ended_s is None else _iso(self.ended_s), "change": self.change}
+        if self.error is not None:
+            out["error"] = self.error
+        if with_report and self.report is not None:
+            out["report"] = self.report
+        return out
+
+
+def job_input(h: History, base: Mapping[str, Any], scheduler: Mapping[str, Any], change: Change) -> dict[str, Any]:
+    """What a replay process needs, as JSON: the history, the queues and settings, the change."""
+    return {"history": h.to_json(), "base": dict(base), "scheduler": dict(scheduler),
+            "change": {"queues": None if change.queues is None else dict(change.queues),
+                       "queues_source": change.queues_source, "add_nodes": [list(a) for a in change.add_nodes],
+                       "remove_nodes": list(change.remove_nodes)}}
+
+
+class Jobs:
+    """The what-if replays the API started, each in a process of its own (``python -m
+    scheduler.whatif JOB_DIR``): the API only reads the history (a query) and checks the change;
+    the replays, which take a CPU for seconds to minutes, never run in its process. One at a time
+    (:class:`WhatifBusy`); one running past ``limit_s`` is killed; the last ``keep`` are kept, in
+    memory only (a restart forgets them)."""
+
+    def __init__(self, limit_s: float = JOB_LIMIT_S, keep: int = JOBS_KEPT) -> None:
+        import threading
+
+        self.limit_s, self.keep = limit_s, keep
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+
+    def start(self, data: Mapping[str, Any], by: str, now_s: float, change: dict[str, Any]) -> Job:
+        import os
+        import subprocess
+        import tempfile
+        import uuid
+
+        with self._lock:
+            self._check_free(now_s)
+            d = Path(tempfile.mkdtemp(prefix="gpuq-whatif-"))
+            (d / "job.json").write_text(json.dumps(data))
+            env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}   # no settings, no tokens
+            env["GPUQ_WHATIF_LIMIT_S"] = str(int(self.limit_s))
+            with open(d / "stderr.txt", "wb") as stderr:     # the child's own copy stays open
+                proc = subprocess.Popen([sys.executable, "-m", "scheduler.whatif", str(d)], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=stderr, env=env,
+                                        cwd=str(Path(__file__).resolve().parents[1]))
+            job = Job(uuid.uuid4().hex[:12], by, now_s, d, proc, change)
+            self._jobs[job.id] = job
+            for old in list(self._jobs)[:-self.keep]:
+                if self._jobs[old].state != "running":
+                    del self._jobs[old]
+            return job
+
+    def check_free(self, now_s: float) -> None:
+        """WhatifBusy while a replay runs (the API asks before it reads the history)."""
+        with self._lock:
+            self._check_free(now_s)
+
+    def _check_free(self, now_s: float) -> None:
+        for job in self._jobs.values():
+            self._poll(job, now_s)
+            if job.state == "running":
+                raise WhatifBusy(f"a what-if started by {job.by} at {_iso(job.started_s)} is still running ({job.id})")
+
+    def get(self, job_id: str, now_s: float) -> Job | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                self._poll(job, now_s)
+            return job
+
+    def _poll(self, job: Job, now_s: float) -> None:
+        import shutil
+
+        if job.state != "running":
+            return
+        rc = job.proc.poll()
+        if rc is None:
+            if now_s - job.started_s <= self.limit_s:
+                return
+            job.proc.kill()
+            job.proc.wait()
+            job.state, job.error = "failed", f"stopped: still running after {self.limit_s:.0f} s"
+        else:
+            result, err = job.dir / "result.json", job.dir / "error.txt"
+            if rc == 0 and result.exists():
+                job.state, job.report = "done", json.loads(result.read_text())
+            else:
+                job.state = "failed"
+                job.error = err.read_text().strip() if err.exists() else f"the replay process exited with {rc}"
+        job.ended_s = now_s
+        shutil.rmtree(job.dir, ignore_errors=True)
+
+    def close(self) -> None:
+        with self._lock:
+            for job in self._jobs.values():
+                if job.state == "running":
+                    job.proc.kill()
+
+
+def run_job(job_dir: str) -> int:
+    """``python -m scheduler.whatif JOB_DIR``: replay ``JOB_DIR/job.json`` (:func:`job_input`); the
+    report goes to ``result.json``, a refusal to ``error.txt``. Exits when its parent (the API)
+    is gone, or after ``GPUQ_WHATIF_LIMIT_S`` seconds."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from scheduler.history import from_json
+
+    parent = os.getppid()
+
+    def orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(3)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+    signal.alarm(max(1, int(float(os.environ.get("GPUQ_WHATIF_LIMIT_S", JOB_LIMIT_S)))))
+    d = Path(job_dir)
+    try:
+        job = json.loads((d / "job.json").read_text())
+        c = job["change"]
+        change = Change(c["queues"], c["queues_source"], tuple((str(t), int(g), int(n)) for t, g, n in c["add_nodes"]),
+                        tuple(c["remove_nodes"]))
+        outcome = whatif(from_json(job["history"]), job["base"], job["scheduler"], change)
+    except (WhatifError, ScenarioError) as exc:
+        (d / "error.txt").write_text(str(exc))
+        return 2
+    tmp = d / "result.json.tmp"
+    tmp.write_text(json.dumps(outcome.report))
+    tmp.replace(d / "result.json")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the API's replay process
+    raise SystemExit(run_job(sys.argv[1]))

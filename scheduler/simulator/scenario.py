@@ -129,6 +129,23 @@ def load_yaml(path: str | Path, what: str = "scenario") -> Any:
         raise ScenarioError(where, f"invalid YAML: {getattr(exc, 'problem', None) or exc}", str(p)) from exc
 
 
+def load_nodes(path: str) -> list[Node]:
+    """A node list file (``scheduler.nodes_file``): ``[{name, gpu_type, gpus, count}, ...]`` or
+    ``{nodes: [...]}``, checked as a scenario's ``nodes:``."""
+    import yaml
+
+    from gpuq.yamlsafe import safe_load
+
+    try:
+        data = safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ScenarioError("(file)", f"cannot read: {exc.strerror or exc}", path) from exc
+    except yaml.YAMLError as exc:
+        raise ScenarioError("(file)", f"invalid YAML: {exc}", path) from exc
+    nodes = data.get("nodes") if isinstance(data, dict) else data
+    return list(parse_scenario({"nodes": nodes}, source=path).cluster.nodes)
+
+
 def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(load_yaml(path), source=str(path))
 
