@@ -419,12 +419,15 @@ def record_replay(store: Any, sc: Any, result: Any, cluster: str, epoch_s: float
     by_id = {w.id: w for w in sc.workloads}
     rows = [ev.to_row(e, i, cluster, ev.spec_json(by_id[e["workload"]], Target()) if e["event"] == "submit" else "",
                       epoch_s) for i, e in enumerate(result.events)]
-    at = dt.datetime.fromtimestamp(epoch_s, dt.UTC)
-    nodes: list[tuple[Any, ...]] = [(at, cluster, n.name, f"replay-{n.name}", "ADDED", 1, 0, n.gpu_type, float(n.gpus), float(n.gpus), {}, {},
-              "1") for n in sc.cluster.nodes]
+    end = float(result.summary["makespan_s"])
+    # each node added at the start and seen again at the end, as a collector's resync would: a long
+    # trace's start is older than node events are kept (store.retention.raw_days), its end is not
+    nodes: list[tuple[Any, ...]] = [
+        (dt.datetime.fromtimestamp(epoch_s + at, dt.UTC), cluster, n.name, f"replay-{n.name}", kind, 1, 0, n.gpu_type,
+         float(n.gpus), float(n.gpus), {}, {}, version)
+        for at, kind, version in ((0.0, "ADDED", "1"), (end, "SYNC", "2")) for n in sc.cluster.nodes]
     allocs: list[Allocation] = []
     open_runs: dict[str, tuple[float, Mapping[str, int], str]] = {}
-    end = float(result.summary["makespan_s"])
 
     def close(wid: str, t: float) -> None:
         start, placement, gpu_type = open_runs.pop(wid)

@@ -173,3 +173,30 @@ def test_errors_name_the_argument(store: Any, tmp_path: Path) -> None:
     unconfigured = Settings(store={"dsn": "chdb:///nowhere"}, scheduler={"cluster": CLUSTER})
     rc, _, err = whatif(store, unconfigured, "--from", "-1d")
     assert rc == 2 and "queues_file: no queue file is configured" in err
+
+
+def test_simulate_store_then_whatif_as_commands(tmp_path: Path) -> None:
+    """The two commands as a user runs them, each a process of its own (chDB allows one per path):
+    `gpuq simulate --store` fills a fresh store, `gpuq whatif` replays it as the replay it was."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "queues.yaml").write_text(yaml.safe_dump(
+        {"queues": yaml.safe_load((SCENARIOS / "classic-60-40.yaml").read_text())["queues"]}))
+    (tmp_path / "gpuq.yaml").write_text(yaml.safe_dump({"store": {"dsn": f"chdb://{tmp_path / 'data'}"},
+                                                        "queues_file": str(tmp_path / "queues.yaml")}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+
+    def gpuq(*argv: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "gpuq.cli", *argv, "--config", str(tmp_path / "gpuq.yaml")],
+                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    said = gpuq("simulate", str(SCENARIOS / "classic-60-40.yaml"), "--out", "run", "--store", "--cluster", "lab")
+    assert "as cluster 'lab'" in said
+    start = said.split("--from ")[1].split(" ")[0].rstrip(")")
+    r = json.loads(gpuq("whatif", "--cluster", "lab", "--from", start, "--out", "wi", "--json"))
+    assert r["workloads"]["replayed"] == 16 and r["from"] == start
+    assert (tmp_path / "wi/before/events.jsonl").read_text() == (tmp_path / "run/events.jsonl").read_text()
