@@ -295,11 +295,10 @@ def read_history(store: Any, cluster: str, start_s: float, end_s: float, config:
     for life in lives:
         n = count[life.id] = count.get(life.id, 0) + 1
         entries.append(_entry(life, life.id if n == 1 else f"{life.id}#{n}", start_s))
-    known = {life.id for life in lives}
     targets = {(e.namespace, str((_spec(life).get("target") or {}).get("name", ""))): e.id
                for e, life in zip(entries, lives) if e.namespace}
     nodes = _nodes(store, start_s, end_s, resolver, declared)
-    foreign, fnotes = _foreign(store, start_s, end_s, resolver, known, targets, len({c for c, _ in nodes}) > 1)
+    foreign, fnotes = _foreign(store, start_s, end_s, resolver, targets, len({c for c, _ in nodes}) > 1)
     notes += fnotes
     names = {name for _, name in nodes}
     out_nodes = [HistNode(name, t, g, src) for (_, name), (t, g, src) in sorted(nodes.items(), key=lambda kv: kv[0][1])]
@@ -342,7 +341,7 @@ def _nodes(store: Any, start_s: float, end_s: float, resolver: Any,
     return out
 
 
-def _foreign(store: Any, start_s: float, end_s: float, resolver: Any, known: set[str],
+def _foreign(store: Any, start_s: float, end_s: float, resolver: Any,
              targets: Mapping[tuple[str, str], str], many: bool) -> tuple[list[Entry], list[str]]:
     """The ledger's allocations over the window that are no gpuq workload's: fixed load."""
     from accounting.ledger import ADMISSION
@@ -355,7 +354,7 @@ def _foreign(store: Any, start_s: float, end_s: float, resolver: Any, known: set
     fractional = 0
     seen: dict[str, int] = {}
     for a in rows:
-        if a.source == ADMISSION or a.workload_id in known or _owned(a, targets):
+        if a.source == ADMISSION or a.workload_id or _owned(a, targets):     # gpuq's (accounting.ledger)
             continue
         gpus = int(round(a.gpus))
         if gpus < 1:
