@@ -97,3 +97,7 @@ class Client:
 
     def post(self, path: str, body: Any, token: str | None = None) -> Any:
         return _request("POST", self.conf.api_url, token or self.conf.token, path, (), body)
+
+    def get_now(self, path: str, token: str | None = None) -> Any:
+        """A GET that is never cached, with ``token`` (a job's state, read as it changes)."""
+        return _request("GET", self.conf.api_url, token or self.conf.token, path, ())

@@ -43,6 +43,8 @@ Read the accounting:
 Try a policy before using it:
   gpuq simulate FILE --out DIR   replay a recorded or invented workload mix (docs/SCENARIOS.md)
   gpuq import-trace ...          turn a public GPU trace into such a mix (docs/TRACES.md)
+  gpuq whatif --from -7d ...     last week's work again with other queues or more nodes: waits,
+                                 GPU-hours, preemptions per queue, before and after (docs/WHATIF.md)
 
 Keep it running:
   gpuq collect               only the collectors (Kubernetes, Ray, DCGM, NVML)
@@ -192,7 +194,7 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
         return int(compare_main(rest, settings))
     from scheduler.cli import simulate_main
 
-    return int(simulate_main(rest))
+    return int(simulate_main(rest, settings))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("queues", "accounting.cli", "queues_main", "each queue now: allocated, guaranteed, borrowed, idle"),
         ("usage", "accounting.cli", "usage_main", "GPU-hours, idle GPU-hours and cost over a period"),
         ("import-trace", "scheduler.traces", "import_trace_main", "turn a public GPU trace into a scenario"),
+        ("whatif", "scheduler.cli", "whatif_main", "replay the cluster's past week under other queues or nodes"),
         ("serve", "scheduler.cli", "serve_main", "run the scheduler, its API, the collectors and the accounting"),
         ("workloads", "scheduler.cli", "workloads_main", "what runs and what waits (from gpuq serve)"),
         ("explain", "scheduler.cli", "explain_main", "why a workload waits, or where it runs"),

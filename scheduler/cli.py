@@ -2,6 +2,7 @@
 command and the loaded settings:
 
     gpuq simulate SCENARIO.yaml --out DIR          replay a scenario (simulate_main)
+    gpuq whatif --from -7d [--add-nodes ...]       the cluster's history, replayed under a change
     gpuq serve [--nodes FILE] [--cluster NAME]     the API, collectors, accounting and scheduler
     gpuq workloads [--queue Q] [--state S]         the workloads, from a running serve (HTTP)
     gpuq explain ID                                why a workload is pending, from a running serve
@@ -15,7 +16,6 @@ import argparse
 import json
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 from scheduler.errors import ScenarioError
@@ -51,11 +51,17 @@ def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
     p.add_argument("--baseline", metavar="POLICY[,POLICY]",
                    help="also replay it with simpler schedulers (fifo, per-queue, or all) and print "
                    "the waits, utilization and fairness side by side; --out is then optional")
+    p.add_argument("--store", action="store_true",
+                   help="also write the replay into the configured store as if gpuq had run it (its "
+                   "events, nodes and allocations), ending now: a history for gpuq whatif")
+    p.add_argument("--cluster", metavar="NAME", help="with --store: the cluster name its events carry "
+                   "(default: scheduler.cluster)")
     return p
 
 
-def simulate_main(argv: list[str]) -> int:
-    """Exit status: 0 done, 2 bad arguments or an invalid scenario (the message names the YAML path)."""
+def simulate_main(argv: list[str], settings: Any = None) -> int:
+    """Exit status: 0 done, 2 bad arguments or an invalid scenario (the message names the YAML path),
+    1 the store (``--store``) could not be written."""
     from scheduler.simulator import run_scenario, write_outputs
     from scheduler.progress import Progress
 
@@ -84,8 +90,13 @@ def simulate_main(argv: list[str]) -> int:
             eta = EtaOptions(runs=args.eta_runs, seed=args.eta_seed, arrivals=args.eta_arrivals, method=method)
     elif runs_only or args.eta_method:
         parser.error("--eta-method, --eta-runs, --eta-seed and --eta-arrivals go with --eta")
+    if args.cluster and not args.store:
+        parser.error("--cluster goes with --store")
+    from scheduler.simulator import load_scenario
+
     try:
-        result = run_scenario(args.scenario, progress=Progress.auto("simulate"), eta=eta)
+        sc = load_scenario(args.scenario)
+        result = run_scenario(sc, progress=Progress.auto("simulate"), eta=eta)
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -94,7 +105,49 @@ def simulate_main(argv: list[str]) -> int:
     print(f"{s['name']}: makespan {s['makespan_s']} s, utilization {s['gpu_utilization']:.3f}, "
           f"{s['preemptions']} preemptions, {s['scheduler']['cycles']} cycles in "
           f"{s['scheduler']['wall_s']:.3f} s; wrote {events} and {summary}")
+    if args.store:
+        return _record(sc, result, settings, args.cluster)
     return 0
+
+
+def _record(sc: Any, result: Any, settings: Any, cluster: str | None) -> int:
+    """``gpuq simulate --store``: the replay into the configured store, its clock ending now."""
+    import math
+    import time
+
+    from gpuq.errors import GpuqError
+    from gpuq.remote import locked_chdb_path, locked_error
+    from gpuq.settings import load_settings
+    from scheduler.history import record_replay
+
+    settings = settings if settings is not None else load_settings(None)
+    name = cluster or settings.scheduler.cluster
+    epoch = float(math.floor(time.time() - float(result.summary["makespan_s"])))
+    try:
+        held = locked_chdb_path(settings)
+        if held:
+            raise locked_error(held)
+        from gpuq.store import open_store
+
+        store = open_store(settings.store.dsn, default_database=settings.store.database,
+                           retention=settings.store.retention, cluster=settings.store.cluster)
+        try:
+            n = record_replay(store, sc, result, name, epoch)
+        finally:
+            store.close()
+    except GpuqError as exc:
+        print(f"gpuq simulate --store: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {n} rows into {settings.store.dsn} as cluster {name!r}, its clock starting at "
+          f"{_iso(epoch)} (gpuq whatif --cluster {name} --from {_iso(epoch)} replays it)")
+    return 0
+
+
+def whatif_main(argv: list[str], settings: Any) -> int:
+    """``gpuq whatif``: :func:`scheduler.whatif.main`."""
+    from scheduler.whatif import main
+
+    return main(argv, settings)
 
 
 
@@ -116,21 +169,11 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 def load_nodes(path: str) -> list[Node]:
-    """A node list file: ``[{name, gpu_type, gpus, count}, ...]`` or ``{nodes: [...]}``."""
-    import yaml
+    """A node list file: ``[{name, gpu_type, gpus, count}, ...]`` or ``{nodes: [...]}``
+    (:func:`scheduler.simulator.scenario.load_nodes`)."""
+    from scheduler.simulator.scenario import load_nodes as load
 
-    from gpuq.yamlsafe import safe_load
-
-    from scheduler.simulator.scenario import parse_scenario
-
-    try:
-        data = safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ScenarioError("(file)", f"cannot read: {exc.strerror or exc}", path) from exc
-    except yaml.YAMLError as exc:
-        raise ScenarioError("(file)", f"invalid YAML: {exc}", path) from exc
-    nodes = data.get("nodes") if isinstance(data, dict) else data
-    return list(parse_scenario({"nodes": nodes}, source=path).cluster.nodes)
+    return load(path)
 
 
 def serve_main(argv: list[str], settings: Any) -> int:

@@ -22,6 +22,10 @@ cluster (``gpuq simulate --baseline``; docs/SCENARIOS.md). Pure: no I/O.
     keep the queue within its guaranteed GPUs (GPUs it holds + the workload's GPUs <= its
     ``guaranteed.gpu``) and is not running. In all: the sum over queues (queue-seconds).
 
+Fixed load (a scenario's ``fixed:``, as the replay held it: ``fixed``, ``SimResult.held``) takes its GPUs on its node
+like a running workload, and counts for its queue's GPUs held when it has a leaf queue; it has no
+wait, no preemption and no GPU-seconds of any queue here (the summary gives its own).
+
 The state changes only at event times, so every time integral is exact: a sum over the steps
 between consecutive event times, up to the makespan.
 """
@@ -33,7 +37,7 @@ from typing import Any
 
 from scheduler.cycle import acceptable_types
 from scheduler.model import Workload
-from scheduler.simulator.report import percentile
+from scheduler.simulator.report import HeldLoad, percentile
 from scheduler.snapshot import Cluster
 
 METRICS = ("wait_p50_s", "wait_p90_s", "wait_p99_s", "utilization", "preemptions", "stranded_gpu_hours",
@@ -83,7 +87,7 @@ class _Pending:
 
 
 def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Mapping[str, Any]],
-            summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+            summary: Mapping[str, Any], fixed: Sequence[HeldLoad] = ()) -> dict[str, dict[str, Any]]:
     """``{queue: {metric: value}, "(all)": {...}}`` for the leaf queues of the summary, in its order.
     Cost: O(events x GPU types) plus O(distinct event times x GPU types x GPUs per node)."""
     by_id = {w.id: w for w in workloads}
@@ -150,9 +154,31 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
                 acc += (m - 1) * c[m - 1]
                 row[m] += acc * dt
 
+    # fixed load's starts and ends, in time order (ends first on a tie), applied before the events
+    # of their instant
+    marks = sorted([(h.end_s, 0, i) for i, h in enumerate(fixed)] + [(h.start_s, 1, i) for i, h in enumerate(fixed)])
+    next_mark = 0
     last = 0.0
+
+    def hold(upto: float) -> None:
+        nonlocal next_mark, last
+        while next_mark < len(marks) and marks[next_mark][0] <= upto:
+            t, start, i = marks[next_mark]
+            next_mark += 1
+            if t > last:
+                integrate(min(t, makespan) - last)
+                last = t
+            h = fixed[i]
+            take(h.placement, -1 if start else 1)
+            q = h.queue
+            if q is not None and q in held:
+                held[q] += (1 if start else -1) * sum(h.placement.values())
+                check(q, t)
+
     for e in events:
         t = float(e["t"])
+        if marks:
+            hold(t)
         if t > last:
             integrate(min(t, makespan) - last)
             last = t
@@ -177,6 +203,8 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
                 preempted[w.queue] += 1
                 pend(w, 1)
         check(w.queue, t)
+    if marks:
+        hold(makespan)
     if makespan > last:
         integrate(makespan - last)
     for q in list(violating):

@@ -1,6 +1,7 @@
 """Scheduler: what waits and why (and when it is expected to start), what was admitted and
-preempted, how right the start-time forecasts were per queue, and what would happen if a workload
-arrived now (the API's dry run, with its forecast)."""
+preempted, how right the start-time forecasts were per queue, what would happen if a workload
+arrived now (the API's dry run, with its forecast), and what the past days would have been with
+other queues or nodes (the API's what-if, ``POST /admin/whatif``: docs/WHATIF.md)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -24,6 +25,7 @@ def page() -> None:
     run("Scheduler", "What is waiting and why, what was admitted or preempted, and what if something arrived now?",
         body)
     _what_if(st.session_state["gpuq_client"])
+    _history_what_if(st.session_state["gpuq_client"])
 
 
 def body(client: Client, rng: Range) -> None:
@@ -165,6 +167,98 @@ def _answer(d: dict) -> None:
                                      a.get("message")) if x))
     if d.get("also_admitted"):
         st.caption(f"This cycle would also admit: {', '.join(map(str, d['also_admitted']))}")
+
+
+WINDOWS = {"last day": "-1d", "last 7 days": "-7d", "last 30 days": "-30d"}
+WAIT_S = 45.0          # how long the page waits for a replay before it offers to look again
+
+
+def _history_what_if(client: Client) -> None:
+    st.subheader("What if the queues or the nodes had been different?")
+    st.caption("Replays the work gpuq saw over the window as it happened and again with the change, and shows "
+               "both per queue. Needs the admin role; the replay runs outside the API (docs/WHATIF.md).")
+    nodes = fetch(client, "/nodes")
+    names = sorted(n["name"] for n in nodes or [])
+    with st.form("history_what_if"):
+        c1, c2 = st.columns(2)
+        window = c1.selectbox("Window", list(WINDOWS), index=1)
+        add = c2.text_input("Add nodes (TYPE:GPUSxCOUNT, comma-separated)", placeholder="H100:8x4, A100:8x2")
+        remove = st.multiselect("Remove nodes", names)
+        queues = st.text_area("Queue file to replay under (YAML; empty: the queues as they are)", height=150)
+        token = st.text_input("Admin token (empty: the dashboard's)", type="password", key="whatif_token")
+        go = st.form_submit_button("Replay")
+    if go:
+        body = {"from": WINDOWS[window], "to": "now", "add_nodes": [a.strip() for a in add.split(",") if a.strip()],
+                "remove_nodes": remove}
+        if queues.strip():
+            body["queues"] = queues
+        try:
+            job = client.post("/admin/whatif", body, token or None)
+        except ApiError as exc:
+            st.error(f"What-if refused: {exc.why}")
+            return
+        st.session_state["whatif_job"] = (job["id"], token or None)
+    held = st.session_state.get("whatif_job")
+    if held is None:
+        return
+    job_id, job_token = held
+    job = _wait(client, job_id, job_token)
+    if job is None:
+        return
+    if job["state"] == "running":
+        st.info(f"The replay {job_id} is still running (started {job['started']}).")
+        st.button("Look again", key="whatif_again")
+    elif job["state"] == "failed":
+        st.error(f"The replay failed: {job.get('error')}")
+    else:
+        _report(job["report"])
+
+
+def _wait(client: Client, job_id: str, token: str | None) -> dict | None:
+    end = time.monotonic() + WAIT_S
+    with st.spinner("Replaying the history twice..."):
+        while True:
+            try:
+                job = client.get_now(f"/admin/whatif/{job_id}", token)
+            except ApiError as exc:
+                st.error(f"What-if {job_id}: {exc.why}")
+                st.session_state.pop("whatif_job", None)
+                return None
+            if job["state"] != "running" or time.monotonic() > end:
+                return dict(job)
+            time.sleep(0.5)
+
+
+def report_frame(report: dict) -> pd.DataFrame:
+    """The report's side-by-side rows: queue, metric, before, after, delta."""
+    labels = {"wait_p50_s": "wait p50 (s)", "wait_p90_s": "wait p90 (s)", "gpu_hours": "GPU-hours",
+              "lost_gpu_hours": "lost GPU-hours", "utilization": "utilization", "preemptions": "preemptions",
+              "guarantee_violation_s": "guarantee violated (s)"}
+    return pd.DataFrame([{"queue": q, "metric": labels.get(m, m), "before": v["before"], "after": v["after"],
+                          "delta": v["delta"]} for q, metrics in report["queues"].items() for m, v in metrics.items()])
+
+
+def _report(r: dict) -> None:
+    w, change = r["workloads"], r["change"]
+    what = "; ".join(x for x in (
+        "the queues given" if change["queues"] else "",
+        f"add {', '.join(change['add_nodes'])}" if change["add_nodes"] else "",
+        f"remove {', '.join(change['remove_nodes'])}" if change["remove_nodes"] else "") if x) or "no change"
+    totals = r["queues"]["(all)"]
+    metrics_row([
+        ("Workloads replayed", f"{w['replayed']}", f"{w['carried_in']} carried in"),
+        ("GPUs", f"{r['gpus']['after']}", f"{r['gpus']['after'] - r['gpus']['before']:+d} GPUs"),
+        ("Wait p90 after", f"{totals['wait_p90_s']['after'] or 0:.0f} s")
+        if totals["wait_p90_s"]["delta"] is None else
+        ("Wait p90 after", f"{totals['wait_p90_s']['after']:.0f} s", f"{totals['wait_p90_s']['delta']:+.0f} s"),
+        ("Preemptions after", f"{totals['preemptions']['after']}", f"{totals['preemptions']['delta']:+d}"),
+    ])
+    st.caption(f"{r['from']} to {r['to']}: before = as it happened, after = {what}. History recorded "
+               f"{r['observed']['(all)']['gpu_hours']:.2f} GPU-hours of these workloads; the replay as it happened "
+               f"{totals['gpu_hours']['before']:.2f}.")
+    for note in r.get("notes") or []:
+        st.caption(f"note: {note}")
+    table(report_frame(r))
 
 
 if __name__ == "__main__":      # run by st.navigation as a page script

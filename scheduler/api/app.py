@@ -32,6 +32,7 @@ from scheduler.api.models import DryRunIn, ReloadOut, WorkloadIn, check_spec_siz
 from scheduler.api.problems import Problem, install, invalid, problem_response
 from scheduler.api.routes_acting import acting_router
 from scheduler.api.routes_dashboard import dashboard_router
+from scheduler.api.routes_whatif import whatif_router
 from scheduler.service import SchedulerService
 from scheduler.service.errors import (
     ActuatorFailed,
@@ -46,6 +47,7 @@ from scheduler.service.errors import (
 )
 from scheduler.service.metrics import SchedulerCollector
 from scheduler.service.views import DryRun, NodeView, PreemptionRecord, WorkloadView
+from scheduler.whatif import Jobs
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +70,12 @@ configuration. Errors are RFC 9457 problem details (`application/problem+json`).
 
 def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
                clock: Callable[[], float] = time.time, registry: CollectorRegistry | None = None,
-               leader: str | None = None) -> FastAPI:
+               leader: str | None = None, whatif_jobs: Jobs | None = None) -> FastAPI:
     """``leader``: this replica's identity when it was elected (``/healthz`` then says
     ``role: leader``; without election it says ``role: single``). ``accounting``: a :class:`~scheduler.service.accounting.LiveAccounting` (or None: the
     accounting endpoints answer 503). ``settings``: the gpuq settings (``api.tokens``,
-    ``scheduler.cycle_interval_s``). ``clock`` gives the scheduler's ``now``."""
+    ``scheduler.cycle_interval_s``). ``clock`` gives the scheduler's ``now``. ``whatif_jobs``: where
+    ``POST /admin/whatif`` runs its replays (default: a :class:`scheduler.whatif.Jobs` of its own)."""
     check_exposure(settings.api)              # ConfigError: no tokens on a non-loopback host
     auth = Auth(settings.api.tokens)
     registry = registry or CollectorRegistry()
@@ -294,6 +297,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
 
     app.include_router(dashboard_router(auth, service, accounting, settings, clock, _window, registry))
     app.include_router(acting_router(auth, service, clock))
+    app.include_router(whatif_router(auth, service, accounting, settings, clock, whatif_jobs or Jobs()))
     return app
 
 

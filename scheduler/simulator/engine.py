@@ -2,7 +2,8 @@
 ``cycle_interval_s``; the clock jumps over idle stretches to the next grid time at or after the
 next submit, finish or preemption-delay expiry, so a long trace costs what its events cost.
 
-At one instant the order is: finishes (in start order), submits (in file order, each followed by
+At one instant the order is: finishes (in start order), the ends and then the starts of fixed load
+(the scenario's optional ``fixed:``, below), submits (in file order, each followed by
 its ``reject`` if it can never run or is over its queue's policy, :mod:`scheduler.policy`), then the cycle's preemptions, each just before its
 preemptor's admission. A preempted workload goes back to pending; it keeps what it ran when it
 ``checkpoint``s and starts over otherwise.
@@ -12,6 +13,14 @@ submitted since the last one forecasts their start (:mod:`scheduler.forecast`) f
 snapshot and decisions, with a duration model fed by the finishes so far, and puts it on their
 ``submit`` event as ``eta``. The forecast runs on its own copy of the cluster and reads nothing
 the replay decides with: the events are the same with or without it, ``eta`` keys aside.
+
+Fixed load (:class:`scheduler.simulator.scenario.Fixed`) runs beside the core as a non-preemptible
+running workload (``fixed:<id>``, in its queue, or in the root when it has none: held outside every
+leaf queue, bounded by no max), as the live service runs the foreign work it sees: it is never a
+victim and makes no event. At its start it takes its node when the GPUs are free there, else the
+node of its GPU type with the fewest free GPUs that has room (the replay may have placed work
+where history did not), else it is *displaced*: not held, and named in the summary. A scenario
+without ``fixed:`` runs exactly as before: nothing of this is touched.
 """
 from __future__ import annotations
 
@@ -27,15 +36,17 @@ from typing import Any
 from scheduler.cycle import never_fits, schedule
 from scheduler.events import event as make_event
 from scheduler.forecast import MIN_SAMPLES, RUNS, ArrivalModel, DurationModel, Forecaster
+from scheduler.model import Decisions, Placement, Running, Workload
 from scheduler.timeline import HIGH, LOW, MID, Timeline
-from scheduler.model import Decisions, Running, Workload
 from scheduler.policy import refusal
 from scheduler.progress import Progress
-from scheduler.simulator.report import QueueStats, SimResult, summarize
-from scheduler.simulator.scenario import Scenario
+from scheduler.simulator.report import HeldLoad, QueueStats, SimResult, summarize
+from scheduler.simulator.scenario import Fixed, Scenario
 from scheduler.snapshot import Occupancy, PendingChanges, Snapshot, occupancy_after, occupancy_of
 
 EPS = 1e-9
+ROOT = "root"             # the queue tree's implicit root: fixed load outside every leaf queue
+FIXED_PREFIX = "fixed:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,21 +118,33 @@ class _Sim:
         self.gpu_seconds = 0.0
         self.last_t = 0.0
         self.eta = _Eta(sc, eta) if eta is not None else None
+        # fixed load (only touched when the scenario has some): the next to start, those held now
+        # (id -> (entry, its running record)) with their ends in a heap, and what was held or not
+        self.next_fixed = 0
+        self.holding: dict[str, tuple[Fixed, Running]] = {}
+        self.fixed_ends: list[tuple[float, int, str]] = []
+        self.held: list[HeldLoad] = []
+        self.displaced: list[str] = []
 
     def emit(self, t: float, event: str, w: Workload, **extra: Any) -> None:
         self.events.append(make_event(t, event, w.id, w.queue, **extra))
         self.last_t = max(self.last_t, t)
 
     def advance(self, until: float) -> None:
-        """Apply finishes and submits up to ``until``, in time order (finish first on a tie)."""
+        """Apply finishes, fixed load and submits up to ``until``, in time order (on a tie: finishes,
+        fixed load, submits)."""
         subs = self.sc.workloads
+        fixed = bool(self.sc.fixed)
         while True:
             self._drop_stale()
             tf = self.heap[0][0] if self.heap else math.inf
             ts = subs[self.next_submit].submit_s if self.next_submit < len(subs) else math.inf
-            if min(tf, ts) > until + EPS:
+            tx = self._next_fixed() if fixed else math.inf
+            if min(tf, ts, tx) > until + EPS:
                 break
-            if tf <= ts:
+            if tx < tf and tx <= ts:
+                self._fixed_step(tx)
+            elif tf <= ts:
                 _, _, wid = heapq.heappop(self.heap)
                 self._stop(wid, tf)
                 r = self.stopped[-1]
@@ -147,6 +170,53 @@ class _Sim:
                     self.added.append(w)
                     self.left[w.id] = w.duration_s
                     heapq.heappush(self.expiry, (w.submit_s + self.sc.settings.preemption_delay_s, w.id))
+
+    def _next_fixed(self) -> float:
+        """The time of the next end or start of fixed load (``inf``: none left)."""
+        te = self.fixed_ends[0][0] if self.fixed_ends else math.inf
+        fx = self.sc.fixed
+        return min(te, fx[self.next_fixed].start_s if self.next_fixed < len(fx) else math.inf)
+
+    def _fixed_step(self, t: float) -> None:
+        """Release the fixed load that ends at ``t``, or else hold the next that starts at ``t``."""
+        self.settle()
+        fx = self.sc.fixed
+        if self.fixed_ends and self.fixed_ends[0][0] <= t:
+            _, _, fid = heapq.heappop(self.fixed_ends)
+            self._release(fid, t)
+            return
+        f = fx[self.next_fixed]
+        self.next_fixed += 1
+        node = self._room(f)
+        if node is None:
+            self.displaced.append(f.id)
+            return
+        gpu_type = self.cluster.nodes[self.cluster.node_index[node]].gpu_type
+        w = Workload(FIXED_PREFIX + f.id, f.queue or ROOT, 1, f.gpus, (gpu_type,), 0, False, t)
+        r = Running(w, Placement(gpu_type, ((node, f.gpus),)), t)
+        self.occ = occupancy_after(self.cluster, self.occ, (), (r,))
+        self.holding[f.id] = (f, r)
+        if f.end_s is not None:
+            heapq.heappush(self.fixed_ends, (f.end_s, self.next_fixed, f.id))
+
+    def _room(self, f: Fixed) -> str | None:
+        """Where ``f`` is held: its node when it has the GPUs free, else the node of its type with
+        the fewest free GPUs that has room (the first in cluster order on a tie), else None."""
+        c, free = self.cluster, self.occ.node_free
+        i = c.node_index[f.node]
+        if free[i] >= f.gpus:
+            return f.node
+        room = [(free[j], j) for j in c.type_nodes[c.nodes[i].gpu_type] if free[j] >= f.gpus]
+        return c.nodes[min(room)[1]].name if room else None
+
+    def _release(self, fid: str, t: float) -> None:
+        f, r = self.holding.pop(fid)
+        self.occ = occupancy_after(self.cluster, self.occ, (r,), ())
+        self._log_hold(f, r, t)
+
+    def _log_hold(self, f: Fixed, r: Running, t: float) -> None:
+        p = r.placement
+        self.held.append(HeldLoad(f.id, f.queue, p.gpu_type, p.as_dict(), r.start_s, t))
 
     def _drop_stale(self) -> None:
         while self.heap and self.ends.get(self.heap[0][2], (0.0, -1))[1] != self.heap[0][1]:
@@ -184,8 +254,10 @@ class _Sim:
         if self.last_pending is not None:
             changes = PendingChanges(self.last_pending, tuple(self.removed), tuple(self.added))
         self.last_pending, self.removed, self.added = pending, [], []
-        snap = Snapshot(self.cluster, tuple(self.running.values()), pending, self.occ, self.sc.settings,
-                        changes)
+        running = tuple(self.running.values())
+        if self.holding:                    # fixed load runs too: never a victim (not preemptible)
+            running += tuple(r for _, r in self.holding.values())
+        snap = Snapshot(self.cluster, running, pending, self.occ, self.sc.settings, changes)
         t0 = time.perf_counter()
         decisions = self.schedule_fn(snap, now)
         self.core_s += time.perf_counter() - t0
@@ -262,6 +334,8 @@ class _Sim:
             heapq.heappop(ex)
         if ex and self.sc.settings.preemption:
             times.append(ex[0][0])
+        if self.fixed_ends and self.pending:    # GPUs fixed load gives back may start a pending one
+            times.append(self.fixed_ends[0][0])
         return min(times) if times else None
 
 
@@ -318,7 +392,10 @@ def _run(sim: _Sim, sc: Scenario, progress: Progress | None, freeze: bool) -> Si
         end = until
     for r in sim.running.values():
         sim.gpu_seconds_add(r, end)
-    return summarize(sc, sim.events, sim.stats, end, sim.gpu_seconds, sim.cycles, sim.core_s)
+    for f, h in list(sim.holding.values()):        # fixed load still held: counted to the end
+        sim._log_hold(f, h, max(end, h.start_s))
+    return summarize(sc, sim.events, sim.stats, end, sim.gpu_seconds, sim.cycles, sim.core_s,
+                     held=tuple(sim.held), displaced=tuple(sim.displaced))
 
 
 def _show(progress: Progress, sim: _Sim, now: float, until: float) -> None:

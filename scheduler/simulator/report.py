@@ -28,10 +28,28 @@ class QueueStats:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldLoad:
+    """Where and when a scenario's fixed load was held (``queue`` None: outside every leaf queue);
+    :func:`scheduler.quality.quality` counts it as it counts running workloads."""
+
+    id: str
+    queue: str | None
+    gpu_type: str
+    placement: dict[str, int]
+    start_s: float
+    end_s: float
+
+    @property
+    def gpu_seconds(self) -> float:
+        return sum(self.placement.values()) * (self.end_s - self.start_s)
+
+
+@dataclass(frozen=True, slots=True)
 class SimResult:
     name: str
     events: tuple[dict[str, Any], ...]
     summary: dict[str, Any]
+    held: tuple[HeldLoad, ...] = ()        # the fixed load, as held (scenarios with ``fixed:`` only)
 
     def events_jsonl(self) -> str:
         dumps = _dumps()
@@ -90,6 +108,8 @@ def summarize(
     gpu_seconds: float,
     cycles: int,
     core_s: float,
+    held: tuple[HeldLoad, ...] = (),
+    displaced: tuple[str, ...] = (),
 ) -> SimResult:
     capacity = sum(n.gpus for n in sc.cluster.nodes) * makespan_s
     summary: dict[str, Any] = {
@@ -111,4 +131,10 @@ def summarize(
         },
         "scheduler": {"cycles": cycles, "wall_s": round(core_s, 6)},
     }
-    return SimResult(sc.name, tuple(events), summary)
+    if sc.fixed:            # only then: a scenario without fixed load keeps its bytes
+        summary["fixed"] = {
+            "held": len(held),
+            "displaced": sorted(displaced),
+            "gpu_seconds": round(sum(h.gpu_seconds for h in held), 6) + 0.0,
+        }
+    return SimResult(sc.name, tuple(events), summary, held)

@@ -4,6 +4,10 @@ the first problem (``workloads[3].gpus_per_pod: expected a positive integer``).
 Workloads come from the YAML ``workloads:`` list, from the JSON-lines file that
 ``workloads_file:`` names (one workload object a line, streamed; a problem is named
 ``FILE:LINE: field: reason``), or both: inline ones first, then the file's, in file order.
+
+``fixed:`` (optional, issue 18) lists fixed load: GPUs held on a node from ``start`` to ``end`` by
+work the scheduler does not schedule (what ``gpuq whatif`` makes of the foreign pods the accounting
+saw); the engine places and releases it on its clock (:class:`Fixed`).
 """
 from __future__ import annotations
 
@@ -25,14 +29,31 @@ from scheduler.model import Node, Workload
 from scheduler.snapshot import Cluster, Settings, build_cluster
 
 TOP = frozenset({"name", "until", "scheduler", "gpu_types", "nodes", "queues", "policy", "workloads",
-                 "workloads_file"})
+                 "workloads_file", "fixed"})
 SCHED = frozenset({"preemption", "preemption_delay_s", "cycle_interval_s"})
 NODE = frozenset({"name", "gpu_type", "gpus", "count", "cpu", "memory"})
 WORK = frozenset({"id", "queue", "submit", "duration", "pods", "gpus_per_pod", "gpu_types", "priority",
                   "preemptible", "checkpoint", "count", "originator", "expected_duration"})
 
+FIXED = frozenset({"id", "node", "gpus", "start", "end", "queue"})
+
 _FIELDS = {k: k for k in WORK}
 _PLAIN_KEYS = WORK - {"count"}
+
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """Fixed load: ``gpus`` GPUs of ``node`` held from ``start_s`` to ``end_s`` (``None``: to the end
+    of the replay) by work the scheduler does not schedule and never preempts. With a (leaf)
+    ``queue`` they also count for that queue (its guarantee, max and fair share), as the live
+    service counts the foreign work it sees in a leaf queue; without one they hold the node only."""
+
+    id: str
+    node: str
+    gpus: int
+    start_s: float = 0.0
+    end_s: float | None = None
+    queue: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +64,7 @@ class Scenario:
     settings: Settings
     cluster: Cluster
     workloads: tuple[Workload, ...]      # by submit time, then file order
+    fixed: tuple[Fixed, ...] = ()        # by start time, then file order
 
 
 class _Reader:
@@ -107,6 +129,23 @@ def load_yaml(path: str | Path, what: str = "scenario") -> Any:
         raise ScenarioError(where, f"invalid YAML: {getattr(exc, 'problem', None) or exc}", str(p)) from exc
 
 
+def load_nodes(path: str) -> list[Node]:
+    """A node list file (``scheduler.nodes_file``): ``[{name, gpu_type, gpus, count}, ...]`` or
+    ``{nodes: [...]}``, checked as a scenario's ``nodes:``."""
+    import yaml
+
+    from gpuq.yamlsafe import safe_load
+
+    try:
+        data = safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ScenarioError("(file)", f"cannot read: {exc.strerror or exc}", path) from exc
+    except yaml.YAMLError as exc:
+        raise ScenarioError("(file)", f"invalid YAML: {exc}", path) from exc
+    nodes = data.get("nodes") if isinstance(data, dict) else data
+    return list(parse_scenario({"nodes": nodes}, source=path).cluster.nodes)
+
+
 def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(load_yaml(path), source=str(path))
 
@@ -150,11 +189,46 @@ def parse_scenario(data: Any, source: str = "<mapping>", base_dir: str | Path | 
         base_dir = Path(source).parent if source != "<mapping>" else Path(".")
     with collector_paused():                # 50,000 workloads make no reference cycles
         workloads = _workloads(r, top, cluster, Path(base_dir))
+    fixed = _fixed(r, top.get("fixed"), cluster)
     return Scenario(
         name=str(top.get("name") or (Path(source).stem if source != "<mapping>" else "scenario")),
         until_s=until, cycle_interval_s=interval, settings=settings, cluster=cluster,
         workloads=tuple(sorted(workloads, key=attrgetter("submit_s"))),
+        fixed=tuple(sorted(fixed, key=attrgetter("start_s"))),
     )
+
+
+def _fixed(r: _Reader, raw: Any, cluster: Cluster) -> list[Fixed]:
+    """The ``fixed:`` list, each entry checked against the cluster's nodes and leaf queues."""
+    out: list[Fixed] = []
+    seen: set[str] = set()
+    leaves = cluster.config.leaves()
+    for i, item in enumerate(r.items(raw, "fixed")):
+        where = f"fixed[{i}]"
+        spec = r.mapping(item, where, FIXED)
+        for key in ("id", "node", "gpus"):
+            if key not in spec:
+                raise r.fail(f"{where}.{key}", "required field missing")
+        fid = r.text(spec["id"], f"{where}.id")
+        if fid in seen:
+            raise r.fail(f"{where}.id", f"duplicate fixed load id {shown(fid)}")
+        seen.add(fid)
+        node = r.text(spec["node"], f"{where}.node")
+        index = cluster.node_index.get(node)
+        if index is None:
+            raise r.fail(f"{where}.node", f"unknown node {shown(node)}; {nearest(node, list(cluster.node_index), 'nodes')}")
+        gpus = r.int(spec["gpus"], f"{where}.gpus")
+        if gpus > cluster.nodes[index].gpus:
+            raise r.fail(f"{where}.gpus", f"{gpus} GPUs, but node {node} has {cluster.nodes[index].gpus}")
+        start = r.num(spec.get("start", 0), f"{where}.start")
+        end = None if spec.get("end") is None else r.num(spec["end"], f"{where}.end")
+        if end is not None and end <= start:
+            raise r.fail(f"{where}.end", f"expected a time after start ({start:g}), got {end:g}")
+        queue = None if spec.get("queue") is None else r.text(spec["queue"], f"{where}.queue")
+        if queue is not None and queue not in leaves:
+            raise r.fail(f"{where}.queue", f"not a leaf queue: {shown(queue)}; {nearest(queue, sorted(leaves))}")
+        out.append(Fixed(fid, node, gpus, start, end, queue))
+    return out
 
 
 def _workloads(r: _Reader, top: Mapping[str, Any], cluster: Cluster, base_dir: Path) -> list[Workload]:

@@ -1,0 +1,456 @@
+"""A cluster's workloads over a window, as the store saw them: :class:`History` (``gpuq whatif``).
+
+:func:`read_history` rebuilds it from the store:
+
+* **gpuq's workloads** from ``scheduler_events`` (:mod:`scheduler.events`): each workload's shape,
+  priority, preemptibility and checkpointing from the ``spec`` of its ``submit`` row, and its runs
+  (admit to preempt, finish or cancel; still open at the window's end: running then) with where
+  they ran. Every workload whose life overlaps the window is taken, with the events before the
+  window too, so one submitted before it and still waiting or running at its start is known.
+* **foreign work** from the ledger (``gpu_allocations``, :mod:`accounting.ledger`): the
+  allocations that belong to no gpuq workload (no workload id, no top owner or Ray cluster that
+  is a gpuq workload's target), each one run on one node.
+* **nodes** from the accounting's inventory (the same rule as the live scheduler's nodes), at the
+  window's end, else at the last instant the collectors saw nodes; plus the declared nodes file,
+  and any node a run was placed on that neither knows (as large as what was placed on it at once).
+
+Each :class:`Entry` carries an ``origin`` (who scheduled it: ``gpuq``, ``foreign``) and a ``kind``:
+``workload`` (replayed through the scheduler) or ``fixed`` (held as it happened). A later import of
+another scheduler's history (Kueue, YuniKorn) adds its workloads as ``kind: workload`` entries of
+its own origin, and the what-if replays them like gpuq's. :meth:`History.to_json` /
+:func:`from_json` keep a history in a file (``gpuq whatif --out``; the API's replay gets its input
+that way, in a process of its own).
+
+:func:`record_replay` is the other direction: it writes a simulator replay into a store as the live
+service would have (``gpuq simulate ... --store``): its events with the submitted specs, its nodes
+as node events, admissions and the fixed load as ledger rows; so a store can be filled from a
+trace.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler import events as ev
+from scheduler.errors import ScenarioError
+
+VERSION = 1
+GPUQ, FOREIGN = "gpuq", "foreign"                   # origins
+WORKLOAD, FIXED = "workload", "fixed"               # kinds
+FINISHED, RUNNING, PENDING, CANCELLED, REJECTED = "finished", "running", "pending", "cancelled", "rejected"
+STATES = (FINISHED, RUNNING, PENDING, CANCELLED, REJECTED)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One run: from ``start_s`` to ``end_s`` (``None``: still running at the window's end), of
+    ``placement`` (node -> GPUs) of one GPU type. Times are Unix seconds."""
+
+    start_s: float
+    end_s: float | None
+    gpu_type: str
+    placement: Mapping[str, int]
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.placement.values())
+
+    def within(self, start_s: float, end_s: float) -> float:
+        """Seconds of this run inside ``[start_s, end_s]``."""
+        stop = end_s if self.end_s is None else min(self.end_s, end_s)
+        return max(0.0, stop - max(self.start_s, start_s))
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A workload of the history. ``state`` is where it stood at the window's end (one of
+    :data:`STATES`); ``declared_s`` the running time it was submitted with (0: none declared)."""
+
+    id: str
+    queue: str
+    origin: str
+    kind: str
+    submit_s: float
+    state: str
+    runs: tuple[Run, ...] = ()
+    pods: int = 1
+    gpus_per_pod: int = 1
+    gpu_types: tuple[str, ...] = ()
+    priority: int = 0
+    preemptible: bool = True
+    checkpoint: bool = False
+    originator: bool = False
+    declared_s: float = 0.0
+    namespace: str = ""
+    preemptions: int = 0          # preempt events inside the window
+
+
+    @property
+    def gpus(self) -> int:
+        return self.pods * self.gpus_per_pod
+
+
+@dataclass(frozen=True, slots=True)
+class HistNode:
+    """A node: ``source`` says where it is known from (``inventory``, ``declared``, ``placements``)."""
+
+    name: str
+    gpu_type: str
+    gpus: int
+    source: str = "inventory"
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    cluster: str
+    start_s: float
+    end_s: float
+    nodes: tuple[HistNode, ...]
+    entries: tuple[Entry, ...]
+    notes: tuple[str, ...] = field(default=())      # what was left out while reading, for people
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": VERSION, "cluster": self.cluster, "start_s": self.start_s, "end_s": self.end_s,
+            "nodes": [{"name": n.name, "gpu_type": n.gpu_type, "gpus": n.gpus, "source": n.source} for n in self.nodes],
+            "entries": [_entry_json(e) for e in self.entries],
+            "notes": list(self.notes),
+        }
+
+
+def _entry_json(e: Entry) -> dict[str, Any]:
+    return {
+        "id": e.id, "queue": e.queue, "origin": e.origin, "kind": e.kind, "submit_s": e.submit_s,
+        "state": e.state, "pods": e.pods, "gpus_per_pod": e.gpus_per_pod, "gpu_types": list(e.gpu_types),
+        "priority": e.priority, "preemptible": e.preemptible, "checkpoint": e.checkpoint,
+        "originator": e.originator, "declared_s": e.declared_s, "namespace": e.namespace,
+        "preemptions": e.preemptions,
+        "runs": [{"start_s": r.start_s, "end_s": r.end_s, "gpu_type": r.gpu_type, "placement": dict(r.placement)}
+                 for r in e.runs],
+    }
+
+
+def from_json(data: Any, source: str = "<history>") -> History:
+    """A :class:`History` from :meth:`History.to_json`'s mapping; a ScenarioError names the field."""
+    def fail(where: str, reason: str) -> ScenarioError:
+        return ScenarioError(where, reason, source)
+
+    if not isinstance(data, Mapping):
+        raise fail("(top)", f"expected a mapping, got {type(data).__name__}")
+    if data.get("version") != VERSION:
+        raise fail("version", f"expected {VERSION}, got {data.get('version')!r}")
+    try:
+        nodes = tuple(HistNode(str(n["name"]), str(n["gpu_type"]), int(n["gpus"]), str(n.get("source", "inventory")))
+                      for n in data["nodes"])
+        entries = []
+        for i, e in enumerate(data["entries"]):
+            if e.get("kind") not in (WORKLOAD, FIXED) or e.get("state") not in STATES:
+                raise fail(f"entries[{i}]", f"kind must be {WORKLOAD} or {FIXED} and state one of {', '.join(STATES)}")
+            runs = tuple(Run(float(r["start_s"]), None if r.get("end_s") is None else float(r["end_s"]),
+                             str(r["gpu_type"]), {str(k): int(v) for k, v in dict(r["placement"]).items()})
+                         for r in e.get("runs") or ())
+            entries.append(Entry(
+                str(e["id"]), str(e["queue"]), str(e["origin"]), str(e["kind"]), float(e["submit_s"]), str(e["state"]),
+                runs, int(e.get("pods", 1)), int(e.get("gpus_per_pod", 1)), tuple(map(str, e.get("gpu_types") or ())),
+                int(e.get("priority", 0)), bool(e.get("preemptible", True)), bool(e.get("checkpoint", False)),
+                bool(e.get("originator", False)), float(e.get("declared_s", 0.0)), str(e.get("namespace", "")),
+                int(e.get("preemptions", 0))))
+        return History(str(data["cluster"]), float(data["start_s"]), float(data["end_s"]), nodes, tuple(entries),
+                       tuple(map(str, data.get("notes") or ())))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise fail("(history)", f"not a history written by gpuq whatif: {type(exc).__name__}: {exc}") from None
+
+
+def load_json(path: str) -> History:
+    from pathlib import Path
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ScenarioError("(file)", f"cannot read history: {exc.strerror or exc}", path) from exc
+    except ValueError as exc:
+        raise ScenarioError("(file)", f"invalid JSON: {exc}", path) from exc
+    return from_json(data, path)
+
+
+# -- reading the store -----------------------------------------------------------------------------
+def _ms(t: float) -> int:
+    return round(t * 1000)
+
+
+_EVENTS = """
+SELECT toUnixTimestamp64Milli(ts) / 1000, event, workload, queue, gpu_type, placement, spec
+FROM {db}.scheduler_events
+WHERE cluster = {c:String} AND ts <= fromUnixTimestamp64Milli({t1:Int64}, 'UTC') AND workload != ''
+  AND event IN ('submit', 'admit', 'preempt', 'finish', 'reject', 'cancel')
+  AND workload IN (
+    SELECT workload FROM {db}.scheduler_events
+    WHERE cluster = {c:String} AND ts <= fromUnixTimestamp64Milli({t1:Int64}, 'UTC') AND workload != ''
+      AND event IN ('submit', 'admit', 'preempt', 'finish', 'reject', 'cancel')
+    GROUP BY workload
+    HAVING max(ts) >= fromUnixTimestamp64Milli({t0:Int64}, 'UTC')
+        OR argMax(event, (ts, t, seq)) IN ('submit', 'admit', 'preempt'))
+ORDER BY ts, t, seq"""
+
+
+class _Life:
+    """One workload's life as its events tell it (a submit opens a new one)."""
+
+    def __init__(self, wid: str, queue: str, submit_s: float, spec: str) -> None:
+        self.id, self.queue, self.submit_s, self.spec = wid, queue, submit_s, spec
+        self.runs: list[Run] = []
+        self.open: Run | None = None
+        self.state = PENDING
+        self.ended: float | None = None         # when it finished, was cancelled or rejected
+        self.preempted_at: list[float] = []
+
+    def close(self, t: float) -> None:
+        if self.open is not None:
+            r = self.open
+            self.runs.append(Run(r.start_s, t, r.gpu_type, r.placement))
+            self.open = None
+
+
+def _lives(rows: Iterable[Sequence[Any]], start_s: float) -> tuple[list[_Life], int]:
+    """The lives overlapping the window; and how many workloads had events but no submit row
+    (their submit is older than the table keeps)."""
+    current: dict[str, _Life] = {}
+    out: list[_Life] = []
+    orphans: set[str] = set()
+    life: _Life | None
+    for ts, kind, wid, queue, gpu_type, placement, spec in rows:
+        t, wid = float(ts), str(wid)
+        if kind == "submit":
+            life = _Life(wid, str(queue), t, str(spec))
+            current[wid] = life
+            out.append(life)
+            continue
+        life = current.get(wid)
+        if life is None:
+            orphans.add(wid)
+            continue
+        if kind == "admit":
+            life.close(t)
+            life.open = Run(t, None, str(gpu_type), {str(k): int(v) for k, v in dict(placement).items()})
+            life.state = RUNNING
+        elif kind == "preempt":
+            life.close(t)
+            life.preempted_at.append(t)
+            life.state = PENDING
+        elif kind in ("finish", "cancel"):
+            ran = life.open is not None or bool(life.runs)
+            life.close(t)
+            life.state = FINISHED if kind == "finish" or ran else CANCELLED
+            life.ended = t
+        elif kind == "reject":
+            life.state = REJECTED
+            life.ended = t
+    keep = [life for life in out if life.ended is None or life.ended >= start_s]
+    for life in keep:
+        if life.open is not None:
+            life.runs.append(life.open)
+            life.open = None
+    return keep, len(orphans)
+
+
+def _spec(life: _Life) -> dict[str, Any]:
+    try:
+        data = json.loads(life.spec) if life.spec else {}
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _entry(life: _Life, wid: str, start_s: float) -> Entry:
+    data = _spec(life)
+    target = data.get("target") or {}
+    return Entry(
+        id=wid, queue=life.queue, origin=GPUQ, kind=WORKLOAD, submit_s=life.submit_s, state=life.state,
+        runs=tuple(life.runs), pods=int(data.get("pods", 1)), gpus_per_pod=int(data.get("gpus_per_pod", 1)),
+        gpu_types=tuple(map(str, data.get("gpu_types") or ())), priority=int(data.get("priority", 0)),
+        preemptible=bool(data.get("preemptible", True)), checkpoint=bool(data.get("checkpoint", False)),
+        originator=bool(data.get("originator", False)), declared_s=float(data.get("duration_s") or 0.0),
+        namespace=str(target.get("namespace", "")), preemptions=sum(t >= start_s for t in life.preempted_at))
+
+
+def read_history(store: Any, cluster: str, start_s: float, end_s: float, config: Any,
+                 declared: Sequence[tuple[str, str, int]] = ()) -> History:
+    """The history of ``cluster``'s scheduler (``scheduler_events.cluster``) over ``[start_s,
+    end_s]``; ``config`` (a QueueConfig) resolves the foreign work's queues and the nodes' GPU
+    types as the accounting does; ``declared``: the nodes file's ``(name, gpu_type, gpus)``."""
+    from accounting.resolve import Resolver
+
+    resolver = Resolver(config)
+    sql = _EVENTS.replace("{db}", store.database)
+    rows = store.query(sql, {"c": cluster, "t0": _ms(start_s), "t1": _ms(end_s)}).rows
+    lives, orphans = _lives(rows, start_s)
+    notes = []
+    if orphans:
+        notes.append(f"{orphans} workload(s) with events but no submit (older than the store keeps): left out")
+    count: dict[str, int] = {}
+    entries: list[Entry] = []
+    for life in lives:
+        n = count[life.id] = count.get(life.id, 0) + 1
+        entries.append(_entry(life, life.id if n == 1 else f"{life.id}#{n}", start_s))
+    targets = {(e.namespace, str((_spec(life).get("target") or {}).get("name", ""))): e.id
+               for e, life in zip(entries, lives) if e.namespace}
+    nodes = _nodes(store, start_s, end_s, resolver, declared)
+    foreign, fnotes = _foreign(store, start_s, end_s, resolver, targets, len({c for c, _ in nodes}) > 1)
+    notes += fnotes
+    names = {name for _, name in nodes}
+    out_nodes = [HistNode(name, t, g, src) for (_, name), (t, g, src) in sorted(nodes.items(), key=lambda kv: kv[0][1])]
+    # nodes only the placements name: as large as what was placed on them at once
+    for name, (t, g) in sorted(_placed_peaks([*entries, *foreign]).items()):
+        if name not in names:
+            out_nodes.append(HistNode(name, t, g, "placements"))
+            notes.append(f"node {name} is in no inventory: taken as {g} {t} GPUs, the most placed on it at once")
+    return History(cluster, start_s, end_s, tuple(out_nodes), (*entries, *foreign), tuple(notes))
+
+
+def _nodes(store: Any, start_s: float, end_s: float, resolver: Any,
+           declared: Sequence[tuple[str, str, int]]) -> dict[tuple[str, str], tuple[str, int, str]]:
+    """(cluster, scheduler name) -> (GPU type, GPUs, source): the inventory as the live scheduler
+    builds its nodes (schedulable, at least one whole GPU; ``cluster/node`` with several clusters)."""
+    from accounting.store_adapter import read_nodes
+
+    observed = read_nodes(store, end_s)
+    if not observed:               # Ray's nodes age out after 10 minutes: the last instant they were seen
+        last = store.query(
+            f"SELECT toUnixTimestamp64Milli(max(ts)) / 1000, count() FROM (SELECT ts FROM {store.database}.ray_nodes "
+            f"WHERE ts <= fromUnixTimestamp64Milli({{t1:Int64}}, 'UTC') UNION ALL SELECT ts FROM "
+            f"{store.database}.ray_resources WHERE ts <= fromUnixTimestamp64Milli({{t1:Int64}}, 'UTC'))",
+            {"t1": _ms(end_s)}).rows
+        if last and last[0][1]:
+            observed = read_nodes(store, float(last[0][0]))
+    usable = [n for n in observed if n.schedulable and n.gpus >= 1]
+    many = len({n.cluster for n in usable}) > 1
+    out: dict[tuple[str, str], tuple[str, int, str]] = {}
+    for n in sorted(usable, key=lambda n: (n.cluster, n.node, n.gpu_model)):
+        name = f"{n.cluster}/{n.node}" if many else n.node
+        t = resolver.gpu_type(n.gpu_model)
+        if (n.cluster, name) in out:
+            name = f"{name}:{t}"
+        out[(n.cluster, name)] = (t, int(n.gpus), "inventory")
+    names = {name for _, name in out}
+    for name, t, g in declared:
+        if name not in names:
+            out[("", name)] = (t, int(g), "declared")
+    return out
+
+
+def _foreign(store: Any, start_s: float, end_s: float, resolver: Any,
+             targets: Mapping[tuple[str, str], str], many: bool) -> tuple[list[Entry], list[str]]:
+    """The ledger's allocations over the window that are no gpuq workload's: fixed load."""
+    from accounting.ledger import ADMISSION
+    from accounting.model import Window
+    from accounting.store_adapter import read_ledger
+
+    rows, _ = read_ledger(store, Window(start_s, end_s), end_s)
+    leaves = set(resolver.config.leaves())
+    out: list[Entry] = []
+    fractional = 0
+    seen: dict[str, int] = {}
+    for a in rows:
+        if a.source == ADMISSION or a.workload_id or _owned(a, targets):     # gpuq's (accounting.ledger)
+            continue
+        gpus = int(round(a.gpus))
+        if gpus < 1:
+            fractional += 1
+            continue
+        queue = resolver.queue(a.queue, a.namespace)
+        node = f"{a.cluster}/{a.node}" if many else a.node
+        base = f"{a.namespace}/{a.pod}" if a.namespace else a.pod
+        k = seen[base] = seen.get(base, 0) + 1
+        end = None if a.end_s is None or a.end_s > end_s else a.end_s
+        gpu_type = resolver.gpu_type(a.gpu_model, a.gpu_resource)
+        out.append(Entry(base if k == 1 else f"{base}#{k}", queue if queue in leaves else "", FOREIGN, FIXED,
+                         a.start_s, RUNNING if end is None else FINISHED,
+                         (Run(a.start_s, end, gpu_type, {node: gpus}),), 1, gpus, (gpu_type,), a.priority,
+                         False, namespace=a.namespace))
+    notes = [f"{fractional} foreign allocation(s) of less than one GPU: left out"] if fractional else []
+    return out, notes
+
+
+def _owned(a: Any, targets: Mapping[tuple[str, str], str]) -> bool:
+    """Whether the row's top owner, or the Ray cluster it belongs to, is a gpuq workload's target
+    (the live service's rule, :func:`scheduler.service.ledger.owner_of_name`)."""
+    for name in (a.owner, a.ray_cluster):
+        if name and ((a.namespace, name) in targets or (a.namespace, name.rsplit("-", 1)[0]) in targets):
+            return True
+    return False
+
+
+def _placed_peaks(entries: Iterable[Entry]) -> dict[str, tuple[str, int]]:
+    """node -> (GPU type, the most GPUs placed on it at one instant) over every run."""
+    steps: dict[str, list[tuple[float, int]]] = {}
+    types: dict[str, str] = {}
+    for e in entries:
+        for r in e.runs:
+            for node, g in r.placement.items():
+                types.setdefault(node, r.gpu_type)
+                steps.setdefault(node, []).append((r.start_s, g))
+                steps[node].append((r.end_s if r.end_s is not None else float("inf"), -g))
+    out = {}
+    for node, s in steps.items():
+        level = peak = 0
+        for _, d in sorted(s, key=lambda x: (x[0], x[1])):
+            level += d
+            peak = max(peak, level)
+        out[node] = (types[node], peak)
+    return out
+
+
+# -- writing a replay into a store -------------------------------------------------------------------
+def record_replay(store: Any, sc: Any, result: Any, cluster: str, epoch_s: float, namespace: str = "replay") -> int:
+    """Write the replay ``result`` of the scenario ``sc`` into ``store`` as if ``cluster``'s
+    scheduler had run it from ``epoch_s`` (Unix seconds at the scenario's t = 0): its events (the
+    submit rows with the workload's spec), its nodes (``node_events``, added at ``epoch_s``), each
+    run of each workload as an admission in the ledger, and its fixed load as foreign pods in
+    ``namespace`` (queue: its own, or none). Returns the rows written."""
+    from accounting.model import Allocation
+    from gpuq.store.schema import COLUMNS
+    from scheduler.actuators.base import Target
+    from scheduler.service.ledger import admission_store_row
+
+    by_id = {w.id: w for w in sc.workloads}
+    rows = [ev.to_row(e, i, cluster, ev.spec_json(by_id[e["workload"]], Target()) if e["event"] == "submit" else "",
+                      epoch_s) for i, e in enumerate(result.events)]
+    end = float(result.summary["makespan_s"])
+    # each node added at the start and seen again at the end, as a collector's resync would: a long
+    # trace's start is older than node events are kept (store.retention.raw_days), its end is not
+    nodes: list[tuple[Any, ...]] = [
+        (dt.datetime.fromtimestamp(epoch_s + at, dt.UTC), cluster, n.name, f"replay-{n.name}", kind, 1, 0, n.gpu_type,
+         float(n.gpus), float(n.gpus), {}, {}, version)
+        for at, kind, version in ((0.0, "ADDED", "1"), (end, "SYNC", "2")) for n in sc.cluster.nodes]
+    allocs: list[Allocation] = []
+    open_runs: dict[str, tuple[float, Mapping[str, int], str]] = {}
+
+    def close(wid: str, t: float) -> None:
+        start, placement, gpu_type = open_runs.pop(wid)
+        w = by_id[wid]
+        for node, g in placement.items():
+            allocs.append(Allocation(cluster, namespace, f"gpuq-{wid}", f"{wid}@{start}@{node}", w.queue, node, gpu_type,
+                                     g * 1000, epoch_s + start, epoch_s + t, priority=w.priority,
+                                     source="admission", workload_id=wid))
+
+    for e in result.events:
+        if e["event"] == "admit":
+            open_runs[e["workload"]] = (float(e["t"]), e["placement"], e["gpu_type"])
+        elif e["event"] in ("preempt", "finish") and e["workload"] in open_runs:
+            close(e["workload"], float(e["t"]))
+    for wid in list(open_runs):
+        close(wid, end)
+    ledger = [admission_store_row(a) for a in allocs]
+    for h in getattr(result, "held", ()):
+        for node, g in h.placement.items():
+            start, stop = epoch_s + h.start_s, epoch_s + h.end_s
+            ledger.append((cluster, namespace, h.id, f"fixed-{h.id}@{node}", h.queue or "", node, h.gpu_type,
+                           "nvidia.com/gpu", float(g), 0, "", dt.datetime.fromtimestamp(start, dt.UTC),
+                           dt.datetime.fromtimestamp(stop, dt.UTC), round(stop * 1000) * 10 + 2, "pod", "", "", ""))
+    store.insert(ev.TABLE, rows, COLUMNS[ev.TABLE])
+    store.insert("node_events", nodes, COLUMNS["node_events"])
+    store.insert("gpu_allocations", ledger, COLUMNS["gpu_allocations"])
+    return len(rows) + len(nodes) + len(ledger)
