@@ -313,6 +313,7 @@ class Durations:
         self._curves: dict[tuple[bool, GroupKey], _Survival | None] = {}
         self.loading = math.sqrt(model.likeness())
         self._kinds: dict[GroupKey, _Kind | None] = {}
+        self._posteriors: dict[tuple[object, ...], list[float]] = {}
 
     def shared(self, w: Workload) -> bool:
         """Whether ``w``'s kind (its finest group) has too few finished to be drawn from its own
@@ -330,7 +331,8 @@ class Durations:
         kind = None
         if pooled is not None:
             s = self.model._runs.get(key)
-            kind = _Kind(pooled, self.loading, s.sorted() if s is not None else [], self._cen_runs.get(key, []))
+            kind = _Kind(pooled, self.loading, s.sorted() if s is not None else [], self._cen_runs.get(key, []),
+                         self._posteriors)
         self._kinds[key] = kind
         return kind
 
@@ -417,7 +419,11 @@ class _Kind:
 
     __slots__ = ("pooled", "a", "b", "cdf")
 
-    def __init__(self, pooled: _Survival, a: float, finished: Sequence[float], unfinished: Sequence[float]) -> None:
+    def __init__(self, pooled: _Survival, a: float, finished: Sequence[float], unfinished: Sequence[float],
+                 posteriors: dict[tuple[object, ...], list[float]] | None = None) -> None:
+        """``posteriors``: posteriors already computed in this forecast, by what they depend on
+        (the pooled curve, the scores rounded to 0.01: many kinds share one, a single running
+        workload each)."""
         self.pooled, self.a = pooled, a
         b = self.b = math.sqrt(max(1.0 - a * a, 1e-6))
         if not finished and not unfinished:
@@ -425,6 +431,13 @@ class _Kind:
             return
         cs = [_z(pooled.mid_cdf(x)) for x in finished]
         ds = [_z(pooled.cdf(x)) for x in unfinished]
+        key: tuple[object, ...] | None = None
+        if posteriors is not None:
+            key = (id(pooled), a, tuple(round(c, 2) for c in cs), tuple(sorted(round(d, 2) for d in ds)))
+            got = posteriors.get(key)
+            if got is not None:
+                self.cdf = got
+                return
         logs = []
         # sum over the finished of ((c - a z) / b)^2, from their count, sum and sum of squares;
         # each unfinished: log P(score > d) = log(erfc((d - a z) / (b sqrt 2)) / 2)
@@ -438,6 +451,8 @@ class _Kind:
                 lp += log(max(0.5 * erfc((d - az) * k), 1e-300))
             logs.append(lp)
         self.cdf = _grid_cdf(logs)
+        if key is not None and posteriors is not None:
+            posteriors[key] = self.cdf
 
     def draw(self, done: float, u: float, u_kind: float) -> float:
         k = bisect_left(self.cdf, u_kind)
@@ -791,8 +806,3 @@ class Forecaster:
         self.cycles += cycles
         return starts
 
-
-def live_forecaster(cluster: Cluster, interval_s: float) -> Forecaster:
-    """The forecaster the live service refreshes its forecasts with (``scheduler/service``): one
-    place that chooses the method and its cost, so the service and ``POST /dry-run`` agree."""
-    return Forecaster(cluster, interval_s)

@@ -149,13 +149,17 @@ class _Run:
             self.bounds[wid] = (now + max(lo - d, 0.0), now + max(hi - d, 0.0))
             self.heap.append((end, self.seq, wid))
         heapq.heapify(self.heap)
+        # preemptible running work per queue, and the leaf queues above their guarantee (of GPUs):
+        # a victim's queue must be one of them, so a victim search reads only theirs
         # preemptible running work per GPU type, in reverse victim order (read from the end): what
         # starts later goes near the end, cheaply; what stops stays until a search meets it
         self.victims: dict[str, list[tuple[_VKey, str]]] = {}
         self.vkeys: dict[str, _VKey] = {}
         self.vstale: dict[str, int] = {}
+        self.byq: set[str] = set()                       # queues with preemptible work running
         for r in base.running:
             if r.workload.preemptible:
+                self.byq.add(r.workload.queue)
                 k = self.vkeys[r.workload.id] = _victim_key(r, self.running[r.workload.id][2])
                 self.victims.setdefault(r.placement.gpu_type, []).append((k, r.workload.id))
         for lst in self.victims.values():
@@ -180,11 +184,18 @@ class _Run:
         self.fit: dict[_Shape, bool] = {}
         self.slots: dict[tuple[str, int], int] = {}    # pods of a size that fit a type, while free is unchanged
         self.keys: dict[str, tuple[float, int, int, str]] = {}
-        self.failed: dict[str, tuple[int, int]] = {}      # queue -> (borrowed, own) its search failed at
-        self.borrowed = 0                                  # rises when work starts above its guarantee
+        # the queues with pending work by key, kept between passes: an entry is current while its
+        # number is the queue's in ``qver`` (a queue whose key changes is pushed again)
+        self.qheap: list[tuple[tuple[float, int, int, str], int, str]] = []
+        self.qver: dict[str, int] = {}
+        self.qseq = 0
+        self.failed: dict[str, tuple[float, int]] = {}    # queue -> (time, own) its victim search failed at
         self.own: dict[str, int] = {}                      # per queue: rises when its usage drops
         self.qheads: dict[str, list[tuple[tuple[int, float, str], Workload, _Shape]]] = {}   # shapes' heads, in order
         self.below = {q for q in self.qshapes if self.within(q)}      # queues under their guarantee
+        for q in self.qshapes:
+            self.push(q)
+        self.over = {q for q in self.byq if self.ledger.used(q, "gpu") > cluster.guarantee[q].get("gpu", 0)}
         self.events = 0
 
     def total(self, w: Workload, done: float) -> tuple[float, float, float]:
@@ -203,6 +214,13 @@ class _Run:
                                    d.total(w, 0.0, self.levels[1], self.levels[1] if shared else None),
                                    d.total(w, 0.0, self.levels[2], self.levels[2] if shared else None))
         return x
+
+    def push(self, q: str) -> None:
+        """(Re)enter ``q`` in the queue heap at its key now, when it has pending work."""
+        if self.qshapes.get(q):
+            self.qseq += 1
+            self.qver[q] = self.qseq
+            heapq.heappush(self.qheap, (self.key(q), self.qseq, q))
 
     def key(self, q: str) -> tuple[float, int, int, str]:
         k = self.keys.get(q)
@@ -226,18 +244,23 @@ class _Run:
             self.fit[s] = f
         return f
 
+    def _track(self, q: str) -> None:
+        if self.ledger.used(q, "gpu") > self.cluster.guarantee[q].get("gpu", 0):
+            self.over.add(q)
+        else:
+            self.over.discard(q)
+
     def within(self, q: str) -> bool:
         """Whether ``q`` holds less than its guarantee (of GPUs): its work may reclaim."""
         return self.ledger.used(q, "gpu") < self.cluster.guarantee[q].get("gpu", 0)
 
     def start(self, w: Workload, placement: Placement, t: float) -> None:
-        g = self.cluster.guarantee[w.queue].get("gpu", 0)
         self.ledger.add(self.cluster.chains[w.queue], demand(w, placement.gpu_type))
-        if self.ledger.used(w.queue, "gpu") > g:
-            self.borrowed += 1
+        self._track(w.queue)
         if w.queue in self.below and not self.within(w.queue):
             self.below.discard(w.queue)
         self.keys.pop(w.queue, None)
+        self.push(w.queue)
         self.fit.clear()
         self.slots.clear()
         d = self.done.get(w.id, 0.0)
@@ -247,9 +270,9 @@ class _Run:
         lo, mid, hi = t_
         self.seq += 1
         end = t + max(mid - d, 0.0)
-        r = self.running[w.id] = (Running(w, placement, t), end, self.seq)
+        self.running[w.id] = (Running(w, placement, t), end, self.seq)
         if w.preemptible:
-            k = self.vkeys[w.id] = _victim_key(r[0], self.seq)
+            k = self.vkeys[w.id] = _victim_key(self.running[w.id][0], self.seq)
             insort(self.victims.setdefault(placement.gpu_type, []), (k, w.id))
         at, t_lo, t_hi = self.trigger          # the start on the low and high paths: after the
         s_lo, s_hi = t_lo + (t - at), t_hi + (t - at)      # finish that made room, there
@@ -264,7 +287,9 @@ class _Run:
         w = r.workload
         self.free.release(r.placement)
         self.ledger.remove(self.cluster.chains[w.queue], demand(w, r.placement.gpu_type))
+        self._track(w.queue)
         self.keys.pop(w.queue, None)
+        self.push(w.queue)
         self.own[w.queue] = self.own.get(w.queue, 0) + 1
         self.fit.clear()
         self.slots.clear()
@@ -291,6 +316,7 @@ class _Run:
         self.qheads.pop(w.queue, None)
         self.qshapes.setdefault(w.queue, set()).add(s)
         self.shape_queues.setdefault(s, set()).add(w.queue)
+        self.push(w.queue)
         if self.now + EPS < w.submit_s + self.delay < math.inf:
             heapq.heappush(self.expiry, (w.submit_s + self.delay, wid))
 
@@ -315,8 +341,8 @@ class _Run:
         else:
             self.heads[(q, s)] = k
 
-    def try_place(self, w: Workload) -> Placement | None:
-        for t_ in acceptable_types(self.cluster, w):
+    def try_place(self, w: Workload, types: tuple[str, ...]) -> Placement | None:
+        for t_ in types:
             if not self.free.fits(t_, w.gpus_per_pod, w.pods):
                 continue
             if over_max(self.cluster, self.ledger, w.queue, demand(w, t_)) is not None:
@@ -330,21 +356,27 @@ class _Run:
         cluster, ledger, free, chains = self.cluster, self.ledger, self.free, self.cluster.chains
         fence = cluster.fences[w.queue]
         shared = frozenset(chains[w.queue])
+        guarantee = cluster.guarantee
+        over, vkeys, running = self.over, self.vkeys, self.running
+        if not over:
+            return None
         for t_ in acceptable_types(cluster, w):
             vec = demand(w, t_)
             if over_guarantee(cluster, ledger, w.queue, vec) is not None:
                 continue
             taken: list[Running] = []
-            running = self.running
-            vl = self.victims.get(t_, [])
-            vkeys = self.vkeys
-            for k, vid in reversed(vl):
+            budget = 4 * w.pods * w.gpus_per_pod          # GPUs a search may free before giving up
+            ok = False
+            for k, vid in reversed(self.victims.get(t_, [])):
                 if vkeys.get(vid) != k:
-                    continue
+                    continue                  # stopped since (or a later run of it)
                 r = running[vid][0]
                 vq = r.workload.queue
-                if vq == w.queue or r.workload.priority > w.priority or cluster.fences[vq] != fence:
+                if vq not in over or vq == w.queue or r.workload.priority > w.priority or cluster.fences[vq] != fence:
                     continue
+                g = guarantee[vq].get("gpu", 0)
+                if ledger.used(vq, "gpu") - r.workload.pods * r.workload.gpus_per_pod < g:
+                    continue                  # its queue at its floor (below_floor's first test, quickly)
                 vv = demand(r.workload, t_)
                 if below_floor(cluster, ledger, vq, vv, shared) is not None:
                     continue
@@ -352,8 +384,12 @@ class _Run:
                 free.release(r.placement)
                 taken.append(r)
                 if free.fits(t_, w.gpus_per_pod, w.pods) and over_max(cluster, ledger, w.queue, vec) is None:
+                    ok = True
                     break
-            else:
+                budget -= r.workload.pods * r.workload.gpus_per_pod
+                if budget <= 0:
+                    break
+            if not ok:
                 for r in reversed(taken):
                     ledger.add(chains[r.workload.queue], demand(r.workload, t_))
                     free.take(r.placement)
@@ -367,49 +403,76 @@ class _Run:
         return None
 
     def serve(self, t: float) -> None:
-        """One pass at ``t``: start what fits, lowest fair share first, then what may reclaim."""
-        delay = self.delay
+        """One pass at ``t``: start what fits, lowest fair share first (the queue heap, popped only
+        while some shape still fits the free GPUs), then what may reclaim, by key."""
         fitting = [s for s, qs in self.shape_queues.items() if qs and self.shape_fits(s)]
-        cand: set[str] = set()
-        for s in fitting:
-            cand |= self.shape_queues[s]
-        re: set[str] = set()
-        if delay < math.inf:
-            for q in self.below:
-                if self.qshapes.get(q) and self.failed.get(q) != (self.borrowed, self.own.get(q, 0)):
-                    re.add(q)
-        h = [(self.key(q), q) for q in cand | re]
-        heapq.heapify(h)
+        qheap, qver = self.qheap, self.qver
+        popped: list[tuple[tuple[float, int, int, str], int, str]] = []
         misses = 0
-        while h:
-            if misses >= 8 and fitting:        # the free GPUs may fit nothing any more: then only
-                misses = 0                      # the queues that may reclaim are left to try
+        while fitting and qheap:
+            if misses >= 8:                     # the free GPUs may fit nothing any more
+                misses = 0
                 fitting = [x for x in fitting if self.shape_fits(x)]
-                if not fitting:
-                    h = [(k, x) for k, x in h if x in re]
-                    heapq.heapify(h)
-                    continue
-            _, q = heapq.heappop(h)
+                continue
+            entry = heapq.heappop(qheap)
+            q = entry[2]
+            if qver.get(q) != entry[1]:
+                continue                        # an older key of the queue
+            if not self.qshapes.get(q):
+                del qver[q]
+                continue
             misses += 1
-            heads = self.qheads.get(q)
-            if heads is None:
-                pend, at = self.pend, self.heads
-                heads = self.qheads[q] = sorted(
-                    [(w_.order_key, w_, s_) for s_ in self.qshapes[q] for w_ in (pend[(q, s_)][at[(q, s_)]],)])
-            for _, w, s in (heads[:1] if q in self.strict else heads):
-                p = self.try_place(w) if self.shape_fits(s) else None
-                if p is None and q in re and t + EPS >= w.submit_s + delay:
+            for _, w, s in self.candidates(q):
+                p = self.try_place(w, s[0]) if self.shape_fits(s) else None
+                if p is None and q in self.below and self.may_reclaim(q, w, t):
                     p = self.reclaim(w, t)
                     if p is None:
-                        self.failed[q] = (self.borrowed, self.own.get(q, 0))
-                        re.discard(q)
+                        self.failed[q] = (t, self.own.get(q, 0))
                 if p is not None:
                     self.consume(q, s)
-                    self.start(w, p, t)
+                    self.start(w, p, t)       # pushes the queue again at its new key
                     misses = 0
-                    if self.qshapes[q]:
-                        heapq.heappush(h, (self.key(q), q))
                     break
+            else:
+                popped.append(entry)
+        for entry in popped:                   # tried and waiting: back, unless pushed anew since
+            if qver.get(entry[2]) == entry[1]:
+                heapq.heappush(qheap, entry)
+        if self.delay == math.inf:
+            return
+        # the queues that may reclaim and did not above (nothing fitted any more), by key
+        for _, q in sorted((self.key(q), q) for q in self.below if self.qshapes.get(q)):
+            started = True
+            while started and self.qshapes.get(q) and self.within(q):
+                started = False
+                for _, w, s in self.candidates(q):
+                    if not self.may_reclaim(q, w, t):
+                        continue
+                    p = self.reclaim(w, t)
+                    if p is None:
+                        self.failed[q] = (t, self.own.get(q, 0))
+                        break
+                    self.consume(q, s)
+                    self.start(w, p, t)
+                    started = True
+                    break
+
+    def may_reclaim(self, q: str, w: Workload, t: float) -> bool:
+        """Whether ``w`` (of ``q``, below its guarantee) may look for victims at ``t``: its delay
+        has passed, and ``q``'s last search did not fail within a delay with nothing changed."""
+        if t + EPS < w.submit_s + self.delay:
+            return False
+        f = self.failed.get(q)
+        return f is None or f[1] != self.own.get(q, 0) or t >= f[0] + self.delay
+
+    def candidates(self, q: str) -> list[tuple[tuple[int, float, str], Workload, _Shape]]:
+        """The heads of ``q``'s shapes in workload order (only the first, for a strict FIFO queue)."""
+        heads = self.qheads.get(q)
+        if heads is None:
+            pend, at = self.pend, self.heads
+            heads = self.qheads[q] = sorted(
+                [(w_.order_key, w_, s_) for s_ in self.qshapes[q] for w_ in (pend[(q, s_)][at[(q, s_)]],)])
+        return heads[:1] if q in self.strict else heads
 
     def go(self, dt: float, serve_now: bool = False) -> dict[str, tuple[float, float, float]]:
         """Serve event by event until every target has started or nothing more frees room;
@@ -460,3 +523,9 @@ def _order(w: Workload) -> tuple[int, float, str]:
 
 def _shape(cluster: Cluster, w: Workload) -> _Shape:
     return (acceptable_types(cluster, w), w.gpus_per_pod, w.pods)
+
+
+def live_forecaster(cluster: Cluster, interval_s: float) -> Timeline:
+    """The forecaster the live service refreshes its forecasts with (``scheduler/service``): one
+    place that chooses the method and its cost, so the service and ``POST /dry-run`` agree."""
+    return Timeline(cluster, interval_s)

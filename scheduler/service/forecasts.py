@@ -3,7 +3,7 @@ sure that is, and how right the forecasts turned out.
 
 :class:`Forecasts` (one per :class:`~scheduler.service.core.SchedulerService`, its
 ``forecasts``) wires the pure forecaster (:mod:`scheduler.forecast`, through
-:func:`~scheduler.forecast.live_forecaster`) into the service:
+:func:`~scheduler.timeline.live_forecaster`) into the service:
 
 * **what it learns from.** A :class:`~scheduler.forecast.DurationModel` of the observed running
   times of finished workloads, fed from the same events the service records: at start from the
@@ -55,7 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpuq.timefmt import iso
 from scheduler import events as ev
-from scheduler.forecast import DurationModel, Eta, Forecaster, live_forecaster
+from scheduler.forecast import DurationModel, Eta
+from scheduler.timeline import Timeline, live_forecaster
 from scheduler.model import Workload
 from scheduler.snapshot import Cluster, Snapshot
 
@@ -168,10 +169,12 @@ class _Engine:
         self.model = DurationModel()
         self.inbox: deque[tuple[Workload, float]] = deque()
         self._cluster: Cluster | None = None
-        self._forecaster: Forecaster | None = None
+        self._forecaster: Timeline | None = None
 
     def forecast(self, snap: Snapshot, now: float, sampler: random.Random, targets: Iterable[str],
-                 done_s: dict[str, float]) -> dict[str, Eta]:
+                 done_s: dict[str, float], cycle: bool = True) -> dict[str, Eta]:
+        """``cycle``: run the present cycle first (a dry run, whose workload may start now); the
+        refresh passes False, its snapshot holding the last cycle's decisions already."""
         with self.lock:
             while self.inbox:
                 w, ran = self.inbox.popleft()
@@ -179,7 +182,8 @@ class _Engine:
             if self._forecaster is None or self._cluster is not snap.cluster:
                 self._cluster = snap.cluster         # the service builds a new one at each change
                 self._forecaster = live_forecaster(snap.cluster, self.interval_s)
-            return self._forecaster.forecast(snap, now, self.model, sampler, targets=targets, done_s=done_s)
+            return self._forecaster.forecast(snap, now, self.model, sampler, targets=targets, done_s=done_s,
+                                             cycle=cycle)
 
 
 class Forecasts:
@@ -312,7 +316,7 @@ class Forecasts:
         sampler = random.Random(self.seed * 1_000_003 + self.refreshes)
         self.refreshes += 1
         t0 = time.perf_counter()
-        got = self._refresh.forecast(snap, now, sampler, gens, done) if gens else {}
+        got = self._refresh.forecast(snap, now, sampler, gens, done, cycle=False) if gens else {}
         took = time.perf_counter() - t0
         n = 0
         with self._lock:
