@@ -383,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale-sizes", default="", metavar="N[,N]",
                    help="also time one forecast of every pending workload at these backlog depths "
                         "(the live refresh; e.g. 10000,50000), with --scale-runs forward runs")
-    p.add_argument("--scale-runs", type=int, default=1)
+    p.add_argument("--scale-runs", type=int, default=1,
+                   help="forward runs of the core for the peer timed beside the timeline (0: no peer)")
     args = p.parse_args(argv)
     from scheduler.forecast import MIN_SAMPLES
 
@@ -408,10 +409,14 @@ def main(argv: list[str] | None = None) -> int:
         sc = synthetic(n, kind, args.seed, declared=declared, load=args.load, groups=groups, truth=truth)
         backtest(label, sc, args.runs, ms, variants=variants, truth=truth, **kw)
     for size in (int(x) for x in args.scale_sizes.split(",") if x):
-        got = scale(size, args.scale_runs, method=args.method)
-        tag = "timeline" if args.method == "timeline" else f"runs{args.scale_runs}"
+        got = scale(size, args.scale_runs, method="timeline")
         for k, v in got.items():
-            result(f"scale.{size}.{tag}.{k}", v, "s" if k.endswith("_s") else "")
+            result(f"scale.{size}.timeline.{k}", v, "s" if k.endswith("_s") else "")
+        if args.scale_runs > 0:            # the peer in the same run: the core run forward (--scale-runs runs)
+            peer = scale(size, args.scale_runs, method="runs")
+            for k, v in peer.items():
+                result(f"scale.{size}.runs{args.scale_runs}.{k}", v, "s" if k.endswith("_s") else "")
+            result(f"scale.{size}.runs{args.scale_runs}_over_timeline_cpu", peer["cpu_s"] / got["cpu_s"])
     result("peak_rss_mib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "MiB")
     return 0
 
@@ -424,7 +429,7 @@ def scale(pending: int, runs: int, n_nodes: int = 5000, method: str = "timeline"
     from benchmarks.bench_scheduler import make_backlog, make_cluster
     from scheduler.cycle import schedule
     from scheduler.forecast import DurationModel, Forecaster
-    from scheduler.model import Running
+    from scheduler.model import Decisions, Running
     from scheduler.snapshot import Settings, snapshot
     from scheduler.timeline import Timeline
 
@@ -449,7 +454,7 @@ def scale(pending: int, runs: int, n_nodes: int = 5000, method: str = "timeline"
                 "cpu_s": cpu, "events": float(tl.events)}
     fc = Forecaster(c, 1.0, runs)
     c0 = time.process_time()
-    got = fc.forecast(snap, 100.0, model, random.Random(1))
+    got = fc.forecast(snap, 100.0, model, random.Random(1), first=Decisions(100.0, (), (), ()))
     cpu = time.process_time() - c0
     return {"pending": float(len(left)), "running": float(len(running)), "forecasts": float(len(got)),
             "cpu_s": cpu, "cycles": float(fc.cycles), "cpu_per_run_s": cpu / runs}

@@ -390,6 +390,25 @@ class Durations:
             return done_s / max(1.0 - u, 1.0 / TAIL_CAP)
         return self.model.prior_s * math.exp(PRIOR_SIGMA * _NORMAL.inv_cdf(min(max(u, 1e-9), 1 - 1e-9)))
 
+    def fresh_key(self, w: Workload, kind: bool) -> object:
+        """A key such that workloads with equal keys draw the same total from nothing done:
+        ``total(w, 0, u, u if kind else None)`` is the same for each ``u`` (what
+        :meth:`total` reads: the declared duration and its ratio curve, the kind's posterior and
+        pooled curve, or the group's curve). Kinds with the same evidence share one posterior
+        object, so thousands of unseen kinds of one queue share a key."""
+        keys = group_keys(w)
+        declared = w.expected_duration_s
+        if declared:
+            c = self._pick(True, keys, strict=True)
+            if c is not None or declared > 0:
+                return ("declared", id(c), declared)
+        if kind:
+            k = self._kind(w)
+            if k is not None:
+                return ("kind", id(k.cdf), id(k.pooled))
+        c = self._pick(False, keys, strict=False)
+        return ("curve", id(c))
+
 
 GRID = tuple(-4.0 + 8.0 * i / 40 for i in range(41))
 

@@ -48,7 +48,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from scheduler.cycle import acceptable_types, schedule
-from scheduler.forecast import EPS, DurationModel, Durations, Eta, Sampler, _Base, after_first, group_keys
+from scheduler.forecast import EPS, DurationModel, Durations, Eta, Sampler, _Base, after_first
 from scheduler.memo import CycleMemo
 from scheduler.model import Decisions, Placement, Running, Workload
 from scheduler.ordering import queue_key
@@ -206,10 +206,10 @@ class _Run:
             return (d.total(w, done, self.levels[0], self.levels[0] if shared else None),
                     d.total(w, done, self.levels[1], self.levels[1] if shared else None),
                     d.total(w, done, self.levels[2], self.levels[2] if shared else None))
-        key = (group_keys(w)[0], w.expected_duration_s)
+        shared = d.shared(w)
+        key = d.fresh_key(w, shared)
         x = self.cache.get(key)
         if x is None:
-            shared = d.shared(w)
             x = self.cache[key] = (d.total(w, 0.0, self.levels[0], self.levels[0] if shared else None),
                                    d.total(w, 0.0, self.levels[1], self.levels[1] if shared else None),
                                    d.total(w, 0.0, self.levels[2], self.levels[2] if shared else None))
