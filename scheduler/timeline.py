@@ -86,7 +86,8 @@ class Timeline:
         :meth:`scheduler.forecast.Forecaster.forecast`. ``sampler`` and ``arrivals`` are accepted
         for the same signature and not used: the timelines draw nothing. ``cycle=False`` (the live
         service, whose last cycle's decisions are in ``snap`` already): no present cycle is run
-        when ``first`` is not given; the timelines serve at ``now`` first instead."""
+        when ``first`` is not given; the timeline serves at ``now`` first instead, and what starts
+        there is forecast at the next cycle, somewhere in ``(now, now + interval_s]``."""
         want = frozenset(w.id for w in snap.pending) if targets is None else frozenset(targets)
         own = replace(snap, cluster=self.cluster, changes=None)
         serve_now = first is None and not cycle
@@ -99,8 +100,13 @@ class Timeline:
         unfinished = [(r.workload, base.done.get(r.workload.id, 0.0)) for r in base.running]
         unfinished += [(w, d) for w in base.pending if (d := base.done.get(w.id, 0.0)) > 0]
         durations = model.present(unfinished)
+        dt = self.interval_s
         for wid, (lo, mid, hi) in self._run(own, base, durations, serve_now).items():
-            if wid in base.targets and not math.isinf(hi):
+            if wid not in base.targets or math.isinf(hi):
+                continue
+            if serve_now and mid <= now + EPS:
+                out[wid] = Eta(now, now + dt / 2, now + dt)     # at the next cycle, within an interval
+            else:
                 out[wid] = Eta(min(lo, mid), mid, max(hi, mid))
         return out
 
