@@ -85,6 +85,18 @@ def serve_answers(settings: Settings, timeout_s: float = HEALTH_TIMEOUT_S) -> bo
         and body.get("role") != "standby"
 
 
+def open_unlocked_store(settings: Settings) -> Any:
+    """The configured store, opened by this process; a clear error when a running ``gpuq serve``
+    holds it (an embedded chDB path opens in one process only)."""
+    from gpuq.store import open_store
+
+    held = locked_chdb_path(settings)
+    if held:
+        raise locked_error(held)
+    return open_store(settings.store.dsn, default_database=settings.store.database,
+                      retention=settings.store.retention, cluster=settings.store.cluster)
+
+
 def accounting_command(command: str, argv: Sequence[str], settings: Settings,
                        local: Callable[[list[str]], int]) -> int:
     """``gpuq queues`` / ``gpuq usage``: from the running ``gpuq serve`` when it answers (or holds

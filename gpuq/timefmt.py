@@ -29,16 +29,19 @@ def readable(text: str | None) -> str | None:
     return _T.sub(lambda m: iso(float(m.group(1))), text)
 
 
+def span(seconds: float) -> str:
+    """A length of time as people say it: "40 s", "12 min", "2.5 h", "3.0 d"."""
+    s = max(0.0, float(seconds))
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 90 * 60:
+        return f"{s / 60:.0f} min"
+    if s < 48 * 3600:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
 def ago(seconds: float) -> str:
     """A duration back from now as people say it: "just now", "45 s ago", "3 min ago", "2.5 h ago",
     "4.0 d ago"."""
-    s = max(0.0, float(seconds))
-    if s < 1:
-        return "just now"
-    if s < 90:
-        return f"{s:.0f} s ago"
-    if s < 90 * 60:
-        return f"{s / 60:.0f} min ago"
-    if s < 48 * 3600:
-        return f"{s / 3600:.1f} h ago"
-    return f"{s / 86400:.1f} d ago"
+    return "just now" if float(seconds) < 1 else span(seconds) + " ago"

@@ -116,7 +116,7 @@ def _record(sc: Any, result: Any, settings: Any, cluster: str | None) -> int:
     import time
 
     from gpuq.errors import GpuqError
-    from gpuq.remote import locked_chdb_path, locked_error
+    from gpuq.remote import open_unlocked_store
     from gpuq.settings import load_settings
     from scheduler.history import record_replay
 
@@ -124,13 +124,7 @@ def _record(sc: Any, result: Any, settings: Any, cluster: str | None) -> int:
     name = cluster or settings.scheduler.cluster
     epoch = float(math.floor(time.time() - float(result.summary["makespan_s"])))
     try:
-        held = locked_chdb_path(settings)
-        if held:
-            raise locked_error(held)
-        from gpuq.store import open_store
-
-        store = open_store(settings.store.dsn, default_database=settings.store.database,
-                           retention=settings.store.retention, cluster=settings.store.cluster)
+        store = open_unlocked_store(settings)
         try:
             n = record_replay(store, sc, result, name, epoch)
         finally:
@@ -464,13 +458,9 @@ def eta_text(eta: dict[str, str], now: float) -> str:
 
 def _wait(s: float) -> str:
     """A wait rounded as people say it: "40 s", "12 min", "2.5 h", "3.0 d"."""
-    if s < 90:
-        return f"{s:.0f} s"
-    if s < 90 * 60:
-        return f"{s / 60:.0f} min"
-    if s < 48 * 3600:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
+    from gpuq.timefmt import span
+
+    return span(s)
 
 
 def _seconds(text: str) -> float:

@@ -617,14 +617,9 @@ def main(argv: Sequence[str], settings: Any, *, now_s: float | None = None, stor
 def _read_store(settings: Any, store: Any, cluster: str, start: float, end: float) -> History:
     if store is not None:
         return read(settings, store, cluster, start, end)
-    from gpuq.remote import locked_chdb_path, locked_error
-    from gpuq.store import open_store
+    from gpuq.remote import open_unlocked_store
 
-    held = locked_chdb_path(settings)
-    if held:
-        raise locked_error(held)
-    s = open_store(settings.store.dsn, default_database=settings.store.database,
-                   retention=settings.store.retention, cluster=settings.store.cluster)
+    s = open_unlocked_store(settings)
     try:
         return read(settings, s, cluster, start, end)
     finally:
