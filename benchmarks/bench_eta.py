@@ -448,7 +448,7 @@ def scale(pending: int, runs: int, n_nodes: int = 5000, method: str = "timeline"
     if method == "timeline":
         tl = Timeline(c, 1.0)
         c0 = time.process_time()
-        got = tl.forecast(snap, 100.0, model, cycle=False)
+        got = tl.forecast(snap, 100.0, model, random.Random(1), cycle=False)
         cpu = time.process_time() - c0
         return {"pending": float(len(left)), "running": float(len(running)), "forecasts": float(len(got)),
                 "cpu_s": cpu, "events": float(tl.events)}

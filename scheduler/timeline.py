@@ -46,6 +46,7 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from statistics import NormalDist
 
 from scheduler.cycle import acceptable_types, schedule
 from scheduler.forecast import EPS, DurationModel, Durations, Eta, Sampler, _Base, after_first
@@ -57,10 +58,12 @@ from scheduler.quota import Ledger, below_floor, over_guarantee, over_max
 from scheduler.snapshot import Cluster, Snapshot, demand
 
 LOW, MID, HIGH = 0.1, 0.5, 0.9
+BINS = 32
 """The duration quantiles of the three timelines (p10, p50, p90 of the start): calibrated on the
 backtests (docs/PERFORMANCE.md, "Start-time forecasts")."""
 
 _Shape = tuple[tuple[str, ...], int, int]          # types, gpus per pod, pods
+_NORMAL = NormalDist()
 
 
 class Timeline:
@@ -69,7 +72,7 @@ class Timeline:
     present cycle uses when the caller has not run it (the caller's memo is never touched)."""
 
     def __init__(self, cluster: Cluster, interval_s: float,
-                 levels: tuple[float, float, float] = (LOW, MID, HIGH)) -> None:
+                 levels: tuple[float, float, float] = (LOW, MID, HIGH), spread: bool = True) -> None:
         if not interval_s > 0:
             raise ValueError("interval_s must be positive")
         if not 0 < levels[0] <= levels[1] <= levels[2] < 1:
@@ -77,6 +80,7 @@ class Timeline:
         self.cluster = replace(cluster, memo=CycleMemo())
         self.interval_s = interval_s
         self.levels = levels
+        self.spread = spread
         self.events = 0                  # timeline events, over all forecasts (for benchmarks)
 
     def forecast(self, snap: Snapshot, now: float, model: DurationModel, sampler: Sampler | None = None, *,
@@ -101,7 +105,7 @@ class Timeline:
         unfinished += [(w, d) for w in base.pending if (d := base.done.get(w.id, 0.0)) > 0]
         durations = model.present(unfinished)
         dt = self.interval_s
-        for wid, (lo, mid, hi) in self._run(own, base, durations, serve_now).items():
+        for wid, (lo, mid, hi) in self._run(own, base, durations, serve_now, sampler).items():
             if wid not in base.targets or math.isinf(hi):
                 continue
             if serve_now and mid <= now + EPS:
@@ -110,14 +114,63 @@ class Timeline:
                 out[wid] = Eta(min(lo, mid), mid, max(hi, mid))
         return out
 
-    def _run(self, snap: Snapshot, base: _Base, durations: Durations,
-             serve_now: bool) -> dict[str, tuple[float, float, float]]:
+    def _run(self, snap: Snapshot, base: _Base, durations: Durations, serve_now: bool,
+             sampler: Sampler | None) -> dict[str, tuple[float, float, float]]:
         """The timeline: target id -> its start on the low, middle and high paths."""
+        quantiles = _Quantiles(self.levels, base, sampler if self.spread else None)
         run = _Run(self.cluster, snap.settings.preemption, snap.settings.preemption_delay_s, base, durations,
-                   self.levels)
+                   quantiles)
         starts = run.go(self.interval_s, serve_now)
         self.events += run.events
         return starts
+
+
+class _Quantiles:
+    """The quantile each duration is drawn at on the low, middle and high paths.
+
+    Without a sampler, every duration at ``levels`` (its median in the middle). With one (what
+    the service and the simulator pass), the middle path is a stratified sample of one: the
+    running workloads' quantiles spread evenly over (0, 1) in an order the sampler draws, and so
+    are the pending ones' (in :data:`BINS` bins, so that durations are still drawn once per
+    distribution and bin). A start that waits for the first of many finishes then sees an early
+    one, as it would, and a start behind many sees their sum near its mean, not the sum of their
+    medians (which the all-median path gave: far too late where one of many running pods frees
+    the room, 1.27 against 0.69 relative error on the Alibaba replay; docs/PERFORMANCE.md). The
+    low and high paths shift each workload's normal score by the levels' (-1.28 and +1.28 for
+    0.1 and 0.9): the whole mix shorter or longer together, as on the all-median path."""
+
+    __slots__ = ("levels", "shift_lo", "shift_hi", "us")
+
+    def __init__(self, levels: tuple[float, float, float], base: _Base, sampler: Sampler | None) -> None:
+        self.levels = levels
+        zmid = _NORMAL.inv_cdf(levels[1])
+        self.shift_lo = _NORMAL.inv_cdf(levels[0]) - zmid
+        self.shift_hi = _NORMAL.inv_cdf(levels[2]) - zmid
+        self.us: dict[str, tuple[float, float, float]] = {}
+        if sampler is None:
+            return
+        running = sorted(r.workload.id for r in base.running)
+        for i, wid in zip(_permutation(len(running), sampler), running, strict=True):
+            self.us[wid] = self._three((i + 0.5) / len(running))
+        pending = sorted(w.id for w in base.pending)
+        for i, wid in zip(_permutation(len(pending), sampler), pending, strict=True):
+            self.us[wid] = self._three(((i * BINS) // len(pending) + 0.5) / BINS)
+
+    def _three(self, u: float) -> tuple[float, float, float]:
+        z = _NORMAL.inv_cdf(u)
+        return (_NORMAL.cdf(z + self.shift_lo), u, _NORMAL.cdf(z + self.shift_hi))
+
+    def of(self, wid: str) -> tuple[float, float, float]:
+        got = self.us.get(wid)
+        return self.levels if got is None else got
+
+
+def _permutation(n: int, sampler: Sampler) -> list[int]:
+    perm = list(range(n))
+    for i in range(n - 1, 0, -1):                 # Fisher-Yates
+        j = min(int(sampler.random() * (i + 1)), i)
+        perm[i], perm[j] = perm[j], perm[i]
+    return perm
 
 
 class _Run:
@@ -131,13 +184,13 @@ class _Run:
     drops). A pass considers only the queues with a shape that fits, and those that may reclaim."""
 
     def __init__(self, cluster: Cluster, preemption: bool, delay_s: float, base: _Base,
-                 durations: Durations, levels: tuple[float, float, float]) -> None:
-        self.cluster, self.durations, self.levels = cluster, durations, levels
+                 durations: Durations, quantiles: _Quantiles) -> None:
+        self.cluster, self.durations, self.quantiles = cluster, durations, quantiles
         self.now = base.now
         self.delay = delay_s if preemption else math.inf
         self.free = FreeIndex(cluster, base.occupancy.node_free, base.occupancy.levels)
         self.ledger = Ledger(base.occupancy.usage)
-        self.cache: dict[object, tuple[float, float, float]] = {}
+        self.cache: dict[tuple[object, float], tuple[float, float, float]] = {}
         self.done = dict(base.done)
         self.tot: dict[str, tuple[float, float, float]] = {}
         self.running: dict[str, tuple[Running, float, int]] = {}     # id -> (run, end, seq)
@@ -205,20 +258,20 @@ class _Run:
         self.events = 0
 
     def total(self, w: Workload, done: float) -> tuple[float, float, float]:
-        """``w``'s total running time at the three quantiles, given ``done`` seconds run."""
+        """``w``'s total running time on the low, middle and high paths, given ``done`` seconds run
+        (:class:`_Quantiles`)."""
         d = self.durations
-        if done > 0:
-            shared = d.shared(w)
-            return (d.total(w, done, self.levels[0], self.levels[0] if shared else None),
-                    d.total(w, done, self.levels[1], self.levels[1] if shared else None),
-                    d.total(w, done, self.levels[2], self.levels[2] if shared else None))
         shared = d.shared(w)
-        key = d.fresh_key(w, shared)
+        lo, mid, hi = self.quantiles.of(w.id)
+        if done > 0:
+            return (d.total(w, done, lo, lo if shared else None), d.total(w, done, mid, mid if shared else None),
+                    d.total(w, done, hi, hi if shared else None))
+        key = (d.fresh_key(w, shared), mid)
         x = self.cache.get(key)
         if x is None:
-            x = self.cache[key] = (d.total(w, 0.0, self.levels[0], self.levels[0] if shared else None),
-                                   d.total(w, 0.0, self.levels[1], self.levels[1] if shared else None),
-                                   d.total(w, 0.0, self.levels[2], self.levels[2] if shared else None))
+            x = self.cache[key] = (d.total(w, 0.0, lo, lo if shared else None),
+                                   d.total(w, 0.0, mid, mid if shared else None),
+                                   d.total(w, 0.0, hi, hi if shared else None))
         return x
 
     def push(self, q: str) -> None:

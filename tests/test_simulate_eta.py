@@ -95,13 +95,16 @@ def test_eta_changes_no_decision_and_marks_submits(method: str) -> None:
     assert 5 <= exact < len(etas)
     # some waited, and their forecasts are not all point masses
     assert any(v["p90"] > v["p10"] for v in etas.values())
-    # the same seed, the same bytes; another seed, other forecasts (the timeline draws nothing)
+    # the same seed, the same bytes; another seed, other forecasts (the timeline's stratified
+    # middle path is drawn from it; without spreading it draws nothing)
     again = run_scenario(sc, eta=opts)
     assert again.events_jsonl() == res.events_jsonl()
-    if method == "timeline":
-        assert run_scenario(sc, eta=EtaOptions(method=method, seed=1)).events_jsonl() == res.events_jsonl()
-        return
     other = run_scenario(sc, eta=EtaOptions(runs=8, seed=1, method=method))
+    if method == "timeline":
+        assert strip(other.events) == strip(res.events) and other.events_jsonl() != res.events_jsonl()
+        flat = [run_scenario(sc, eta=EtaOptions(method=method, seed=k, spread=False)).events_jsonl() for k in (0, 1)]
+        assert flat[0] == flat[1] != res.events_jsonl()
+        return
     assert strip(other.events) == strip(res.events) and other.events_jsonl() != res.events_jsonl()
     # drawing arrivals too changes the forecasts, not the decisions
     with_arrivals = run_scenario(sc, eta=EtaOptions(runs=4, arrivals=True, method=method))

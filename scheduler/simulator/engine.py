@@ -62,6 +62,7 @@ class EtaOptions:
     runs: int = RUNS
     method: str = "timeline"
     levels: tuple[float, float, float] = (LOW, MID, HIGH)
+    spread: bool = True                  # the timeline's middle path a stratified sample (scheduler.timeline._Quantiles)
     min_samples: int = MIN_SAMPLES
     prior_s: float = 3600.0
     seed: int = 0
@@ -79,7 +80,7 @@ class _Eta:
         if opts.method not in ("timeline", "runs"):
             raise ValueError(f"unknown forecasting method {opts.method!r} (timeline or runs)")
         self.forecaster: Forecaster | Timeline = (
-            Timeline(sc.cluster, sc.cycle_interval_s, opts.levels) if opts.method == "timeline"
+            Timeline(sc.cluster, sc.cycle_interval_s, opts.levels, opts.spread) if opts.method == "timeline"
             else Forecaster(sc.cluster, sc.cycle_interval_s, opts.runs))
         self.fresh: dict[str, dict[str, Any]] = {}      # id -> its submit event, not yet forecast
         self.ran: dict[str, float] = {}                 # earlier runs that count (checkpointed)
