@@ -15,9 +15,12 @@
     (:mod:`benchmarks._core_baseline`) in the same run: admissions per second of core time, cycle
     p50/p99 while 50,000 are pending; then the curve of cycle cost from 1,000 to 100,000 pending.
 (e) ``--service``: the same backlog submitted to a ``SchedulerService`` (what ``gpuq serve`` runs:
-    snapshot of its entries, ``schedule()`` outside the lock, every reason read and kept for the
-    API), steady cycles with ~43,000 pending, with today's core and with the frozen pre-issue-11
-    core in the same service code: the whole cycle and the core's share of it.
+    its snapshot kept between cycles, ``schedule()`` outside the lock, every reason read and kept
+    for the API) and to the frozen service cycle of before issue 18 (the snapshot built from every
+    entry each cycle, :mod:`benchmarks._service_baseline`), both with today's core, in turn in the
+    same run: steady cycles with ~43,000 pending, then busy ones (runs ending, submits, cancels,
+    finishes), the whole cycle and the core's share; both must decide and say the same every cycle.
+    Each side's peak RSS alone, in a process of its own.
 (f) ``--backlog --before PATH``: the drain of (d) with the code of another checkout (``PATH``, e.g.
     ``git worktree add /tmp/before main``) and with this one's, each in a process of its own whose
     ``scheduler`` (and ``accounting``) package is the checkout's, in lockstep: one cycle of each in
@@ -422,7 +425,10 @@ def service_child(quick: bool, name: str) -> None:
         svc.submit(w, Target(), w.submit_s)
     for k in range(reps + 1):
         svc.cycle(61.0 + k)
-    print(f"peak_rss_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}")
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec
+    with open("/proc/self/status") as f:
+        hwm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    print(f"peak_rss_mib={hwm_kib / 1024:.1f}")
 
 
 def naive_schedule(snap: Snapshot, now: float) -> Decisions:

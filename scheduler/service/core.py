@@ -6,7 +6,8 @@ configuration (:meth:`set_config`) and the accounting's idle flags (:meth:`set_i
 is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the time.
 
 * :meth:`submit` / :meth:`cancel` / :meth:`finish` change the set of workloads;
-* :meth:`cycle` builds a snapshot under the lock, runs ``schedule()`` on it without the lock (the
+* :meth:`cycle` brings its kept snapshot up to date under the lock (:mod:`scheduler.service.kept`:
+  only the entries touched since, :meth:`_touch`), runs ``schedule()`` on it without the lock (the
   API answers meanwhile; decisions whose workloads changed in between are dropped), then hands each
   decision to the actuator **outside the lock** (:mod:`scheduler.service.acting`: a few worker threads, one
   action at a time per workload, each call bounded by the actuator's request timeout and the
