@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -93,9 +94,14 @@ class Moody(DryRunActuator):
         self.asked: dict[tuple[str, str], int] = {}
         self.gate = threading.Event()
         self.gate.set()
+        self.waiting = 0                  # calls waiting at the gate
 
     def _answer(self, verb: str, w: Workload) -> ActionResult | None:
-        assert self.gate.wait(60), "the gate stayed closed"
+        self.waiting += 1
+        try:
+            assert self.gate.wait(60), "the gate stayed closed"
+        finally:
+            self.waiting -= 1
         n = self.asked[(verb, w.id)] = self.asked.get((verb, w.id), 0) + 1
         h = zlib.crc32(f"{verb}/{w.id}/{n}".encode()) % 12
         if h == 0:
@@ -257,6 +263,16 @@ class History:
                 assert svc.wait_acting(30)
         self.held = held
 
+    @staticmethod
+    def settle(svc: SchedulerService) -> None:
+        """Wait until the service's worker has nothing to do or waits at the gate: the actions that
+        need no answer (their workload ended) have run, the others wait, whatever the threads'
+        timing (the history then goes on the same way in both services)."""
+        deadline = time.monotonic() + 30
+        while svc._lanes.in_flight() and not svc.actuator.waiting:     # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "the worker neither finished nor reached the gate"
+            time.sleep(0.0005)
+
     def cycle(self) -> None:
         """A cycle on each (maybe with a step landing while it decides); the same decisions."""
         self.now += self.rng.choice((1.0, 1.0, 3.0, 8.0))
@@ -269,6 +285,8 @@ class History:
                 self.hook[0] = lambda svc=svc: self._quiet(mid, svc)
             try:
                 got.append(svc.cycle(self.now, wait=not self.held))
+                if self.held:
+                    self.settle(svc)
             except (SnapshotError, KeyError) as exc:    # no snapshot (see ``broken``): both alike (what
                 got.append(type(exc).__name__)          # it names depends on the order it reads them)
             late, self.hook[0] = self.hook[0], None
