@@ -44,7 +44,7 @@ class RebuildingService(SchedulerService):
             with self._lock:
                 # (today's bookkeeping for the kept snapshot, unused here: kept from growing)
                 self._dirty.clear()
-                self._retell.clear()
+                self._retold.clear()
                 self._ends.clear()
                 for e in [e for e in self._entries.values() if _due(e, now)]:
                     self._finish(e, now)
@@ -65,9 +65,10 @@ class RebuildingService(SchedulerService):
                 job.done.wait()
         return decisions
 
-    def _snapshot(self, extra: Iterable[Workload] = ()) -> Any:
+    def _snapshot(self, extra: Iterable[Workload] = (), core: bool = False) -> Any:
         """The world as decided: running workloads (those with an action in flight cannot be
-        victims), admissions in flight on their placement, victims being preempted gone."""
+        victims), admissions in flight on their placement, victims being preempted gone.
+        (``core``: today's signature; unused.)"""
         cluster = self._cluster_now()
         running: list[Running] = []
         pending: list[Workload] = []

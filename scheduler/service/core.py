@@ -166,12 +166,15 @@ class SchedulerService:
         # pending_demand's last answer, by (events emitted, active workloads): every change of the
         # pending set is an event (submit, admit, preempt, cancel), so an unchanged key is the same answer
         self._pending_memo: tuple[tuple[int, int], tuple[PendingDemand, ...]] | None = None
-        # the snapshot kept between cycles (scheduler.service.kept), brought up to date from the
-        # entries touched since the last one (_touch): id -> the entry as it was first touched,
-        # that is as the last snapshot saw it
+        # the snapshot kept between snapshots (scheduler.service.kept), brought up to date from the
+        # entries touched since the last one (_touch)
         self._kept = KeptSnapshot()
-        self._dirty: dict[str, Entry] = {}
-        self._retell: set[str] = set()            # ids touched since the reasons were last kept (_explain)
+        self._dirty: set[str] = set()
+        # while a cycle decides (from its snapshot to its decisions applied): the entries touched
+        # meanwhile as they were first touched, that is as the snapshot saw them, and their queues
+        self._window: dict[str, Entry] | None = None
+        self._window_queues: set[str] = set()
+        self._retold: set[str] = set()            # the queues of the entries touched since _explain
         self._told: dict[int, Sequence[PendingReason]] = {}    # the parts of reasons kept last (by id)
         self._ends: list[tuple[float, str]] = []  # (when its declared time is up, id) of running workloads
         self._arrival: dict[str, int] = {}        # active id -> its rank in arrival order (_entries' order)
@@ -465,6 +468,7 @@ class SchedulerService:
             self._touch(e)
             if queue != e.workload.queue:
                 e.workload = dataclasses.replace(e.workload, queue=queue)
+                self._touch(e)                  # (its new queue too)
             e.not_allowed = False
             e.reason = Reason(QUEUED, f"{ns} may use queue {queue} now; waiting for the next cycle")
             self._pos.add(e.workload)
@@ -506,12 +510,19 @@ class SchedulerService:
             with self._lock:
                 for e in self._due_now(now):
                     self._finish(e, now)
-                snap = self._snapshot()
-            decisions = schedule(snap, now)
-            _parts(decisions.pending)       # the reasons are built on first read: here, not under the lock
+                snap = self._snapshot(core=True)
+                self._window, self._window_queues = {}, set()
+            try:
+                decisions = schedule(snap, now)
+                _parts(decisions.pending)   # the reasons are built on first read: here, not under the lock
+            except BaseException:
+                with self._lock:
+                    self._window = None
+                raise
             with self._lock:
+                then, self._window = self._window or {}, None
                 if self._cluster is snap.cluster:
-                    entries = _AsSnapshot(dict(self._dirty), self._entries)    # the entries as snap saw them
+                    entries = _AsSnapshot(then, self._entries)      # the entries as snap saw them
                     jobs, held = self._plan(decisions, now, entries)
                     self._explain(decisions, held, entries)
                 else:                                   # nodes, foreign work or queues changed
@@ -524,15 +535,19 @@ class SchedulerService:
         return decisions
 
     def _touch(self, e: Entry) -> None:
-        """Note that live entry ``e`` changes (called before or with every write to a live entry,
-        its reason included, except the cycle's reasons :meth:`_explain` keeps): the next snapshot
-        brings it up to date (:mod:`scheduler.service.kept`), the next :meth:`_explain` reads its
-        reason again, and while a cycle decides, ``_dirty`` keeps the entry as the snapshot saw it
-        (the first one touched since)."""
-        wid = e.workload.id
+        """Note that live entry ``e`` changes: called before every write to a live entry (its reason
+        included, except the cycle's reasons :meth:`_explain` keeps), and after one that moves it to
+        another queue. The next snapshot brings it up to date (:mod:`scheduler.service.kept`), the
+        next :meth:`_explain` reads its queue's reasons again, and while a cycle decides
+        (``_window``) the entry is kept as the snapshot saw it (the first one touched since)."""
+        wid, queue = e.workload.id, e.workload.queue
         if self._entries.get(wid) is e:
-            self._dirty.setdefault(wid, e)
-            self._retell.add(wid)
+            self._dirty.add(wid)
+            self._retold.add(queue)
+            window = self._window
+            if window is not None:
+                window.setdefault(wid, e)
+                self._window_queues.add(queue)
 
     def _due_now(self, now: float) -> list[Entry]:
         """The running workloads whose time is up at ``now`` (:func:`_due`), in arrival order: read
@@ -546,15 +561,17 @@ class SchedulerService:
                 due[wid] = e
         return sorted(due.values(), key=lambda e: self._arrival[e.workload.id])
 
-    def _snapshot(self, extra: Iterable[Workload] = ()) -> Snapshot:
+    def _snapshot(self, extra: Iterable[Workload] = (), core: bool = False) -> Snapshot:
         """The world as decided: running workloads (those with an action in flight cannot be
         victims), admissions in flight on their placement, victims being preempted gone
         (:func:`scheduler.service.kept.seen`); the kept snapshot brought up to date from the
-        entries touched since the last one."""
+        entries touched since the last one. ``core``: ``schedule()`` runs on it with the cluster's
+        memo (a cycle, a dry run; :meth:`KeptSnapshot.snapshot`)."""
+        extra = tuple(extra)
         cluster = self._cluster_now()
-        changed, self._dirty = self._dirty, {}
+        changed, self._dirty = self._dirty, set()
         foreign = self._foreign.running
-        snap = self._kept.snapshot(cluster, self._entries, changed, self._idle, foreign, self.settings, tuple(extra))
+        snap = self._kept.snapshot(cluster, self._entries, changed, self._idle, foreign, self.settings, extra, core)
         if self.check_snapshots:
             fresh = scratch(cluster, self._entries.values(), self._idle, foreign, self.settings, extra)
             why = difference(snap, fresh)
@@ -567,21 +584,12 @@ class SchedulerService:
         """Each waiting workload's reason from the cycle (a brake's hold first); a reason equal to
         the one it has is left as it is (40,000 of them a cycle). A queue's part of the reasons that
         is the one read last time (the cycle reused the queue's reasons: the same object), none of
-        whose workloads was touched since (``_retell``), is skipped whole: its entries hold those
+        whose workloads was touched since (``_retold``), is skipped whole: its entries hold those
         reasons already, or were passed over for what they still are. Those touched while this
         cycle decided are read again next time (passed over now as not the snapshot's, they may be
         the next one's)."""
         live = self._entries
-        touched, self._retell = self._retell, set(entries.then)
-        queues: set[str] = set()              # the queues whose part holds a touched workload
-        seen = self._kept.pending
-        for wid in touched:
-            for e in (live.get(wid), entries.get(wid)):
-                if e is not None:
-                    queues.add(e.workload.queue)
-            w = seen.get(wid)
-            if w is not None:
-                queues.add(w.queue)
+        queues, self._retold = self._retold, set(self._window_queues)   # (those whose part may hold a touched one)
         parts = _parts(d.pending)
         told, then = self._told, entries.then
         for part in parts if parts is not None else (d.pending,):
@@ -1151,7 +1159,7 @@ class SchedulerService:
             if not _is_leaf(self._config, workload.queue):       # the configuration changed meanwhile
                 raise InvalidWorkload("queue", f"queue {workload.queue!r} is no longer a leaf queue")
             return dry_run(workload, now, known=self._entries.keys() | self._done.keys(),
-                           cluster=self._cluster_now(), snapshot=lambda extra: self._snapshot(extra=extra),
+                           cluster=self._cluster_now(), snapshot=lambda extra: self._snapshot(extra, core=True),
                            preemption_delay_s=self.settings.preemption_delay_s)
 
     def restore(self, stored: Iterable[ev.StoredEvent]) -> int:
@@ -1159,7 +1167,7 @@ class SchedulerService:
         with self._lock:
             self._cluster = None
             self._kept.drop()                       # (and the reasons are all read again)
-            self._dirty, self._retell, self._told = {}, set(), {}
+            self._dirty, self._retold, self._told = set(), set(), {}
             n = self._replay(s for s in stored if s.event["event"] not in PAUSE_KINDS)
             for e in self._entries.values():        # the queues placement rules made before the restart
                 path, ns = e.workload.queue, e.target.namespace

@@ -26,7 +26,8 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 from scheduler.model import Running, Workload
 from scheduler.service.views import ADMITTING, PENDING, PREEMPTING, Entry
-from scheduler.snapshot import Cluster, Occupancy, PendingChanges, Settings, Snapshot, occupancy_after, snapshot
+from scheduler.snapshot import (Cluster, Occupancy, PendingChanges, Settings, Snapshot, occupancy_after, occupancy_of,
+                                snapshot)
 
 
 def fixed(w: Workload) -> Workload:
@@ -73,7 +74,8 @@ def scratch(cluster: Cluster, entries: Iterable[Entry], idle: Collection[str], f
 class KeptSnapshot:
     """The last snapshot's parts, updated from the entries that changed (:meth:`snapshot`)."""
 
-    __slots__ = ("cluster", "extra", "foreign", "occupancy", "passed", "pending", "running", "steady")
+    __slots__ = ("base", "came", "cluster", "foreign", "gone", "occupancy", "pending", "pending_t", "running",
+                 "running_t")
 
     def __init__(self) -> None:
         self.cluster: Cluster | None = None          # the cluster they are for (None: rebuild)
@@ -81,32 +83,56 @@ class KeptSnapshot:
         self.running: dict[str, Running] = {}        # the service's running ones as the cycle sees them
         self.foreign: tuple[Running, ...] = ()       # the observed work gpuq did not admit
         self.occupancy: Occupancy | None = None      # of running and foreign
-        # the last snapshot handed out without extra workloads, while nothing changed since (its
-        # changes say "none": the core's grouping takes the same groups back)
-        self.steady: Snapshot | None = None
-        self.passed: tuple[Workload, ...] | None = None   # the pending of the last snapshot handed out
-        self.extra: tuple[Workload, ...] = ()        # the extra workloads in it (a dry run's)
+        self.pending_t: tuple[Workload, ...] | None = None   # pending's values, until it changes
+        self.running_t: tuple[Running, ...] | None = None    # running's and foreign's, until they change
+        # the pending handed to the core last (``core``: what the cluster's memo grouped), and how the
+        # pending now differs from it: its workloads gone since, those come since (by id(), kept
+        # alive by base and pending); None: not known (built from every entry)
+        self.base: tuple[Workload, ...] | None = None
+        self.gone: dict[int, Workload] = {}
+        self.came: dict[int, Workload] = {}
 
     def drop(self) -> None:
         """Forget it all: the next snapshot is built from every entry."""
-        self.cluster, self.steady, self.passed = None, None, None
+        self.cluster, self.base, self.pending_t, self.running_t = None, None, None, None
 
     def snapshot(self, cluster: Cluster, entries: Mapping[str, Entry], changed: Iterable[str],
                  idle: Collection[str], foreign: tuple[Running, ...], settings: Settings,
-                 extra: Sequence[Workload] = ()) -> Snapshot:
+                 extra: Sequence[Workload] = (), core: bool = False) -> Snapshot:
         """The snapshot of ``entries`` (with ``extra`` pending too), ``changed`` naming every id
         whose entry may look different to the cycle since the last call (a new, changed or closed
-        entry, or its idle flag); built from every entry when the cluster is not the one kept."""
-        if self.cluster is not cluster or self.occupancy is None:
-            return self._rebuild(cluster, entries, idle, foreign, settings, tuple(extra))
+        entry, or its idle flag); built from every entry when the cluster is not the one kept.
+        ``core``: it goes to ``schedule()`` on the cluster's memo (a cycle, a dry run), so the next
+        snapshots' :class:`PendingChanges` are given from its pending; others (a forecast's, which
+        runs on a memo of its own) leave that base as it is. The changes are right from their base
+        whoever asks, so a snapshot taken for someone else in between costs the cycle nothing."""
         try:
-            return self._update(cluster, entries, changed, idle, foreign, settings, tuple(extra))
+            if self.cluster is not cluster or self.occupancy is None:
+                self._rebuild(cluster, entries, idle, foreign)
+            else:
+                self._update(cluster, entries, changed, idle, foreign)
         except BaseException:
             self.drop()            # half brought up to date (an occupancy out of range): never reused
             raise
+        assert self.occupancy is not None
+        running = self.running_t
+        if running is None:
+            running = self.running_t = (*self.running.values(), *self.foreign)
+        pending = self.pending_t
+        if pending is None:
+            pending = self.pending_t = tuple(self.pending.values())
+        extra = tuple(extra)
+        if extra:
+            pending = (*pending, *extra)
+        changes = None
+        if self.base is not None:
+            changes = PendingChanges(self.base, tuple(self.gone.values()), (*self.came.values(), *extra))
+        if core:
+            self.base, self.gone, self.came = pending, {id(w): w for w in extra}, {}
+        return Snapshot(cluster, running, pending, self.occupancy, settings, changes)
 
     def _rebuild(self, cluster: Cluster, entries: Mapping[str, Entry], idle: Collection[str],
-                 foreign: tuple[Running, ...], settings: Settings, extra: tuple[Workload, ...]) -> Snapshot:
+                 foreign: tuple[Running, ...]) -> None:
         self.drop()
         pending: dict[str, Workload] = {}
         running: dict[str, Running] = {}
@@ -116,35 +142,32 @@ class KeptSnapshot:
                 running[wid] = s
             elif s is not None:
                 pending[wid] = s
-        snap = snapshot(cluster, (*running.values(), *foreign), (*pending.values(), *extra), settings)
-        self.pending, self.running, self.foreign, self.occupancy = pending, running, foreign, snap.occupancy
-        self.cluster, self.passed, self.extra = cluster, snap.pending, extra
-        return snap
+        self.pending, self.running, self.foreign = pending, running, foreign
+        self.occupancy = occupancy_of(cluster, (*running.values(), *foreign))
+        self.cluster = cluster
 
     def _update(self, cluster: Cluster, entries: Mapping[str, Entry], changed: Iterable[str],
-                idle: Collection[str], foreign: tuple[Running, ...], settings: Settings,
-                extra: tuple[Workload, ...]) -> Snapshot:
-        pend, run = self.pending, self.running
-        removed: list[Workload] = []
-        added: list[Workload] = []
+                idle: Collection[str], foreign: tuple[Running, ...]) -> None:
+        pend, run, gone, came = self.pending, self.running, self.gone, self.came
         stopped: list[Running] = []
         started: list[Running] = []
-        moved = False                     # the running tuple changes (an idle flag alone included)
         for wid in changed:
             e = entries.get(wid)
             s = seen(e, idle) if e is not None else None
             w = pend.get(wid)
             if w is not None and w is not s:
                 del pend[wid]
-                removed.append(w)
+                self.pending_t = None
+                if came.pop(id(w), None) is None:
+                    gone[id(w)] = w
             r = run.get(wid)
             if isinstance(s, Running):
                 if r is not None and r == s:
                     continue                              # the same to the cycle: keep the object
-                moved = True
+                self.running_t = None
                 if r is not None:
                     del run[wid]                          # (re-inserted below: it moves to the end)
-                    if r.workload != s.workload or r.placement != s.placement:
+                    if r.workload != s.workload or r.placement != s.placement:   # (not the idle flag alone)
                         stopped.append(r)
                         started.append(s)
                 else:
@@ -154,36 +177,21 @@ class KeptSnapshot:
             if r is not None:
                 del run[wid]
                 stopped.append(r)
-                moved = True
+                self.running_t = None
             if s is not None and w is not s:
                 pend[wid] = s
-                added.append(s)
+                self.pending_t = None
+                if gone.pop(id(s), None) is None:
+                    came[id(s)] = s
         if foreign is not self.foreign:          # (equal: the running tuple stays, with its equal objects)
             if foreign != self.foreign:
                 stopped.extend(self.foreign)
                 started.extend(foreign)
-                moved = True
+                self.running_t = None
             self.foreign = foreign
-        occupancy = self.occupancy
-        assert occupancy is not None
         if stopped or started:
-            occupancy = self.occupancy = occupancy_after(cluster, occupancy, stopped, started)
-        steady = self.steady
-        if steady is not None and not (moved or removed or added or extra or self.extra) \
-                and steady.settings is settings:
-            return steady
-        running = steady.running if steady is not None and not moved else (*run.values(), *self.foreign)
-        base = tuple(pend.values()) if removed or added or steady is None else steady.pending
-        pending = (*base, *extra) if extra else base
-        changes = None
-        if self.passed is not None:
-            changes = PendingChanges(self.passed, (*self.extra, *removed), (*added, *extra))
-        snap = Snapshot(cluster, running, pending, occupancy, settings, changes)
-        self.passed, self.extra = pending, extra
-        # the next call, if nothing changes: this one again, with "no changes" since it
-        self.steady = None if extra else Snapshot(cluster, running, pending, occupancy, settings,
-                                                  PendingChanges(pending, (), ()))
-        return snap
+            assert self.occupancy is not None
+            self.occupancy = occupancy_after(cluster, self.occupancy, stopped, started)
 
 
 def difference(kept: Snapshot, fresh: Snapshot) -> str | None:
