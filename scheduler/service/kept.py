@@ -7,9 +7,10 @@ with the last ones to find what changed in its grouping. :class:`KeptSnapshot` k
 snapshot held (the pending workloads and the running ones by id, the occupancy) and brings it up
 to date from the entries the service names as changed since (every write to a live entry outside
 the reasons a cycle hands back goes through ``SchedulerService._touch``). It hands the core a
-:class:`~scheduler.snapshot.PendingChanges` (so the grouping reads only what changed), updates the
+:class:`~scheduler.snapshot.PendingChanges` from the pending the core was given last (so the
+grouping reads only what changed, whoever else asked for a snapshot in between), updates the
 occupancy with :func:`~scheduler.snapshot.occupancy_after` from what started and stopped, and hands
-back the same snapshot while nothing changed.
+back the same pending and running tuples while nothing changed.
 
 What it holds is what :func:`scratch` builds from all entries, the order of the workloads aside
 (no decision depends on it: pending workloads are ordered by their keys, victims by theirs, and
