@@ -15,9 +15,12 @@
     (:mod:`benchmarks._core_baseline`) in the same run: admissions per second of core time, cycle
     p50/p99 while 50,000 are pending; then the curve of cycle cost from 1,000 to 100,000 pending.
 (e) ``--service``: the same backlog submitted to a ``SchedulerService`` (what ``gpuq serve`` runs:
-    snapshot of its entries, ``schedule()`` outside the lock, every reason read and kept for the
-    API), steady cycles with ~43,000 pending, with today's core and with the frozen pre-issue-11
-    core in the same service code: the whole cycle and the core's share of it.
+    its snapshot kept between cycles, ``schedule()`` outside the lock, every reason read and kept
+    for the API) and to the frozen service cycle of before issue 18 (the snapshot built from every
+    entry each cycle, :mod:`benchmarks._service_baseline`), both with today's core, in turn in the
+    same run: steady cycles with ~43,000 pending, then busy ones (runs ending, submits, cancels,
+    finishes), the whole cycle and the core's share; both must decide and say the same every cycle.
+    Each side's peak RSS alone, in a process of its own.
 (f) ``--backlog --before PATH``: the drain of (d) with the code of another checkout (``PATH``, e.g.
     ``git worktree add /tmp/before main``) and with this one's, each in a process of its own whose
     ``scheduler`` (and ``accounting``) package is the checkout's, in lockstep: one cycle of each in
@@ -319,52 +322,113 @@ def before_main(quick: bool, before: Path, repeat: int) -> None:
 
 
 def service_main(quick: bool) -> None:
-    """(e): a service's steady cycle at depth, today's core against the frozen one."""
+    """(e): a service's cycle at depth, today's service against its frozen cycle from before it kept
+    its snapshot (:mod:`benchmarks._service_baseline`), both with today's core, in lockstep."""
     import scheduler.service.core as service_core
-    from benchmarks._core_baseline.cycle import schedule as schedule_before
+    from benchmarks._service_baseline import RebuildingService
     from scheduler.actuators.base import DryRunActuator, Target
     from scheduler.service.core import SchedulerService
-    n, n_nodes, reps = (5_000, 500, 5) if quick else (50_000, 5_000, 10)
-    print(f"(e) service cycle: {n} workloads submitted (the backlog shape), {n_nodes} nodes; "
-          f"{reps} steady cycles after the first")
-    rows = {}
-    for name, fn in (("before", schedule_before), ("now", schedule)):
-        c = make_cluster(n_nodes)
-        svc = SchedulerService(parse_queue_config({"queues": backlog_queues(n_nodes * 8), "policy": BACKLOG_POLICY}),
-                               DryRunActuator(),
-                               nodes=list(c.nodes), settings=Settings(True, 30.0))
-        for w in make_backlog(c, n):
-            svc.submit(w, Target(), w.submit_s)
-        core = [0.0]
+    n, n_nodes, reps, busy = (5_000, 500, 10, 10) if quick else (50_000, 5_000, 30, 20)
+    print(f"(e) service cycle: {n} workloads submitted (the backlog shape), {n_nodes} nodes; {reps} steady cycles "
+          f"after the first, then {busy} busy ones (from t=151 s, a cycle a second: the first runs end, 20 "
+          f"submits, 10 cancels, 5 finishes between cycles), each side in turn (the first alternating)")
+    config = parse_queue_config({"queues": backlog_queues(n_nodes * 8), "policy": BACKLOG_POLICY})
+    c = make_cluster(n_nodes)
+    backlog = make_backlog(c, n)
+    core = [0.0]
 
-        def timed_core(snap: Snapshot, now: float, fn: Callable[[Snapshot, float], Decisions] = fn) -> Decisions:
-            t0 = time.perf_counter()
-            d = fn(snap, now)
-            core[0] += time.perf_counter() - t0
-            return d
+    def timed_core(snap: Snapshot, now: float) -> Decisions:
+        t0 = time.perf_counter()
+        d = schedule(snap, now)
+        core[0] += time.perf_counter() - t0
+        return d
 
-        service_core.schedule = timed_core  # type: ignore[assignment]
-        try:
-            gc.collect()
+    sides: dict[str, SchedulerService] = {}
+    service_core.schedule = timed_core  # type: ignore[assignment]
+    try:
+        for name, cls in (("before", RebuildingService), ("now", SchedulerService)):
+            svc = sides[name] = cls(config, DryRunActuator(), nodes=list(c.nodes), settings=Settings(True, 30.0))
+            for w in backlog:
+                svc.submit(w, Target(), w.submit_s)
             svc.cycle(61.0)
-            cycles, cores = [], []
-            for k in range(reps):
+        times: dict[str, dict[str, list[float]]] = {s: {"steady": [], "busy": [], "core": []} for s in sides}
+        same, differ = True, []
+        rng = random.Random(13)
+        for k in range(reps + busy):
+            series = "steady" if k < reps else "busy"
+            now = 62.0 + k if k < reps else 151.0 + (k - reps)
+            if series == "busy":              # the same changes to both, then the cycle
+                pend = sorted(v.id for v in sides["before"].workloads(state="pending"))
+                run = sorted(v.id for v in sides["before"].workloads(state="running"))
+                cancels, finishes = rng.sample(pend, 10), rng.sample(run, 5)
+                fresh = [dataclasses.replace(w, id=f"k{k}-{j}", submit_s=now - 0.5)
+                         for j, w in enumerate(rng.sample(backlog, 20))]
+                for svc in sides.values():
+                    for wid in cancels:
+                        svc.cancel(wid, now - 0.5)
+                    for wid in finishes:
+                        svc.finish(wid, now - 0.5)
+                    for w in fresh:
+                        svc.submit(w, Target(), now - 0.5)
+            order = list(sides) if k % 2 == 0 else list(reversed(sides))
+            got = {}
+            for name in order:
+                gc.collect()
                 core[0] = 0.0
                 t0 = time.perf_counter()
-                svc.cycle(62.0 + k)
-                cycles.append((time.perf_counter() - t0) * 1000)
-                cores.append(core[0] * 1000)
-        finally:
-            service_core.schedule = schedule  # type: ignore[assignment]
-        pending = len(svc.workloads(state="pending", limit=n))
-        cycles.sort()
-        cores.sort()
-        rows[name] = cycles
-        print(f"RESULT service_{name} pending={pending} cycle_p50_ms={pct(cycles, 50):.1f} "
-              f"cycle_max_ms={cycles[-1]:.1f} core_p50_ms={pct(cores, 50):.1f}")
-    print(f"RESULT service_ratio before/now cycle p50={pct(rows['before'], 50) / pct(rows['now'], 50):.1f}x")
+                got[name] = sides[name].cycle(now, wait=False)     # as gpuq serve: the actions run meanwhile
+                times[name][series].append((time.perf_counter() - t0) * 1000)
+                times[name]["core"].append(core[0] * 1000)
+                sides[name].wait_acting()
+            a, b = got["before"], got["now"]
+            if (a.admissions, a.preemptions, a.pending) != (b.admissions, b.preemptions, b.pending):
+                same = False
+                differ.append(f"t={now}: decisions")
+            told = [{wid: (e.state, e.reason, e.acting) for wid, e in s._entries.items()} for s in sides.values()]
+            if told[0] != told[1]:
+                same = False
+                differ.append(f"t={now}: {sum(told[0].get(w) != v for w, v in told[1].items())} entries' reasons")
+    finally:
+        service_core.schedule = schedule  # type: ignore[assignment]
+    pending = {name: len(svc.workloads(state="pending", limit=2 * n)) for name, svc in sides.items()}
+    for name, t in times.items():
+        st, bu, co = sorted(t["steady"]), sorted(t["busy"]), sorted(t["core"][:reps])
+        print(f"RESULT service_{name} steady_cycle_p50_ms={pct(st, 50):.1f} steady_cycle_max_ms={st[-1]:.1f} "
+              f"steady_core_p50_ms={pct(co, 50):.1f} busy_cycle_p50_ms={pct(bu, 50):.1f} "
+              f"busy_cycle_max_ms={bu[-1]:.1f} pending_at_end={pending[name]}")
+    ratio = {s: pct(sorted(times["before"][s]), 50) / pct(sorted(times["now"][s]), 50) for s in ("steady", "busy")}
+    print(f"RESULT service_ratio before/now steady_p50={ratio['steady']:.2f}x busy_p50={ratio['busy']:.2f}x")
+    print(f"RESULT service_same decisions_and_reasons={same}" + (f" ({'; '.join(differ[:5])})" if differ else ""))
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"RESULT peak_rss_mib={rss_mib:.0f}")
+    alone = {}
+    for name in sides:                    # each side alone, in a process of its own, for its peak RSS
+        cmd = [sys.executable, "-m", "benchmarks.bench_scheduler", "--service-child", name,
+               *(["--quick"] if quick else [])]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[1]).stdout
+        alone[name] = float(out.split("peak_rss_mib=")[1].split()[0])
+    print(f"RESULT peak_rss_mib={rss_mib:.0f} (this process, both services) alone: before={alone['before']:.0f} "
+          f"now={alone['now']:.0f} (each side's backlog, first cycle and {reps} steady cycles, in a process of its own)")
+
+
+def service_child(quick: bool, name: str) -> None:
+    """One side of (e) alone: its backlog, its first cycle and the steady cycles; its peak RSS."""
+    from benchmarks._service_baseline import RebuildingService
+    from scheduler.actuators.base import DryRunActuator, Target
+    from scheduler.service.core import SchedulerService
+    n, n_nodes, reps = (5_000, 500, 10) if quick else (50_000, 5_000, 30)
+    c = make_cluster(n_nodes)
+    cls = RebuildingService if name == "before" else SchedulerService
+    svc = cls(parse_queue_config({"queues": backlog_queues(n_nodes * 8), "policy": BACKLOG_POLICY}),
+              DryRunActuator(), nodes=list(c.nodes), settings=Settings(True, 30.0))
+    for w in make_backlog(c, n):
+        svc.submit(w, Target(), w.submit_s)
+    for k in range(reps + 1):
+        svc.cycle(61.0 + k)
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec
+    with open("/proc/self/status") as f:
+        hwm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    print(f"peak_rss_mib={hwm_kib / 1024:.1f}")
 
 
 def naive_schedule(snap: Snapshot, now: float) -> Decisions:
@@ -501,9 +565,13 @@ def main() -> None:
                     help="with --backlog, (f): the drain in lockstep with the gpuq checkout at PATH and with this one")
     ap.add_argument("--repeat", type=int, default=3, help="(f): lockstep drains (default 3)")
     ap.add_argument("--drain-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--service-child", choices=("before", "now"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.drain_child:
         drain_child(args.quick)
+        return
+    if args.service_child:
+        service_child(args.quick, args.service_child)
         return
     if args.before is not None:
         if not args.backlog:

@@ -145,20 +145,31 @@ class PendingReasons(Sequence[PendingReason]):
     equal to, the tuple of its reasons: the simulator never reads it, so a cycle in a deep backlog
     does not pay for reasons no one asks for."""
 
-    __slots__ = ("_items", "_len", "_parts")
+    __slots__ = ("_built", "_items", "_len", "_parts")
 
     def __init__(self, parts: Sequence[_Part], length: int) -> None:
         self._parts: Sequence[_Part] | None = parts
         self._len = length
+        self._built: tuple[Sequence[PendingReason], ...] | None = None
         self._items: tuple[PendingReason, ...] | None = None
+
+    def parts(self) -> tuple[Sequence[PendingReason], ...]:
+        """The reasons queue by queue (one part per queue with waiting workloads, in the order the
+        sequence reads them), each built once. A part is never changed once built, and a queue
+        whose reasons the cycle reused is the same part object as in the cycle it was built (a
+        reader that keeps what it read, the service, skips a part it has already read)."""
+        built = self._built
+        if built is None:
+            parts = self._parts
+            assert parts is not None
+            built = self._built = tuple([p() if callable(p) else p for p in parts])
+            self._parts = None
+        return built
 
     def _all(self) -> tuple[PendingReason, ...]:
         items = self._items
         if items is None:
-            parts = self._parts
-            assert parts is not None
-            items = self._items = tuple(chain.from_iterable(p() if callable(p) else p for p in parts))
-            self._parts = None
+            items = self._items = tuple(chain.from_iterable(self.parts()))
         return items
 
     def __len__(self) -> int:

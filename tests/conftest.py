@@ -10,6 +10,12 @@ the table, when it inserted rows older than that table's retention in its store;
 does so on purpose says which tables with ``@pytest.mark.allow_expired_rows("table", ...)``.
 ``GPUQ_TEST_RETENTION_AUDIT_DAYS=N`` treats every retention as at most N days, to find tests whose
 rows are fixed in time before they expire for real.
+
+The live scheduler keeps its snapshot between cycles and brings it up to date from the entries it
+touched (``scheduler/service/kept.py``); the autouse ``checked_snapshots`` fixture makes every
+service in every test compare each snapshot with one built from all its entries, so a mutation
+path that forgets to touch what it changes fails the test that takes it. A test that times the
+service says so with ``@pytest.mark.unchecked_snapshots``.
 """
 from __future__ import annotations
 
@@ -47,6 +53,8 @@ def data_path(*parts: str) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "allow_expired_rows(*tables): the test inserts rows older than "
                                        "those tables' retention on purpose (the expired-rows check skips them)")
+    config.addinivalue_line("markers", "unchecked_snapshots: the test times the live scheduler; its kept "
+                                       "snapshots are not compared with ones built from scratch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +135,14 @@ def expired_rows(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     bad = [e for e in rec.found if e.table not in allowed]
     if bad:
         pytest.fail(f"{request.node.nodeid} inserted expired rows: {rec.message(bad)}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def checked_snapshots(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    from scheduler.service.core import SchedulerService
+
+    if request.node.get_closest_marker("unchecked_snapshots") is None:
+        monkeypatch.setattr(SchedulerService, "check_snapshots", True)
 
 
 @pytest.fixture(scope="session")

@@ -128,6 +128,7 @@ def lock_stretch(svc: SchedulerService, fn: Any) -> tuple[float, float]:
     return wall[0], longest
 
 
+@pytest.mark.unchecked_snapshots
 def test_the_cycle_decides_without_the_service_lock() -> None:
     """With 20,000 pending, ``schedule()`` takes tens of milliseconds; the API's threads need the
     service lock for every answer. Before: the lock was held for the whole cycle (the longest

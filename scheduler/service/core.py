@@ -6,7 +6,8 @@ configuration (:meth:`set_config`) and the accounting's idle flags (:meth:`set_i
 is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the time.
 
 * :meth:`submit` / :meth:`cancel` / :meth:`finish` change the set of workloads;
-* :meth:`cycle` builds a snapshot under the lock, runs ``schedule()`` on it without the lock (the
+* :meth:`cycle` brings its kept snapshot up to date under the lock (:mod:`scheduler.service.kept`:
+  only the entries touched since, :meth:`_touch`), runs ``schedule()`` on it without the lock (the
   API answers meanwhile; decisions whose workloads changed in between are dropped), then hands each
   decision to the actuator **outside the lock** (:mod:`scheduler.service.acting`: a few worker threads, one
   action at a time per workload, each call bounded by the actuator's request timeout and the
@@ -44,13 +45,15 @@ no actuator call is made with it held.
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from accounting.access import NamespaceQueues
 from accounting.access import refusal as access_refusal
@@ -65,7 +68,7 @@ from scheduler.actuators.base import FENCED, ActionResult, Actuator, Fence, Targ
 from scheduler.service.acting import Lanes
 from scheduler.service.brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Pause, PreemptionBrake
 from scheduler.cycle import never_fits, schedule
-from scheduler.model import Decisions, Node, Placement, ReasonCode, Running, Workload
+from scheduler.model import Decisions, Node, PendingReason, PendingReasons, Placement, Running, Workload
 from scheduler.ordering import by_queue
 from scheduler.policy import POLICY, refusal
 from scheduler.service.errors import (
@@ -105,8 +108,9 @@ from scheduler.service.ledger import (DRIFT, MISPLACED, Foreign, Mismatch, admis
                                       reconcile)
 from scheduler.service.dryrun import dry_run
 from scheduler.service.forecasts import Forecasts
+from scheduler.service.kept import KeptSnapshot, difference, scratch
 from scheduler.service.replay import STATE_TABLE, Journal
-from scheduler.snapshot import Cluster, Settings, build_cluster, snapshot
+from scheduler.snapshot import Cluster, Settings, Snapshot, build_cluster
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +120,10 @@ class EventSink(Protocol):
 
 
 class SchedulerService:
+    # compare every kept snapshot with one built from every entry (AssertionError when they differ):
+    # set by the tests (tests/conftest.py), never by gpuq serve: it costs the pass the kept one saves
+    check_snapshots: ClassVar[bool] = False
+
     def __init__(self, config: QueueConfig, actuator: Actuator, *, nodes: Iterable[Node] = (),
                  settings: Settings | None = None, sink: EventSink | None = None, cluster: str = "default",
                  sleep: Callable[[float], None] = time.sleep, history: int = 1000,
@@ -166,6 +174,19 @@ class SchedulerService:
         self._pending_memo: tuple[tuple[int, int], tuple[PendingDemand, ...]] | None = None
         # start-time forecasts: fed every event (_emit), refreshed off the scheduling path (gpuq serve)
         self.forecasts = Forecasts(self, cycle_interval_s)
+        # the snapshot kept between snapshots (scheduler.service.kept), brought up to date from the
+        # entries touched since the last one (_touch)
+        self._kept = KeptSnapshot()
+        self._dirty: set[str] = set()
+        # while a cycle decides (from its snapshot to its decisions applied): the entries touched
+        # meanwhile as they were first touched, that is as the snapshot saw them, and their queues
+        self._window: dict[str, Entry] | None = None
+        self._window_queues: set[str] = set()
+        self._retold: set[str] = set()            # the queues of the entries touched since _explain
+        self._told: dict[int, Sequence[PendingReason]] = {}    # the parts of reasons kept last (by id)
+        self._ends: list[tuple[float, str]] = []  # (when its declared time is up, id) of running workloads
+        self._arrival: dict[str, int] = {}        # active id -> its rank in arrival order (_entries' order)
+        self._arrivals = itertools.count()
 
     # -- inputs from the world ---------------------------------------------------------------
     @property
@@ -217,6 +238,7 @@ class SchedulerService:
         held = over.message if over is not None else ""
         if held == e.policy:
             return
+        self._touch(e)
         e.policy = held
         if held:
             self._pos.discard(e.workload.id)
@@ -248,7 +270,7 @@ class SchedulerService:
     def set_idle(self, workload_ids: Collection[str]) -> None:
         """Running workloads whose GPUs the accounting sees idle (preferred victims)."""
         with self._lock:
-            self._idle = frozenset(workload_ids)
+            self._set_idle(frozenset(workload_ids))
 
     def set_idle_targets(self, keys: Collection[tuple[str, str]]) -> None:
         """Idle flags from the accounting's ``(namespace, workload)`` keys: a running workload is
@@ -261,7 +283,14 @@ class SchedulerService:
             ids = [wid for wid, e in self._entries.items() if e.running is not None and e.target.name
                    and any(n == e.target.name or n.startswith(e.target.name + "-")
                            for n in names.get(e.target.namespace, ()))]
-            self._idle = frozenset(ids)
+            self._set_idle(frozenset(ids))
+
+    def _set_idle(self, idle: frozenset[str]) -> None:
+        for wid in idle ^ self._idle:            # their running workloads look different to the cycle
+            e = self._entries.get(wid)
+            if e is not None:
+                self._touch(e)
+        self._idle = idle
 
     # -- mutations -------------------------------------------------------------------------------
     def submit(self, workload: Workload, target: Target, now: float, actor: str = "",
@@ -309,6 +338,8 @@ class SchedulerService:
         e = Entry(workload, target, PENDING, workload.duration_s, Reason(QUEUED, "waiting for the next cycle"),
                   owner=actor)
         self._entries[workload.id] = e
+        self._arrival.setdefault(workload.id, next(self._arrivals))
+        self._touch(e)
         if not_allowed is None:
             self._pos.add(workload)
             self._police(e)
@@ -333,6 +364,7 @@ class SchedulerService:
         carried out while acting is paused: they are an operator's explicit request."""
         with self._lock:
             e = self._active(workload_id)
+            self._touch(e)
             e.cancelling = True                     # from now on neither admitted nor a victim
         job = self._lanes.submit({workload_id}, partial(self._carry_cancel, e, now, by))
         wait = None if self._budget_s is None else self._budget_s + 5.0
@@ -352,10 +384,12 @@ class SchedulerService:
             if self._entries.get(wid) is not e:
                 e.cancelling = False
                 return NotActive(wid, e.state)
+            self._touch(e)
             e.acting, before = CANCELLING, e.reason
             e.reason = Reason(CANCELLING, f"cancel in flight{f' (by {by})' if by else ''}")
         result = self._call("cancel", partial(self.actuator.cancel, e.workload, e.target))
         with self._lock:
+            self._touch(e)
             e.acting, e.cancelling = "", False
             if self._entries.get(wid) is not e:        # it ended meanwhile (finished, removed)
                 return self._view(e) if result.ok else NotActive(wid, e.state)
@@ -425,6 +459,7 @@ class SchedulerService:
             why = self._not_allowed(e.workload.queue, ns)
             if why is not None:
                 if not e.not_allowed or e.reason is None or e.reason.message != why:
+                    self._touch(e)
                     e.not_allowed, e.reason = True, Reason(QUEUE_NOT_ALLOWED, why)
                     self._pos.discard(e.workload.id)
                 continue
@@ -433,12 +468,15 @@ class SchedulerService:
             try:
                 queue = self._placed(e.workload.queue, ns)
             except InvalidWorkload as exc:
+                self._touch(e)
                 e.reason = Reason(QUEUE_NOT_ALLOWED, exc.message)
                 continue
             if queue not in _leaves(self._config):
                 continue
+            self._touch(e)
             if queue != e.workload.queue:
                 e.workload = dataclasses.replace(e.workload, queue=queue)
+                self._touch(e)                  # (its new queue too)
             e.not_allowed = False
             e.reason = Reason(QUEUED, f"{ns} may use queue {queue} now; waiting for the next cycle")
             self._pos.add(e.workload)
@@ -478,14 +516,21 @@ class SchedulerService:
                 return Decisions(now, (), (), ())
             t0 = time.perf_counter()
             with self._lock:
-                for e in [e for e in self._entries.values() if _due(e, now)]:
+                for e in self._due_now(now):
                     self._finish(e, now)
-                snap = self._snapshot()
-                entries = dict(self._entries)
-            decisions = schedule(snap, now)
-            tuple(decisions.pending)        # the reasons are built on first read: here, not under the lock
+                snap = self._snapshot(core=True)
+                self._window, self._window_queues = {}, set()
+            try:
+                decisions = schedule(snap, now)
+                _parts(decisions.pending)   # the reasons are built on first read: here, not under the lock
+            except BaseException:
+                with self._lock:
+                    self._window = None
+                raise
             with self._lock:
+                then, self._window = self._window or {}, None
                 if self._cluster is snap.cluster:
+                    entries = _AsSnapshot(then, self._entries)      # the entries as snap saw them
                     jobs, held = self._plan(decisions, now, entries)
                     self._explain(decisions, held, entries)
                 else:                                   # nodes, foreign work or queues changed
@@ -497,43 +542,85 @@ class SchedulerService:
                 job.done.wait()
         return decisions
 
-    def _snapshot(self, extra: Iterable[Workload] = ()) -> Any:
-        """The world as decided: running workloads (those with an action in flight cannot be
-        victims), admissions in flight on their placement, victims being preempted gone."""
-        cluster = self._cluster_now()
-        running: list[Running] = []
-        pending: list[Workload] = []
-        for e in self._entries.values():
-            r = e.running
-            if e.acting == ADMITTING and e.plan is not None:
-                running.append(Running(_fixed(e.workload), e.plan, now_of(e)))
-            elif r is not None and e.acting != PREEMPTING:
-                w = _fixed(r.workload) if (e.acting or e.cancelling) else r.workload
-                running.append(Running(w, r.placement, r.start_s, w.id in self._idle))
-            elif e.state == PENDING and not e.acting and not e.cancelling and not e.not_allowed and not e.policy:
-                pending.append(e.workload)
-        running.extend(self._foreign.running)
-        return snapshot(cluster, running, [*pending, *extra], self.settings)
+    def _touch(self, e: Entry) -> None:
+        """Note that live entry ``e`` changes: called before every write to a live entry (its reason
+        included, except the cycle's reasons :meth:`_explain` keeps), and after one that moves it to
+        another queue. The next snapshot brings it up to date (:mod:`scheduler.service.kept`), the
+        next :meth:`_explain` reads its queue's reasons again, and while a cycle decides
+        (``_window``) the entry is kept as the snapshot saw it (the first one touched since)."""
+        wid, queue = e.workload.id, e.workload.queue
+        if self._entries.get(wid) is e:
+            self._dirty.add(wid)
+            self._retold.add(queue)
+            window = self._window
+            if window is not None:
+                window.setdefault(wid, e)
+                self._window_queues.add(queue)
 
-    def _explain(self, d: Decisions, held: dict[str, Reason], entries: dict[str, Entry]) -> None:
+    def _due_now(self, now: float) -> list[Entry]:
+        """The running workloads whose time is up at ``now`` (:func:`_due`), in arrival order: read
+        from ``_ends`` (pushed at each start; one whose workload stopped or started again since is
+        dropped), not from every entry."""
+        ends, due = self._ends, {}
+        while ends and ends[0][0] <= now:
+            _, wid = heapq.heappop(ends)
+            e = self._entries.get(wid)
+            if e is not None and _due(e, now):
+                due[wid] = e
+        return sorted(due.values(), key=lambda e: self._arrival[e.workload.id])
+
+    def _snapshot(self, extra: Iterable[Workload] = (), core: bool = False) -> Snapshot:
+        """The world as decided: running workloads (those with an action in flight cannot be
+        victims), admissions in flight on their placement, victims being preempted gone
+        (:func:`scheduler.service.kept.seen`); the kept snapshot brought up to date from the
+        entries touched since the last one. ``core``: ``schedule()`` runs on it with the cluster's
+        memo (a cycle, a dry run; :meth:`KeptSnapshot.snapshot`)."""
+        extra = tuple(extra)
+        cluster = self._cluster_now()
+        changed, self._dirty = self._dirty, set()
+        foreign = self._foreign.running
+        snap = self._kept.snapshot(cluster, self._entries, changed, self._idle, foreign, self.settings, extra, core)
+        if self.check_snapshots:
+            fresh = scratch(cluster, self._entries.values(), self._idle, foreign, self.settings, extra)
+            why = difference(snap, fresh)
+            if why is not None:
+                self._kept.drop()
+                raise AssertionError(f"the kept snapshot differs from the entries: {why}")
+        return snap
+
+    def _explain(self, d: Decisions, held: dict[str, Reason], entries: _AsSnapshot) -> None:
         """Each waiting workload's reason from the cycle (a brake's hold first); a reason equal to
-        the one it has is left as it is (10,000 of them a cycle)."""
+        the one it has is left as it is (40,000 of them a cycle). A queue's part of the reasons that
+        is the one read last time (the cycle reused the queue's reasons: the same object), none of
+        whose workloads was touched since (``_retold``), is skipped whole: its entries hold those
+        reasons already, or were passed over for what they still are. Those touched while this
+        cycle decided are read again next time (passed over now as not the snapshot's, they may be
+        the next one's)."""
         live = self._entries
-        for p in d.pending:
-            wid = p.workload
-            e = live.get(wid)
-            if e is None or e is not entries.get(wid) or e.state != PENDING or e.acting or e.cancelling \
-                    or e.not_allowed or wid in held:
+        queues, self._retold = self._retold, set(self._window_queues)   # (those whose part may hold a touched one)
+        parts = _parts(d.pending)
+        told, then = self._told, entries.then
+        for part in parts if parts is not None else (d.pending,):
+            if not part or (parts is not None and told.get(id(part)) is part and part[0].queue not in queues):
                 continue
-            r, code = e.reason, _CODES[p.code]
-            if r is None or r.code != code or r.message != p.message:
-                e.reason = Reason(code, p.message)
+            for p in part:
+                wid = p.workload
+                e = live.get(wid)
+                # (not the entry the snapshot saw: one touched since as first touched is another)
+                if e is None or e.state != PENDING or e.acting or e.cancelling or e.not_allowed \
+                        or (then and wid in then and then[wid] is not e) or (held and wid in held):
+                    continue
+                r, msg = e.reason, p.message
+                if r is None or r.message != msg or r.code != p.code._value_:
+                    e.reason = _reason(p.code._value_, msg)
+        self._told = {id(part): part for part in parts} if parts is not None else {}
         for wid, hold in held.items():
             e = live.get(wid)
             if e is not None and e.state == PENDING and not e.acting and not e.cancelling:
+                self._touch(e)
                 e.reason = hold
 
-    def _current(self, a: Any, entries: dict[str, Entry]) -> bool:
+    def _current(self, a: Any, entries: Mapping[str, Entry]) -> bool:
         """The admission's workload and victims are as the cycle's snapshot saw them."""
         e = self._entries.get(a.workload.id)
         if e is None or e is not entries.get(a.workload.id) or e.state != PENDING or e.acting or e.cancelling \
@@ -545,7 +632,7 @@ class SchedulerService:
                 return False
         return True
 
-    def _plan(self, d: Decisions, now: float, entries: dict[str, Entry] | None = None,
+    def _plan(self, d: Decisions, now: float, entries: Mapping[str, Entry] | None = None,
               ) -> tuple[list[tuple[set[str], Callable[[], None]]], dict[str, Reason]]:
         """Mark the decisions' workloads in flight and make their jobs; the admissions held back by
         a brake get their reason instead (and so do later ones placed where its victims run).
@@ -579,10 +666,12 @@ class SchedulerService:
                     for n, _ in v.running.placement.nodes if v.running else ():
                         kept.setdefault(n, hold)
                 continue
+            self._touch(e)
             e.acting, e.plan, e.planned_s = ADMITTING, a.placement, now
             e.reason = Reason(ADMITTING, f"admission in flight: {_where(a.placement)}"
                               + (f" after preempting {', '.join(a.victims)}" if victims else ""))
             for v in victims:
+                self._touch(v)
                 v.acting = PREEMPTING
                 v.reason = Reason(PREEMPTING, f"being preempted by {e.workload.id}: {reason}")
                 self.brake.record(now, v.workload.queue)
@@ -615,6 +704,7 @@ class SchedulerService:
         for i, v in enumerate(victims):
             res = self._call("preempt", partial(self.actuator.preempt, v.workload, v.target, reason))
             with self._lock:
+                self._touch(v)
                 v.acting = ""
                 if res.ok:
                     v.refusals = 0
@@ -623,6 +713,7 @@ class SchedulerService:
                     stopped.append(v)         # (one that ended meanwhile is stopped all the same)
                     continue
                 for rest in victims[i:]:
+                    self._touch(rest)
                     rest.acting = ""
                     self.brake.forget(now, rest.workload.queue)
                     if rest.reason is not None and rest.reason.code == PREEMPTING:
@@ -637,6 +728,7 @@ class SchedulerService:
                 else:
                     e.reason = Reason(ACTUATOR_FAILED, f"preempting {v.workload.id} failed: {res.message}; "
                                                        "tried again next cycle")
+                self._touch(e)
                 e.acting, e.plan = "", None
                 self._remember(e, stopped, reason, now)
                 return
@@ -647,6 +739,7 @@ class SchedulerService:
                 return
         res = self._call("admit", partial(self.actuator.admit, e.workload, e.target, placement))
         with self._lock:
+            self._touch(e)
             e.acting, e.plan = "", None
             if self._entries.get(wid) is not e or e.state != PENDING:
                 log.warning("%s ended while its admission was in flight (%s)", wid, res.message)
@@ -771,7 +864,10 @@ class SchedulerService:
     # -- state transitions (each records its event) ------------------------------------------------
     def _start(self, e: Entry, placement: Placement, now: float, message: str, record: bool = True) -> None:
         w = e.workload
+        self._touch(e)
         e.state, e.running, e.reason, e.message = RUNNING, Running(w, placement, now), None, message
+        if e.left_s > 0:
+            heapq.heappush(self._ends, (now + e.left_s, w.id))      # what _due_now finds
         self._pos.discard(w.id)
         if e.first_start_s is None:
             e.first_start_s = now
@@ -785,6 +881,7 @@ class SchedulerService:
     def _preempt(self, v: Entry, by: str, reason: str, now: float, record: bool = True) -> None:
         r = v.running
         assert r is not None
+        self._touch(v)
         if record:
             self._ledger(v, r.start_s, now)
         if v.left_s > 0:
@@ -803,12 +900,14 @@ class SchedulerService:
             self._emit(now, "finish", e.workload)
 
     def _close(self, e: Entry, state: str, now: float, reason: Reason | None) -> None:
+        self._touch(e)
         if e.running is not None:
             self._ledger(e, e.running.start_s, now)
         e.state, e.running, e.end_s, e.reason = state, None, now, reason
         self._pos.discard(e.workload.id)
         self._entries.pop(e.workload.id, None)
         wid = e.workload.id
+        self._arrival.pop(wid, None)
         self._forget_done(wid)
         self._done[wid] = e
         self._done_by.setdefault(caller_name(e.owner), OrderedDict())[wid] = None
@@ -892,8 +991,10 @@ class SchedulerService:
                     continue
                 m = flagged.get(wid)
                 if m is not None:
+                    self._touch(e)
                     e.reason = Reason(m.kind, m.message)
                 elif e.reason is not None and e.reason.code in (DRIFT, MISPLACED):
+                    self._touch(e)
                     e.reason = None
 
     def record(self) -> tuple[list[Allocation], list[Placed]]:
@@ -1068,7 +1169,7 @@ class SchedulerService:
         seen: list[Any] = []                        # the dry run's snapshot, forecast after the locks
 
         def with_extra(extra: Sequence[Workload]) -> Any:
-            seen.append(self._snapshot(extra=extra))
+            seen.append(self._snapshot(extra=extra, core=True))
             return seen[-1]
 
         with self._deciding, self._lock:            # the cluster's memos: one schedule() at a time
@@ -1085,6 +1186,8 @@ class SchedulerService:
         stored = list(stored)
         with self._lock:
             self._cluster = None
+            self._kept.drop()                       # (and the reasons are all read again)
+            self._dirty, self._retold, self._told = set(), set(), {}
             n = self._replay(s for s in stored if s.event["event"] not in PAUSE_KINDS)
             self.forecasts.learn(stored)
             for e in self._entries.values():        # the queues placement rules made before the restart
@@ -1132,6 +1235,7 @@ class SchedulerService:
                 w, target = ev.parse_spec(se.spec)
                 journal.record(e, se.seq, se.spec)
                 self._forget_done(wid)
+                self._arrival.setdefault(wid, next(self._arrivals))
                 self._entries[wid] = Entry(w, target, PENDING, w.duration_s,
                                           Reason(QUEUED, "restored after a restart; waiting for the next cycle"),
                                           owner=str(e.get("by", "")))
@@ -1164,7 +1268,16 @@ class SchedulerService:
         return n
 
 
-_CODES = {c: c.value for c in ReasonCode}
+_SET_CODE, _SET_MESSAGE = getattr(Reason, "code").__set__, getattr(Reason, "message").__set__
+
+
+def _reason(code: str, message: str) -> Reason:
+    """``Reason(code, message)``, built about twice as fast (the frozen dataclass's ``__init__``
+    sets each field through ``object.__setattr__``): the cycle may give 40,000 new ones."""
+    r = object.__new__(Reason)
+    _SET_CODE(r, code)
+    _SET_MESSAGE(r, message)
+    return r
 
 
 def _leaves(config: QueueConfig) -> tuple[str, ...]:
@@ -1182,17 +1295,6 @@ def caller_name(actor: str) -> str:
     return name if sep and role.endswith(")") else actor
 
 
-def _fixed(w: Workload) -> Workload:
-    """``w`` as the core must see it while an action is in flight for it: not a victim. For that
-    cycle its GPUs also count as its queue's non-preemptible usage, which can only hold a
-    non-preemptible admission of that queue back a cycle, never let one over its guarantee."""
-    return w if not w.preemptible else dataclasses.replace(w, preemptible=False)
-
-
-def now_of(e: Entry) -> float:
-    return e.planned_s if e.planned_s is not None else e.workload.submit_s
-
-
 def _where(p: Placement) -> str:
     return f"{p.gpu_type or 'any type'} ({', '.join(f'{n}:{g}' for n, g in p.nodes) or 'any node'})"
 
@@ -1200,3 +1302,35 @@ def _where(p: Placement) -> str:
 def _due(e: Entry, now: float) -> bool:
     r = e.running
     return r is not None and e.left_s > 0 and r.start_s + e.left_s <= now
+
+
+def _parts(pending: Sequence[PendingReason]) -> tuple[Sequence[PendingReason], ...] | None:
+    """The cycle's reasons queue by queue (built now), or None when they are a plain tuple."""
+    return pending.parts() if isinstance(pending, PendingReasons) else None
+
+
+class _AsSnapshot(Mapping[str, Entry]):
+    """The entries as a cycle's snapshot saw them, for the decisions taken on it: those touched
+    since as they were first touched (``then``), the others as they are (``live``). Only ``get``
+    is meant; a decision names only workloads of the snapshot."""
+
+    __slots__ = ("live", "then")
+
+    def __init__(self, then: dict[str, Entry], live: dict[str, Entry]) -> None:
+        self.then, self.live = then, live
+
+    def get(self, key: str, default: Any = None) -> Any:
+        e = self.then.get(key)
+        return e if e is not None else self.live.get(key, default)
+
+    def __getitem__(self, key: str) -> Entry:
+        e = self.get(key)
+        if e is None:
+            raise KeyError(key)
+        return e  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.live)
+
+    def __len__(self) -> int:
+        return len(self.live)
