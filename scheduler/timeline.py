@@ -1,4 +1,4 @@
-"""Start-time forecasts at the live service's cost: one event-driven timeline per quantile.
+"""Start-time forecasts at the live service's cost: one event-driven pass, three paths.
 
 :class:`scheduler.forecast.Forecaster` runs the production core forward, 16 times, through every
 cycle until each target starts: faithful, but 25 s of CPU at 10,000 pending (docs/PERFORMANCE.md,
@@ -19,25 +19,29 @@ start and drops the cycle's overheads:
   guarantee (the core's victim order, :func:`scheduler.preemption.candidate_key`, and floor,
   :func:`scheduler.quota.below_floor`), and a victim waits again with what it has done (kept
   when it checkpoints);
-- **one timeline per quantile** instead of sampled runs: every duration at its ``q``-quantile (given
-  what the workload has already run) in the timeline of ``q``. The start in the timeline of
-  :data:`LOW` is the forecast's p10, of :data:`MID` its p50, of :data:`HIGH` its p90 (sorted, since
-  a start need not be monotone in durations). All durations at one quantile together move every
-  start the same way, as a change of the whole workload's mix would (what the 16 runs' sampled
-  durations could not: they average out over a deep queue and their interval came out far too
-  narrow, coverage 0.34 to 0.64 where 0.8 was the aim); the levels are the calibration, chosen on
-  the synthetic backtests and checked on the Alibaba replay (``benchmarks/bench_eta.py``,
-  docs/PERFORMANCE.md).
+- **one pass, three paths** instead of sampled runs. The pass decides on the middle path's
+  durations (:class:`_Quantiles`: each at its own quantile, spread evenly over the running and
+  over the pending work by the sampler passed in; at the median without one); its start is the
+  forecast's p50. Each start's low and high times are carried along its critical path: it
+  starts, on the low path, when the finish that made room for it ends on the low path (plus the
+  same wait for the grid), and ends its own run at its low-path duration; durations there are
+  shifted by the normal score of :data:`LOW` (and of :data:`HIGH` on the high path). All durations
+  shifted together move every start the same way, as an error of the whole workload mix would:
+  what the 16 runs' sampled durations could not (they average out over a deep queue; their
+  interval came out far too narrow, coverage 0.34 to 0.64 where 0.8 was the aim). The levels are
+  the forecast's own quantiles, not fitted (``benchmarks/bench_eta.py``, docs/PERFORMANCE.md).
 
 What it leaves out, against the core: the policy's refusals that a workload meets once (a
-non-preemptible workload over its guarantee, the victim search's quota relief across queues),
-the order of victims beyond the core's preference key, and work that will arrive later (which
-makes every forecast lean early; the high timeline's long durations cover some of it). The check
-against the core is ``tests/test_timeline.py`` (the same starts as the core's forward run where the
-rules coincide) and the backtest.
+non-preemptible workload over its guarantee, the victim search's quota relief across queues), a
+victim search's full length (it gives up after freeing four times the GPUs it needs, and is
+tried again a preemption delay later), the order of victims among equals, and work that will
+arrive later (which makes every forecast lean early; the high path covers some of it). The check
+against the core is ``tests/test_timeline.py`` (with every duration at its median, the same
+starts as the core run forward, on every example scenario) and the backtest.
 
-Cost: each timeline is one pass over the finishes ahead of the last target, each event a few
-heap operations and the placement of what starts; no cycle, no reasons, no snapshot.
+Cost: one pass over the finishes ahead of the last target, each event a few heap operations
+and the placement of what starts; no cycle, no reasons, no snapshot: 0.7 s of CPU at 10,000
+pending and 3.9 s at 50,000 (docs/PERFORMANCE.md, "The live refresh's cost").
 """
 from __future__ import annotations
 
@@ -58,9 +62,9 @@ from scheduler.quota import Ledger, below_floor, over_guarantee, over_max
 from scheduler.snapshot import Cluster, Snapshot, demand
 
 LOW, MID, HIGH = 0.1, 0.5, 0.9
+"""The forecast's quantiles (p10, p50, p90): the paths' duration levels (:class:`_Quantiles`)."""
 BINS = 32
-"""The duration quantiles of the three timelines (p10, p50, p90 of the start): calibrated on the
-backtests (docs/PERFORMANCE.md, "Start-time forecasts")."""
+"""Pending work's middle-path quantiles come in this many bins (durations drawn once per bin)."""
 
 _Shape = tuple[tuple[str, ...], int, int]          # types, gpus per pod, pods
 _NORMAL = NormalDist()
