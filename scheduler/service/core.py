@@ -91,6 +91,7 @@ from scheduler.service.views import (
     PENDING,
     PREEMPTED,
     PREEMPTING,
+    PREEMPTION_INCOMPLETE,
     QUEUED,
     QUEUE_NOT_ALLOWED,
     REJECTED,
@@ -142,6 +143,13 @@ class SchedulerService:
         self._config = config
         self._nsq = NamespaceQueues(config)           # the queues placement rules made (accounting.access)
         self._nodes: tuple[Node, ...] = tuple(nodes)
+        self._node_names = frozenset(n.name for n in self._nodes)
+        # nodes that left but stay in the cluster for the work held there (_with_held): name -> GPUs
+        # held when the cluster was built; the cluster is built again once that changes
+        self._departed: dict[str, int] = {}
+        # victims whose preemption is in flight, with what they ran when it was decided: an admission
+        # placed on their nodes waits for it, and does not start while one of them runs on (_plan)
+        self._freeing: dict[str, tuple[Entry, Running]] = {}
         self._sink = sink
         self._sleep = sleep
         self._retry_attempts = retry_attempts
@@ -264,7 +272,7 @@ class SchedulerService:
         new = tuple(nodes)
         with self._lock:
             if new != self._nodes:
-                self._nodes = new
+                self._nodes, self._node_names = new, frozenset(n.name for n in new)
                 self._cluster = None
 
     def set_idle(self, workload_ids: Collection[str]) -> None:
@@ -675,7 +683,15 @@ class SchedulerService:
                 v.acting = PREEMPTING
                 v.reason = Reason(PREEMPTING, f"being preempted by {e.workload.id}: {reason}")
                 self.brake.record(now, v.workload.queue)
-            jobs.append(({e.workload.id, *a.victims}, partial(self._carry_out, e, victims, a.placement, reason, now)))
+                if v.running is not None:
+                    self._freeing[v.workload.id] = (v, v.running)
+            # the victims in flight (its own, earlier admissions' of this cycle and of earlier cycles)
+            # on its nodes: its job runs after their preemptions (a job naming them), and the admission
+            # starts only if they stopped, or it would overcommit the GPUs they still hold
+            on = {n for n, _ in a.placement.nodes}
+            waits = [(f, r) for f, r in self._freeing.values() if any(n in on for n, _ in r.placement.nodes)]
+            keys = {e.workload.id, *a.victims, *(f.workload.id for f, _ in waits)}
+            jobs.append((keys, partial(self._carry_out, e, victims, a.placement, reason, now, waits)))
         return jobs, held
 
     def _hold(self, e: Entry, placement: Placement, victims: list[Entry], now: float) -> Reason | None:
@@ -696,9 +712,13 @@ class SchedulerService:
             return Reason(LIMITED, why)
         return None
 
-    def _carry_out(self, e: Entry, victims: list[Entry], placement: Placement, reason: str, now: float) -> None:
+    def _carry_out(self, e: Entry, victims: list[Entry], placement: Placement, reason: str, now: float,
+                   waits: Sequence[tuple[Entry, Running]] = ()) -> None:
         """An admission's actions, outside the lock: its victims' preemptions in order, then the
-        admission; each answer recorded under the lock as it comes."""
+        admission; each answer recorded under the lock as it comes. ``waits``: the victims whose
+        preemptions were in flight on its nodes when it was decided (its job runs after theirs),
+        with what they ran: one still running it does not start (it would overcommit the node),
+        nor on a node that left meanwhile."""
         wid = e.workload.id
         stopped: list[Entry] = []
         for i, v in enumerate(victims):
@@ -706,6 +726,7 @@ class SchedulerService:
             with self._lock:
                 self._touch(v)
                 v.acting = ""
+                self._freeing.pop(v.workload.id, None)
                 if res.ok:
                     v.refusals = 0
                     if self._entries.get(v.workload.id) is v and v.state == RUNNING:
@@ -715,6 +736,7 @@ class SchedulerService:
                 for rest in victims[i:]:
                     self._touch(rest)
                     rest.acting = ""
+                    self._freeing.pop(rest.workload.id, None)
                     self.brake.forget(now, rest.workload.queue)
                     if rest.reason is not None and rest.reason.code == PREEMPTING:
                         rest.reason = None
@@ -736,6 +758,19 @@ class SchedulerService:
             self._remember(e, stopped, reason, now)
             if self._entries.get(wid) is not e:
                 e.acting, e.plan = "", None
+                return
+            running = [f.workload.id for f, r in waits if f.running is r]
+            gone = [n for n, _ in placement.nodes if n not in self._node_names]
+            if running or gone:
+                self._touch(e)
+                e.acting, e.plan = "", None
+                where = _where(placement)
+                if running:
+                    e.reason = Reason(PREEMPTION_INCOMPLETE, f"placed on {where}, where the preemption of "
+                                      f"{', '.join(running)} did not complete; decided again next cycle")
+                else:
+                    e.reason = Reason(QUEUED, f"{', '.join(gone)} left before its admission on {where} was "
+                                              "carried out; decided again next cycle")
                 return
         res = self._call("admit", partial(self.actuator.admit, e.workload, e.target, placement))
         with self._lock:
@@ -1130,18 +1165,44 @@ class SchedulerService:
 
     # -- the cluster the core sees -------------------------------------------------------------------
     def _cluster_now(self) -> Cluster:
+        if self._cluster is not None and self._departed:
+            # a node that left stays while work holds it: built again once what it holds changed
+            held = self._held()
+            if any(held.get(name, ("", 0))[1] != h for name, h in self._departed.items()):
+                self._cluster = None
         if self._cluster is None:
             self._cluster = build_cluster(self._config, self._with_held(self._nodes))
         return self._cluster
 
-    def _with_held(self, nodes: tuple[Node, ...]) -> list[Node]:
-        """``nodes``, kept large enough for what runs there; a node that left while workloads still
-        run on it stays (as large as what they hold) until they stop, so the books balance."""
-        held: dict[str, tuple[str, int]] = {}
-        for r in (*(e.running for e in self._entries.values() if e.running is not None), *self._foreign.running):
+    def _held(self) -> dict[str, tuple[str, int]]:
+        """node -> (GPU type, GPUs held there): the more of what runs there (gpuq's work and
+        foreign work: what :meth:`nodes` shows used) and what the snapshots hold there (the same,
+        less the victims being preempted, plus the admissions in flight on their placement)."""
+        runs: dict[str, tuple[str, int]] = {}
+        seen: dict[str, int] = {}
+        for e in self._entries.values():
+            r = e.running
+            if r is not None:
+                for name, gpus in r.placement.nodes:
+                    runs[name] = (r.placement.gpu_type, runs.get(name, ("", 0))[1] + gpus)
+                    if e.acting != PREEMPTING:
+                        seen[name] = seen.get(name, 0) + gpus
+            elif e.acting == ADMITTING and e.plan is not None:
+                for name, gpus in e.plan.nodes:
+                    seen[name] = seen.get(name, 0) + gpus
+                    runs.setdefault(name, (e.plan.gpu_type, 0))
+        for r in self._foreign.running:
             for name, gpus in r.placement.nodes:
-                t, h = held.get(name, (r.placement.gpu_type, 0))
-                held[name] = (t, h + gpus)
+                runs[name] = (r.placement.gpu_type, runs.get(name, ("", 0))[1] + gpus)
+                seen[name] = seen.get(name, 0) + gpus
+        return {name: (t, max(h, seen.get(name, 0))) for name, (t, h) in runs.items()}
+
+    def _with_held(self, nodes: tuple[Node, ...]) -> list[Node]:
+        """``nodes``, kept large enough for what runs there and what admissions in flight hold; a
+        node that left while work still holds it stays (as large as what it holds) until that
+        changes (:meth:`_cluster_now` builds the cluster again), so the books balance and no
+        snapshot places work on a node it does not have."""
+        held = self._held()
         occupied = self._foreign.occupied
         out: list[Node] = []
         for node in nodes:
@@ -1150,6 +1211,7 @@ class SchedulerService:
             gpus = max(h, node.gpus - occupied.get(node.name, ("", 0))[1], 0)
             out.append(node if gpus == node.gpus else dataclasses.replace(node, gpus=gpus))
         out.extend(Node(name, t, h) for name, (t, h) in sorted(held.items()))
+        self._departed = {name: h for name, (_, h) in held.items()}
         return out
 
     # -- dry runs and restarts live in their own modules ------------------------------------------------

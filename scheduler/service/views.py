@@ -4,7 +4,8 @@ and the counters its metrics read. The API serialises these with :func:`as_dict`
 Reason codes are :class:`scheduler.model.ReasonCode` values, plus three of the service's own:
 ``queued`` (arrived since the last cycle), ``preempted`` (requeued by a preemption this cycle)
 and ``actuator_failed`` (the decision was made but the actuator could not carry it out; it is
-tried again next cycle); while the actuator works (outside the service lock,
+tried again next cycle), ``preemption_incomplete`` (placed on GPUs a preemption was to free, which
+did not complete: not admitted, decided again next cycle); while the actuator works (outside the service lock,
 :mod:`scheduler.service.acting`) ``admitting``, ``preempting`` or ``cancelling``; and the brakes'
 (:mod:`scheduler.service.brakes`): ``paused``, ``preemption_limited``, ``preemption_refused``.
 ``queue_not_allowed`` (a model code the service gives, not the cycle) holds a workload of the
@@ -25,6 +26,7 @@ STATES = (PENDING, RUNNING, FINISHED, CANCELLED, REJECTED)
 ACTIVE = frozenset({PENDING, RUNNING})
 
 QUEUED, PREEMPTED, ACTUATOR_FAILED = "queued", "preempted", "actuator_failed"
+PREEMPTION_INCOMPLETE = "preemption_incomplete"    # placed where victims that were not stopped run
 QUEUE_NOT_ALLOWED = "queue_not_allowed"    # ReasonCode.QUEUE_NOT_ALLOWED's value
 ADMITTING, PREEMPTING, CANCELLING = "admitting", "preempting", "cancelling"
 
