@@ -15,7 +15,10 @@ is passed in (``now``: Unix seconds in ``gpuq serve``); nothing here reads the t
   is in flight its workloads say so (``admitting``, ``preempting``, ``cancelling``): the preemptor
   holds its placement in the next snapshots and its victims are gone from them, so no later cycle
   decides on them twice. An actuator failure becomes the workload's reason (``actuator_failed``):
-  the decision is dropped and the next cycle decides again;
+  the decision is dropped and the next cycle decides again. An admission placed where victims are
+  being preempted waits for those preemptions and does not start while one of them runs on
+  (``preemption_incomplete``): no node is ever overcommitted. A node that leaves stays in the
+  cluster while work or an admission in flight holds it (:meth:`_held`);
 * the brakes (:mod:`scheduler.service.brakes`): :meth:`pause` stops all acting (the cycle still
   decides and shows it), the preemption limit holds back admissions that would preempt too much,
   and a victim whose eviction a PodDisruptionBudget refused is not preempted again before its
