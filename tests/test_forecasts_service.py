@@ -173,10 +173,11 @@ def test_a_start_is_scored_against_its_forecasts() -> None:
     text = api("GET", "/metrics").text
     for line in ('gpuq_forecast_starts_total{forecast="latest",queue="a"} 2.0',
                  'gpuq_forecast_interval_hits_total{forecast="latest",queue="a"} 1.0',
-                 'gpuq_forecast_start_error_seconds_bucket{forecast="latest",le="30.0",queue="a"} 1.0',
-                 'gpuq_forecast_start_error_seconds_bucket{forecast="latest",le="60.0",queue="a"} 1.0',
-                 'gpuq_forecast_start_error_seconds_bucket{forecast="latest",le="300.0",queue="a"} 2.0',
-                 'gpuq_forecast_start_error_seconds_sum{forecast="latest",queue="a"} 300.0',
+                 'gpuq_forecast_start_error_seconds_bucket{forecast="latest",le="30.0"} 1.0',
+                 'gpuq_forecast_start_error_seconds_bucket{forecast="latest",le="60.0"} 1.0',
+                 'gpuq_forecast_start_error_seconds_bucket{forecast="latest",le="300.0"} 2.0',
+                 'gpuq_forecast_start_error_seconds_sum{forecast="latest"} 300.0',
+                 'gpuq_forecast_error_seconds_total{forecast="latest",queue="a"} 300.0',
                  'gpuq_forecast_starts_total{forecast="submit",queue="a"} 2.0'):
         assert line in text, line
     (last,) = [x for x in text.splitlines() if x.startswith("gpuq_forecast_last_refresh_timestamp_seconds ")]

@@ -24,16 +24,18 @@ bookkeeping; register on the serving process's registry next to the accounting's
     gpuq_books_unbalanced_gpus                       |accounted - placed| summed at the last audit (accounting.audit)
     gpuq_books_difference_gpus{queue,gpu_type,node}  accounted - placed, each cell that differs
     gpuq_books_last_audit_timestamp_seconds          when the books were last audited (absent before)
-    gpuq_forecast_start_error_seconds{queue,forecast}  histogram of |p50 - start| of the workloads that
+    gpuq_forecast_start_error_seconds{forecast}      histogram of |p50 - start| of the workloads that
                                                      started with a forecast (forecast: submit, the first
                                                      after submission; latest, the last before the start)
+    gpuq_forecast_error_seconds_total{queue,forecast}  the sum of those errors, per queue
     gpuq_forecast_interval_hits_total{queue,forecast}  of those, the starts inside [p10, p90]
     gpuq_forecast_starts_total{queue,forecast}       starts scored against a forecast
     gpuq_forecast_last_refresh_timestamp_seconds     the scheduler clock of the last forecast refresh
     gpuq_forecast_refresh_duration_seconds           its wall time (forecasting runs off the scheduling path)
     gpuq_forecast_pending_forecast                   pending workloads with a forecast after it
 
-The forecasts' series are by queue (the configured leaf queues: bounded) and the two kinds.
+The forecasts' counters are by queue (the configured leaf queues: bounded; six series a queue that
+has had a scored start) and the two kinds; the error histogram by kind only.
 
 The alert rules (alerts/gpuq.rules.yml) compare the last two: a queue whose oldest pending wait is
 far over its 7-day p90 wait.
@@ -159,13 +161,26 @@ class SchedulerCollector(Collector):
 def _forecasts(svc: SchedulerService) -> Iterator[Any]:
     f = svc.forecasts
     counters = f.counters()
+    # the histogram over all queues (its buckets per queue would be 22 series a queue: at 10,000
+    # queues, 220,000); per queue the counters, whose ratios give coverage and the mean error
     err = HistogramMetricFamily("gpuq_forecast_start_error_seconds",
                                 "How far the forecast p50 was from the actual start (|p50 - start|), of the "
-                                "workloads that started with a forecast.", labels=["queue", "forecast"])
-    for (q, kind), (n, _, total, buckets) in sorted(counters.items()):
-        err.add_metric([q, kind], [(str(b), c) for b, c in zip(ERROR_BUCKETS_S, buckets)] + [("+Inf", n)],
+                                "workloads that started with a forecast, all queues.", labels=["forecast"])
+    merged: dict[str, tuple[int, float, list[int]]] = {}
+    for (_, kind), (n, _, total, buckets) in sorted(counters.items()):
+        m = merged.get(kind)
+        merged[kind] = (n, total, list(buckets)) if m is None else (
+            m[0] + n, m[1] + total, [a + b for a, b in zip(m[2], buckets)])
+    for kind, (n, total, buckets) in sorted(merged.items()):
+        err.add_metric([kind], [(str(b), c) for b, c in zip(ERROR_BUCKETS_S, buckets)] + [("+Inf", n)],
                        sum_value=total)
     yield err
+    errors = CounterMetricFamily("gpuq_forecast_error_seconds", "Sum of |p50 - start| over the starts scored "
+                                 "against a forecast (over gpuq_forecast_starts_total: the mean error).",
+                                 labels=["queue", "forecast"])
+    for (q, kind), (_, _, total, _) in sorted(counters.items()):
+        errors.add_metric([q, kind], total)
+    yield errors
     yield _counter("gpuq_forecast_interval_hits", "Starts inside the forecast's [p10, p90].", ["queue", "forecast"],
                    {key: c[1] for key, c in counters.items()})
     yield _counter("gpuq_forecast_starts", "Starts scored against a forecast.", ["queue", "forecast"],
