@@ -600,7 +600,7 @@ def _z(u: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class _Base:
+class Present:
     """The state after the present cycle, shared by every run."""
 
     now: float
@@ -613,7 +613,7 @@ class _Base:
 
 
 def after_first(snap: Snapshot, now: float, first: Decisions, want: frozenset[str],
-                done_s: Mapping[str, float]) -> tuple[_Base, dict[str, Eta]]:
+                done_s: Mapping[str, float]) -> tuple[Present, dict[str, Eta]]:
     """The state after the present cycle (``first``, the decisions at ``now`` on ``snap``), shared
     by every forward run, and the forecasts it settles: a target admitted in it starts at ``now``.
     ``done_s`` as in :meth:`Forecaster.forecast`."""
@@ -643,7 +643,7 @@ def after_first(snap: Snapshot, now: float, first: Decisions, want: frozenset[st
             out[w.id] = Eta(now, now, now)
     occ = occupancy_after(snap.cluster, snap.occupancy, stopped, started)
     targets = frozenset(wid for wid in want if wid in pending)
-    return _Base(now, tuple(running.values()), tuple(pending.values()), occ, done, targets,
+    return Present(now, tuple(running.values()), tuple(pending.values()), occ, done, targets,
                  frozenset(running) | frozenset(pending)), out
 
 
@@ -710,7 +710,7 @@ class Forecaster:
                 out[wid] = eta
         return out
 
-    def _run(self, base: _Base, snap: Snapshot, durations: Durations, sampler: Sampler,
+    def _run(self, base: Present, snap: Snapshot, durations: Durations, sampler: Sampler,
              stream: Iterator[Workload] | None, strata: _Strata, k: int) -> dict[str, float]:
         """One forward run with fresh draws: target id -> its first start."""
         cluster, settings, dt, now = self.cluster, snap.settings, self.interval_s, base.now

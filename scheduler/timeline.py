@@ -53,7 +53,7 @@ from dataclasses import replace
 from statistics import NormalDist
 
 from scheduler.cycle import acceptable_types, schedule
-from scheduler.forecast import EPS, DurationModel, Durations, Eta, Sampler, _Base, after_first
+from scheduler.forecast import EPS, DurationModel, Durations, Eta, Sampler, Present, after_first
 from scheduler.memo import CycleMemo
 from scheduler.model import Decisions, Placement, Running, Workload
 from scheduler.ordering import queue_key
@@ -91,8 +91,9 @@ class Timeline:
                  targets: Iterable[str] | None = None, done_s: Mapping[str, float] | None = None,
                  first: Decisions | None = None, arrivals: object = None, cycle: bool = True) -> dict[str, Eta]:
         """The start-time forecast of each of ``targets`` (default: all pending), as
-        :meth:`scheduler.forecast.Forecaster.forecast`. ``sampler`` and ``arrivals`` are accepted
-        for the same signature and not used: the timelines draw nothing. ``cycle=False`` (the live
+        :meth:`scheduler.forecast.Forecaster.forecast`. ``sampler`` spreads the middle path's
+        quantiles (:class:`_Quantiles`; without one, every duration at its level); ``arrivals`` is
+        accepted for the same signature and not used. ``cycle=False`` (the live
         service, whose last cycle's decisions are in ``snap`` already): no present cycle is run
         when ``first`` is not given; the timeline serves at ``now`` first instead, and what starts
         there is forecast at the next cycle, somewhere in ``(now, now + interval_s]``."""
@@ -118,7 +119,7 @@ class Timeline:
                 out[wid] = Eta(min(lo, mid), mid, max(hi, mid))
         return out
 
-    def _run(self, snap: Snapshot, base: _Base, durations: Durations, serve_now: bool,
+    def _run(self, snap: Snapshot, base: Present, durations: Durations, serve_now: bool,
              sampler: Sampler | None) -> dict[str, tuple[float, float, float]]:
         """The timeline: target id -> its start on the low, middle and high paths."""
         quantiles = _Quantiles(self.levels, base, sampler if self.spread else None)
@@ -145,7 +146,7 @@ class _Quantiles:
 
     __slots__ = ("levels", "shift_lo", "shift_hi", "us")
 
-    def __init__(self, levels: tuple[float, float, float], base: _Base, sampler: Sampler | None) -> None:
+    def __init__(self, levels: tuple[float, float, float], base: Present, sampler: Sampler | None) -> None:
         self.levels = levels
         zmid = _NORMAL.inv_cdf(levels[1])
         self.shift_lo = _NORMAL.inv_cdf(levels[0]) - zmid
@@ -187,7 +188,7 @@ class _Run:
     its usage changes), a queue's failed victim search (until new work borrows, or its own usage
     drops). A pass considers only the queues with a shape that fits, and those that may reclaim."""
 
-    def __init__(self, cluster: Cluster, preemption: bool, delay_s: float, base: _Base,
+    def __init__(self, cluster: Cluster, preemption: bool, delay_s: float, base: Present,
                  durations: Durations, quantiles: _Quantiles) -> None:
         self.cluster, self.durations, self.quantiles = cluster, durations, quantiles
         self.now = base.now
@@ -219,10 +220,8 @@ class _Run:
         self.victims: dict[str, list[tuple[_VKey, str]]] = {}
         self.vkeys: dict[str, _VKey] = {}
         self.vstale: dict[str, int] = {}
-        self.byq: set[str] = set()                       # queues with preemptible work running
         for r in base.running:
             if r.workload.preemptible:
-                self.byq.add(r.workload.queue)
                 k = self.vkeys[r.workload.id] = _victim_key(r, self.running[r.workload.id][2])
                 self.victims.setdefault(r.placement.gpu_type, []).append((k, r.workload.id))
         for lst in self.victims.values():
@@ -255,10 +254,12 @@ class _Run:
         self.failed: dict[str, tuple[float, int]] = {}    # queue -> (time, own) its victim search failed at
         self.own: dict[str, int] = {}                      # per queue: rises when its usage drops
         self.qheads: dict[str, list[tuple[tuple[int, float, str], Workload, _Shape]]] = {}   # shapes' heads, in order
-        self.below = {q for q in self.qshapes if self.within(q)}      # queues under their guarantee
-        for q in self.qshapes:
-            self.push(q)
-        self.over = {q for q in self.byq if self.ledger.used(q, "gpu") > cluster.guarantee[q].get("gpu", 0)}
+        # the leaf queues under their guarantee of GPUs (their work may reclaim) and above it (their
+        # preemptible work may be reclaimed), kept by _track at every change of their usage
+        self.below: set[str] = set()
+        self.over: set[str] = set()
+        for q in cluster.config.leaves():
+            self._track(q)              # (and enters each queue with pending work in the heap)
         self.events = 0
 
     def total(self, w: Workload, done: float) -> tuple[float, float, float]:
@@ -308,22 +309,17 @@ class _Run:
         return f
 
     def _track(self, q: str) -> None:
-        if self.ledger.used(q, "gpu") > self.cluster.guarantee[q].get("gpu", 0):
-            self.over.add(q)
-        else:
-            self.over.discard(q)
-
-    def within(self, q: str) -> bool:
-        """Whether ``q`` holds less than its guarantee (of GPUs): its work may reclaim."""
-        return self.ledger.used(q, "gpu") < self.cluster.guarantee[q].get("gpu", 0)
+        """``q``'s usage changed: its place among the queues below and above their guarantee, and
+        in the queue heap (its key)."""
+        used, g = self.ledger.used(q, "gpu"), self.cluster.guarantee[q].get("gpu", 0)
+        (self.over.add if used > g else self.over.discard)(q)
+        (self.below.add if used < g else self.below.discard)(q)
+        self.keys.pop(q, None)
+        self.push(q)
 
     def start(self, w: Workload, placement: Placement, t: float) -> None:
         self.ledger.add(self.cluster.chains[w.queue], demand(w, placement.gpu_type))
         self._track(w.queue)
-        if w.queue in self.below and not self.within(w.queue):
-            self.below.discard(w.queue)
-        self.keys.pop(w.queue, None)
-        self.push(w.queue)
         self.fit.clear()
         self.slots.clear()
         d = self.done.get(w.id, 0.0)
@@ -351,13 +347,9 @@ class _Run:
         self.free.release(r.placement)
         self.ledger.remove(self.cluster.chains[w.queue], demand(w, r.placement.gpu_type))
         self._track(w.queue)
-        self.keys.pop(w.queue, None)
-        self.push(w.queue)
         self.own[w.queue] = self.own.get(w.queue, 0) + 1
         self.fit.clear()
         self.slots.clear()
-        if self.within(w.queue):
-            self.below.add(w.queue)
         if self.vkeys.pop(wid, None) is not None:
             t_ = r.placement.gpu_type
             n = self.vstale[t_] = self.vstale.get(t_, 0) + 1
@@ -506,7 +498,7 @@ class _Run:
         # the queues that may reclaim and did not above (nothing fitted any more), by key
         for _, q in sorted((self.key(q), q) for q in self.below if self.qshapes.get(q)):
             started = True
-            while started and self.qshapes.get(q) and self.within(q):
+            while started and self.qshapes.get(q) and q in self.below:
                 started = False
                 for _, w, s in self.candidates(q):
                     if not self.may_reclaim(q, w, t):

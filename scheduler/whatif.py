@@ -565,26 +565,33 @@ def read(settings: Any, store: Any, cluster: str, start_s: float, end_s: float) 
     return read_history(store, cluster, start_s, end_s, load_config(settings.queues_file), declared_nodes(settings))
 
 
+def window(start: str, end: str, now: float) -> tuple[float, float]:
+    """``--from`` and ``--to`` (ISO 8601, ``now``, ``-7d``) as Unix seconds, the end after the start."""
+    from accounting.errors import TimeSpecError
+    from accounting.timeparse import parse_time
+
+    try:
+        t0, t1 = parse_time(start, now), parse_time(end, now)
+    except TimeSpecError as exc:
+        raise WhatifError("--from/--to", str(exc)) from exc
+    if t1 <= t0:
+        raise WhatifError("--to", f"{end} is not after --from {start}")
+    return t0, t1
+
+
 def main(argv: Sequence[str], settings: Any, *, now_s: float | None = None, store: Any = None) -> int:
     """Exit status 0; 2 for a bad argument, an unreadable file or an empty window (the message names
     the argument); 1 when the store cannot be read. ``store``: an open store to read (tests);
     default: the configured one."""
     import time
 
-    from accounting.errors import TimeSpecError
-    from accounting.timeparse import parse_time
     from gpuq.errors import GpuqError
 
     p = parser()
     args = p.parse_args(_glue(argv))
     now = time.time() if now_s is None else now_s
     try:
-        try:
-            start, end = parse_time(args.start, now), parse_time(args.end, now)
-        except TimeSpecError as exc:
-            raise WhatifError("--from/--to", str(exc)) from exc
-        if end <= start:
-            raise WhatifError("--to", f"{args.end} is not after --from {args.start}")
+        start, end = window(args.start, args.end, now)
         change = Change(load_queue_file(args.queues) if args.queues else None, args.queues or "",
                         tuple(parse_add_nodes(a) for a in args.add_nodes), tuple(args.remove_nodes))
         queues = base_queues(settings)

@@ -14,8 +14,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from accounting.errors import AccountingError
-from accounting.timeparse import parse_time
 from scheduler.api.auth import Auth, Caller
 from scheduler.api.problems import Problem, invalid
 from scheduler.errors import ScenarioError, WhatifError
@@ -61,12 +59,7 @@ def whatif_router(auth: Auth, service: Any, accounting: Any, settings: Any, cloc
         except wi.WhatifBusy as exc:
             raise Problem(409, str(exc)) from exc
         try:
-            try:
-                t0, t1 = parse_time(body.start, now), parse_time(body.end, now)
-            except AccountingError as exc:
-                raise WhatifError("--from", str(exc)) from exc
-            if t1 <= t0:
-                raise WhatifError("--to", f"{body.end} is not after from {body.start}")
+            t0, t1 = wi.window(body.start, body.end, now)
             change = wi.Change(wi.queue_text(body.queues) if body.queues is not None else None,
                                "the queues given" if body.queues is not None else "",
                                tuple(wi.parse_add_nodes(a) for a in body.add_nodes), tuple(body.remove_nodes))
