@@ -453,7 +453,10 @@ def eta_text(eta: dict[str, str], now: float) -> str:
         return f"expected to start any moment now (forecast for {eta['p50']})"
     if p50 <= 0:
         return f"expected to start any moment now (80 % by {_wait(p90)} from now)"
-    return f"expected to start in about {_wait(p50)} (80 % between {_wait(max(p10, 0.0))} and {_wait(p90)})"
+    low, high = _wait(max(p10, 0.0)), _wait(p90)
+    if low == high:                           # declared durations only: no spread to speak of
+        return f"expected to start in about {_wait(p50)}"
+    return f"expected to start in about {_wait(p50)} (80 % between {low} and {high})"
 
 
 def _wait(s: float) -> str:

@@ -31,7 +31,7 @@ from gpuq.timefmt import iso
 from scheduler.actuators.base import DryRunActuator, Target
 from scheduler.actuators.k8s_workloads import KubernetesWorkloadSource, submit_seconds
 from scheduler.api import create_app
-from scheduler.cli import WORKLOAD_COLUMNS, explain_text, workload_row
+from scheduler.cli import WORKLOAD_COLUMNS, eta_text, explain_text, workload_row
 from scheduler.model import Workload
 from scheduler.service import SchedulerService
 from scheduler.service.replay import read_restart
@@ -227,11 +227,23 @@ def test_the_loop_refreshes_soon_after_a_submit_and_stops() -> None:
     assert not loop.is_alive()
 
 
+def test_the_forecast_as_people_say_it() -> None:
+    """The interval is said when it has one; a forecast already passed says "any moment now"."""
+    def eta(p10: float, p50: float, p90: float) -> dict[str, str]:
+        return {"p10": iso(T + p10), "p50": iso(T + p50), "p90": iso(T + p90)}
+
+    assert eta_text(eta(300, 720, 1500), now=T) == "expected to start in about 12 min (80 % between 5 min and 25 min)"
+    assert eta_text(eta(-60, 600, 600), now=T) == "expected to start in about 10 min (80 % between 0 s and 10 min)"
+    assert eta_text(eta(600, 600, 600), now=T) == "expected to start in about 10 min"
+    assert eta_text(eta(-60, -5, 40), now=T) == "expected to start any moment now (80 % by 40 s from now)"
+    assert eta_text(eta(-60, -30, -5), now=T).startswith("expected to start any moment now (forecast for ")
+
+
 def test_explain_and_the_workloads_table_say_when() -> None:
     _, api = behind(600.0)
     w = api.get("/workloads/p2")
     text = explain_text(w, now=T + 3)
-    assert "expected to start in about 10 min (80 % between 10 min and 10 min), position 2 in a" in text
+    assert "expected to start in about 10 min, position 2 in a" in text
     assert workload_row(w)[WORKLOAD_COLUMNS.index("eta")] == iso(T + 602)
     running = api.get("/workloads/r1")
     assert workload_row(running)[WORKLOAD_COLUMNS.index("eta")] is None
