@@ -33,7 +33,7 @@ import heapq
 from collections.abc import Callable
 
 from scheduler.cycle import acceptable_types
-from scheduler.model import Admission, Decisions, Placement, Workload
+from scheduler.model import Admission, Decisions, Gpus, Placement, Workload
 from scheduler.ordering import by_queue, queue_key
 from scheduler.placement import FreeIndex
 from scheduler.quota import Ledger, over_max
@@ -75,7 +75,7 @@ def per_queue(snap: Snapshot, now: float) -> Decisions:
     heap = [(queue_key(cluster, ledger, q), q) for q in groups]
     heapq.heapify(heap)
     admissions: list[Admission] = []
-    no_room: set[tuple[str, int, int]] = set()
+    no_room: set[tuple[str, Gpus, int]] = set()
     while heap:
         _, q = heapq.heappop(heap)
         failed: set[tuple[object, ...]] = set()   # shapes with no admission in q now
@@ -92,7 +92,7 @@ def per_queue(snap: Snapshot, now: float) -> Decisions:
 
 
 def _admit(cluster: Cluster, ledger: Ledger, index: FreeIndex, w: Workload,
-           no_room: set[tuple[str, int, int]]) -> Placement | None:
+           no_room: set[tuple[str, Gpus, int]]) -> Placement | None:
     """Place ``w`` on the first of its types with room within max. ``no_room``: gang shapes that
     found no room earlier in this cycle (admissions only take GPUs, so they still find none)."""
     for t in acceptable_types(cluster, w):

@@ -55,6 +55,7 @@ from scheduler.memo import (
 from scheduler.model import (
     Admission,
     Decisions,
+    Gpus,
     PendingReason,
     PendingReasons,
     Preemption,
@@ -122,7 +123,7 @@ class _Cycle:
         self.now = now
         self.cluster: Cluster = snap.cluster
         self.ledger = Ledger(snap.occupancy.usage)
-        self.index = FreeIndex(snap.cluster, snap.occupancy.node_free, snap.occupancy.levels)
+        self.index = FreeIndex(snap.cluster, snap.occupancy.node_free, snap.occupancy.levels, snap.occupancy.partial)
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
         # queue -> its waiting ones (their verdicts; the reasons are built when first read)
@@ -147,12 +148,12 @@ class _Cycle:
         self.pool: Pool | None = None        # victim candidates, built on first need
         # a gang shape that found no room stays without room until capacity is freed (admissions
         # only take): (type, gpus per pod, pods) -> its message; cleared by every preemption
-        self.no_room: dict[tuple[str, int, int], str] = {}
+        self.no_room: dict[tuple[str, Gpus, int], str] = {}
         # Fit.room whose every type is in no_room -> the shapes' free-capacity verdict (no_fit, the
         # joined message); a new dict after every preemption (segments keep the old one)
         self.all_full: AllFull = {}
-        self.no_plan: dict[tuple[str, tuple[str, ...], int, int, int], NoPlan] = {}
-        self.ineligible: dict[tuple[str, int, int], str] = {}
+        self.no_plan: dict[tuple[str, tuple[str, ...], Gpus, int, int], NoPlan] = {}
+        self.ineligible: dict[tuple[str, Gpus, int], str] = {}
 
     def queue_key(self, q: str) -> QueueKey:
         """:func:`scheduler.ordering.queue_key`, kept across cycles per queue while the queue's
@@ -280,7 +281,7 @@ class _Cycle:
         part.segments.append((start, n, all_full, used))
         return n
 
-    def _started(self, part: _Walked, start: int, i: int, all_full: AllFull, used: int) -> int:
+    def _started(self, part: _Walked, start: int, i: int, all_full: AllFull, used: Gpus) -> int:
         """``lst[i - 1]`` started: the walk's waiting ones are ``lst[start:i - 1]``."""
         part.segments.append((start, i - 1, all_full, used))
         return i
@@ -303,12 +304,15 @@ class _Cycle:
         for w in left:
             fit = fit_of(cluster, known, w)
             if fit.never is None:
-                counts = rooms if not fit.pinned else a.pinned
-                key = fit.room if not fit.pinned else fit.gpus
-                if counts[key] == 1:
-                    del counts[key]
+                if not fit.pinned:
+                    if rooms[fit.room] == 1:
+                        del rooms[fit.room]
+                    else:
+                        rooms[fit.room] -= 1
+                elif a.pinned[fit.gpus] == 1:
+                    del a.pinned[fit.gpus]
                 else:
-                    counts[key] -= 1
+                    a.pinned[fit.gpus] -= 1
                 if gpus[fit.gpus] == 1:
                     del gpus[fit.gpus]
                 else:
@@ -370,7 +374,8 @@ class _Cycle:
                     self.admissions.append(admission)
                     return admission
                 miss = self.no_room[(t, k, pods)] = reasons.no_fit(
-                    w, t, index.slots(t, k, pods), index.largest_free(t))
+                    w, t, index.slots(t, k, pods),
+                    index.largest_free(t) if type(k) is int else index.largest_share(t))
             code = ReasonCode.NO_FIT
             pinned_only = False
             misses.append(miss)
@@ -382,7 +387,7 @@ class _Cycle:
             self.all_full[fit.room] = verdict
         return verdict
 
-    def _not_eligible(self, queue: str, used: int, gpus: int, g: int) -> str:
+    def _not_eligible(self, queue: str, used: Gpus, gpus: Gpus, g: int) -> str:
         why = self.ineligible.get((queue, used + gpus, g))
         if why is None:
             why = self.ineligible[(queue, used + gpus, g)] = reasons.not_eligible(
@@ -476,7 +481,7 @@ def _facts(cluster: Cluster, queue: str) -> QueueFacts:
 
 # lst[a:b] waited, with the walk's all_full (what its NoRoom verdicts read) and the queue's gpu
 # usage when walked (what its NoRoomAboveGuarantee verdicts read)
-Segment = tuple[int, int, AllFull, int]
+Segment = tuple[int, int, AllFull, Gpus]
 
 
 class _Context(NamedTuple):
@@ -559,7 +564,7 @@ class _Quiet(_Part):
     __slots__ = ("counts", "pinned", "preemption", "segment")
 
     def __init__(self, ctx: _Context, queue: str, lst: list[Workload], preemption: bool, segment: Segment,
-                 counts: QueueCounts, pinned: int) -> None:
+                 counts: QueueCounts, pinned: Gpus) -> None:
         self.ctx, self.queue, self.lst = ctx, queue, lst     # (not _Part.__init__: one call less a queue)
         self.preemption, self.segment, self.counts, self.pinned = preemption, segment, counts, pinned
 
@@ -598,7 +603,7 @@ class _Quiet(_Part):
         return out
 
 
-def pinned_verdict(queue: str, pinned: int, gpus: int, g: int) -> Settled:
+def pinned_verdict(queue: str, pinned: Gpus, gpus: Gpus, g: int) -> Settled:
     """The verdict of a non-preemptible gang of ``gpus`` whose queue's non-preemptible work holds
     ``pinned`` GPUs of its gpu guarantee ``g`` (``pinned + gpus > g``): what
     :meth:`_Cycle.free_capacity` says for it on every type (the gpu guarantee binds on each)."""

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from scheduler.model import PendingReason, Running, Workload
+from scheduler.model import Gpus, PendingReason, Running, Workload
 from scheduler.verdicts import Fit, NoRoom, NoRoomAboveGuarantee, Settled
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # per pod, memory bytes per pod, preemptible
 Shape = tuple[tuple[str, ...], int, int, int, int, bool]
 # the room a shape looks for (Fit.room): its acceptable types, gpus per pod, pods, non-preemptible
-RoomKey = tuple[tuple[str, ...], int, int, bool]
+RoomKey = tuple[tuple[str, ...], Gpus, int, bool]
 # queue -> (its list before, the workloads that left it, those that joined it) of the last grouping
 QueueChanges = dict[str, tuple[list[Workload], list[Workload], list[Workload]]]
 
@@ -86,8 +86,8 @@ class QueueCounts:
     def __init__(self, lst: list[Workload]) -> None:
         self.lst = lst
         self.rooms: dict[int, int] = {}
-        self.gpus: dict[int, int] = {}
-        self.pinned: dict[int, int] = {}
+        self.gpus: dict[Gpus, int] = {}
+        self.pinned: dict[Gpus, int] = {}
 
 
 class FitList(NamedTuple):
@@ -114,8 +114,8 @@ class BuiltReasons(NamedTuple):
 
     lst: list[Workload]
     preemption: bool
-    used: int
-    pinned: int
+    used: Gpus
+    pinned: Gpus
     rooms: tuple[Settled, ...]
     reasons: list[PendingReason]
 

@@ -1,20 +1,82 @@
 """Values of the scheduler core: nodes, workloads, placements and the decisions of one cycle.
 
-All are frozen and slotted; times are seconds on the caller's clock (``*_s``), GPU amounts are
-integers. A workload is one gang (a pod set): ``pods`` pods of ``gpus_per_pod`` GPUs each, all of
-one GPU type, started and stopped together.
+All are frozen and slotted; times are seconds on the caller's clock (``*_s``). A workload is one
+gang (a pod set): ``pods`` pods of ``gpus_per_pod`` GPUs each, all of one GPU type, started and
+stopped together.
+
+GPU amounts (:data:`Gpus`) are exact: an ``int`` for whole GPUs, a :class:`fractions.Fraction` of
+thousandths for a *share* (issue 19: ``gpus_per_pod`` below 1, a share of one device that never
+spans two; 1 and above are whole devices). Sums stay exact (no float drift), an int where whole
+work is all there is, so a cluster without shares computes exactly what it did before; output
+turns an amount into an int when whole and a float of at most three decimals otherwise
+(:func:`gpus_out`).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 from enum import Enum
+from fractions import Fraction
+from itertools import chain
 
 # Workload ids the Kubernetes source gives the objects it finds (``rayjob/<namespace>/<name>``,
 # ``raycluster/<namespace>/<name>``): reserved, refused from the API (issue 17: an operator's
 # workload of that id made the real object be skipped).
 SOURCE_ID_PREFIXES = ("rayjob/", "raycluster/")
+
+Gpus = int | Fraction        # an amount of GPUs: whole, or thousandths of one (module docstring)
+MILLI = 1000
+
+
+def share_of_gpus(value: object) -> Gpus | None:
+    """A per-pod GPU request as the core keeps it: an ``int`` of 1 or more, or a share of one GPU
+    in thousandths (``0.5`` -> ``Fraction(1, 2)``); ``None`` when it is neither (0, negative, more
+    than three decimals, or above 1 and not whole)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        return value if value >= 1 else None
+    milli = Fraction(value) * MILLI if isinstance(value, Fraction) else Fraction(repr(value)) * MILLI
+    if milli.denominator != 1 or not 0 < milli < MILLI:
+        return None
+    return Fraction(int(milli), MILLI)
+
+
+def is_share(gpus_per_pod: Gpus) -> bool:
+    """A share of one device (below 1), not whole devices."""
+    return type(gpus_per_pod) is not int
+
+
+def gpus_out(x: Gpus | float) -> int | float:
+    """An amount as output carries it (JSON, tables): an int when whole, else a float of at most
+    three decimals (thousandths are the unit; a sum of shares is exact before it is rounded here)."""
+    if type(x) is int:
+        return x
+    if x == int(x):
+        return int(x)
+    return round(float(x), 3)
+
+
+def whole(x: Gpus) -> int:
+    """``x`` where only whole GPUs may be (the live service, until it carries shares: its API
+    takes whole ``gpus_per_pod`` only); a share there is a bug, said loudly."""
+    if type(x) is int:
+        return x
+    if x == int(x):
+        return int(x)
+    raise ValueError(f"{gpus_text(x)} GPUs where only whole GPUs are taken")
+
+
+def whole_nodes(p: "Placement") -> tuple[tuple[str, int], ...]:
+    """:attr:`Placement.nodes` where only whole GPUs may be (:func:`whole`)."""
+    return tuple([(n, whole(g)) for n, g in p.nodes])
+
+
+def gpus_text(x: Gpus | float) -> str:
+    """An amount as messages say it: ``8``, ``0.5``, ``1.25``."""
+    return str(gpus_out(x))
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +106,7 @@ class Workload:
     id: str
     queue: str
     pods: int = 1
-    gpus_per_pod: int = 1
+    gpus_per_pod: Gpus = 1
     gpu_types: tuple[str, ...] = ()
     priority: int = 0
     preemptible: bool = True
@@ -61,19 +123,34 @@ class Workload:
         object.__setattr__(self, "order_key", (-self.priority, self.submit_s, self.id))
 
     @property
-    def gpus(self) -> int:
+    def gpus(self) -> Gpus:
         return self.pods * self.gpus_per_pod
+
+
+Share = tuple[str, int, Fraction]     # (node, device slot on that node, share of the device held)
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where a gang runs: one GPU type and GPUs taken per node (node order of the cluster)."""
+    """Where a gang runs: one GPU type and GPUs taken per node (node order of the cluster).
+
+    A gang of shares also says which device each share is on: ``shares`` holds (node, slot,
+    share) per device it uses (pods of one gang may share a device: their shares summed). A slot
+    names a partly used device of the node for as long as some share holds it; which physical
+    device that is, the caller decides (:class:`scheduler.simulator.engine` keeps the table): the
+    core only needs slots to free a share from the device it took it on. Whole gangs hold no
+    shares, and their placement is what it always was."""
 
     gpu_type: str
-    nodes: tuple[tuple[str, int], ...]
+    nodes: tuple[tuple[str, Gpus], ...]
+    shares: tuple[Share, ...] = ()
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Gpus]:
         return dict(self.nodes)
+
+    def as_output(self) -> dict[str, int | float]:
+        """:meth:`as_dict` with each amount as output carries it (:func:`gpus_out`)."""
+        return {n: gpus_out(g) for n, g in self.nodes}
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,11 +17,11 @@ from itertools import compress
 from operator import attrgetter
 
 from scheduler.memo import CycleMemo, GroupedPending, QueueChanges
-from scheduler.model import Workload
+from scheduler.model import Gpus, Workload
 from scheduler.quota import Ledger, share_of
 from scheduler.snapshot import Cluster, PendingChanges
 
-QueueKey = tuple[float, int, int, str]
+QueueKey = tuple[float, Gpus, int, str]
 
 _ORDER = attrgetter("order_key")
 

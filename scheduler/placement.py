@@ -13,24 +13,43 @@ per ``(type, f)`` (built on first use) yields such a node. So
 Tie-break among nodes with equal free count: the lowest node index on a fresh stack, then the
 node that most recently reached that count (deterministic; no set or hash order involved). A fresh
 stack starts from the snapshot's nodes-by-free-count levels when given (no pass over every node).
+
+**Shares** (issue 19: a pod asking less than one GPU takes a share of one device, never two).
+The free counts above are of *whole* free devices; a device that shares hold part of is kept
+apart (:data:`scheduler.snapshot.Partial`, copied on the first share asked for in a cycle, so a
+cluster without shares pays nothing), with per type a sorted list of (free share, node, slot).
+A pod of share ``k`` goes to the partly used device with the least free share that holds it
+(lowest node, then slot, on a tie), and only when none does opens a whole device, on the node a
+one-GPU pod would take by best fit: partly used devices fill first, so whole devices stay whole
+for whole gangs. Pods of one gang may share a device. Pods of equal share fit iff the devices'
+``floor(free / k)`` sum to the pod count, so the check again places nothing tentatively.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import Counter
+from fractions import Fraction
 
-from scheduler.model import Placement
-from scheduler.snapshot import Cluster, Levels
+from scheduler.model import Gpus, Placement
+from scheduler.snapshot import NO_PARTIAL, Cluster, Levels, Partial
+
+_LOW = -1     # below every node index and slot: bisect keys (share, _LOW, _LOW)
 
 
 class FreeIndex:
-    __slots__ = ("_arrived", "_cluster", "_counts", "_levels", "_stacks", "free")
+    __slots__ = ("_arrived", "_cluster", "_counts", "_levels", "_part", "_part_base", "_pl", "_stacks", "free")
 
-    def __init__(self, cluster: Cluster, node_free: tuple[int, ...], levels: Levels | None = None) -> None:
+    def __init__(self, cluster: Cluster, node_free: tuple[int, ...], levels: Levels | None = None,
+                 partial: Partial = NO_PARTIAL) -> None:
         """``levels``: the snapshot's nodes by free count (:attr:`scheduler.snapshot.Occupancy.levels`),
-        which spares a pass over every node; derived from ``node_free`` when not given."""
+        which spares a pass over every node; derived from ``node_free`` when not given.
+        ``partial``: the devices shares hold part of (:attr:`scheduler.snapshot.Occupancy.partial`)."""
         self._cluster = cluster
         self.free = list(node_free)
         self._levels = levels
+        self._part_base = partial
+        self._part: dict[int, dict[int, Fraction]] | None = None        # working copy, on first use
+        self._pl: dict[str, list[tuple[Fraction, int, int]]] = {}       # type -> (free, node, slot), sorted
         self._stacks: dict[tuple[str, int], list[int]] = {}
         self._arrived: dict[tuple[str, int], list[int]] = {}   # reached f before its stack existed
         if levels is not None:
@@ -53,8 +72,22 @@ class FreeIndex:
                 return f
         return 0
 
-    def slots(self, gpu_type: str, gpus_per_pod: int, enough: int) -> int:
+    def largest_share(self, gpu_type: str) -> Gpus:
+        """The most of one device free on the type: 1 when a whole device is, else the largest free
+        share of a partly used one (0: none)."""
+        if self.largest_free(gpu_type):
+            return 1
+        pl = self._plist(gpu_type)
+        return pl[-1][0] if pl else 0
+
+    def partial(self) -> Partial:
+        """The devices shares hold part of now (the working copy; a reader must not keep it)."""
+        return self._part_base if self._part is None else self._part
+
+    def slots(self, gpu_type: str, gpus_per_pod: Gpus, enough: int) -> int:
         """Pods of ``gpus_per_pod`` GPUs that fit on free capacity of the type (stops at ``enough``)."""
+        if isinstance(gpus_per_pod, Fraction):
+            return self._share_slots(gpu_type, gpus_per_pod, enough)
         c = self._counts.get(gpu_type)
         if c is None or gpus_per_pod <= 0:
             return 0
@@ -66,11 +99,13 @@ class FreeIndex:
                     break
         return total
 
-    def fits(self, gpu_type: str, gpus_per_pod: int, pods: int) -> bool:
+    def fits(self, gpu_type: str, gpus_per_pod: Gpus, pods: int) -> bool:
         return self.slots(gpu_type, gpus_per_pod, pods) >= pods
 
-    def place(self, gpu_type: str, gpus_per_pod: int, pods: int) -> Placement | None:
+    def place(self, gpu_type: str, gpus_per_pod: Gpus, pods: int) -> Placement | None:
         """Take GPUs for the gang by best fit, or take nothing and return ``None``."""
+        if isinstance(gpus_per_pod, Fraction):
+            return self._place_shares(gpu_type, gpus_per_pod, pods)
         if not self.fits(gpu_type, gpus_per_pod, pods):
             return None
         c = self._counts[gpu_type]
@@ -92,14 +127,107 @@ class FreeIndex:
         self._shift(placement, 1)
 
     def _shift(self, placement: Placement, sign: int) -> None:
+        if placement.shares:
+            self._shift_shares(placement, sign)
+            return
         index = self._cluster.node_index
         t = placement.gpu_type
         for name, n in placement.nodes:
             i = index[name]
-            new = self.free[i] + sign * n
+            new = self.free[i] + sign * int(n)        # a whole gang: ints
             if new < 0 or new > self._cluster.nodes[i].gpus:
                 raise ValueError(f"node {name}: free GPUs would be {new}")
             self._move(i, t, new)
+
+    # -- shares ---------------------------------------------------------------------------------
+
+    def _shares(self) -> dict[int, dict[int, Fraction]]:
+        part = self._part
+        if part is None:
+            part = self._part = {i: dict(d) for i, d in self._part_base.items()}
+        return part
+
+    def _plist(self, gpu_type: str) -> list[tuple[Fraction, int, int]]:
+        pl = self._pl.get(gpu_type)
+        if pl is None:
+            nodes = self._cluster.nodes
+            pl = self._pl[gpu_type] = sorted(
+                (1 - u, i, slot) for i, d in self.partial().items() if nodes[i].gpu_type == gpu_type
+                for slot, u in d.items())
+        return pl
+
+    def _share_slots(self, gpu_type: str, k: Fraction, enough: int) -> int:
+        """Pods of share ``k`` that fit: ``floor(1 / k)`` on each whole free device, ``floor(free / k)``
+        on each partly used one."""
+        c = self._counts.get(gpu_type)
+        if c is None or k <= 0:
+            return 0
+        total = sum(f * n for f, n in enumerate(c)) * int(1 // k)
+        if total >= enough:
+            return total
+        pl = self._plist(gpu_type)
+        for j in range(bisect_left(pl, (k, _LOW, _LOW)), len(pl)):
+            total += int(pl[j][0] // k)
+            if total >= enough:
+                break
+        return total
+
+    def _place_shares(self, gpu_type: str, k: Fraction, pods: int) -> Placement | None:
+        if self._share_slots(gpu_type, k, pods) < pods:
+            return None
+        part, pl, c = self._shares(), self._plist(gpu_type), self._counts[gpu_type]
+        held: dict[tuple[int, int], Fraction] = {}
+        for _ in range(pods):
+            j = bisect_left(pl, (k, _LOW, _LOW))
+            if j < len(pl):                          # best fit among the partly used devices
+                f, i, slot = pl.pop(j)
+            else:                                    # a whole device, on the best-fit node
+                f = Fraction(1)
+                i = self._pick(gpu_type, next(n for n in range(1, len(c)) if c[n]))
+                self._move(i, gpu_type, self.free[i] - 1)
+                d = part.setdefault(i, {})
+                slot = 0
+                while slot in d:
+                    slot += 1
+            part.setdefault(i, {})[slot] = 1 - (f - k)
+            insort(pl, (f - k, i, slot))
+            held[(i, slot)] = held.get((i, slot), Fraction(0)) + k
+        return self._share_placement(gpu_type, held)
+
+    def _share_placement(self, gpu_type: str, held: dict[tuple[int, int], Fraction]) -> Placement:
+        nodes = self._cluster.nodes
+        per: dict[int, Fraction] = {}
+        for (i, _), a in held.items():
+            per[i] = per.get(i, Fraction(0)) + a
+        return Placement(gpu_type, tuple((nodes[i].name, _exact(g)) for i, g in sorted(per.items())),
+                         tuple((nodes[i].name, slot, a) for (i, slot), a in sorted(held.items())))
+
+    def _shift_shares(self, placement: Placement, sign: int) -> None:
+        """Give back (``sign`` 1) or take again (-1) the shares of ``placement``, on its own slots."""
+        index, t = self._cluster.node_index, placement.gpu_type
+        part, pl = self._shares(), self._plist(t)
+        for name, slot, amt in placement.shares:
+            i = index[name]
+            d = part.setdefault(i, {})
+            used = d.get(slot)
+            if used is not None:
+                del pl[bisect_left(pl, (1 - used, i, slot))]
+            elif sign > 0:
+                raise ValueError(f"node {name}: device slot {slot} holds no share to give back")
+            else:
+                if self.free[i] < 1:
+                    raise ValueError(f"node {name}: no whole free device for slot {slot}")
+                self._move(i, t, self.free[i] - 1)
+                used = Fraction(0)
+            used = used - sign * amt
+            if used < 0 or used > 1:
+                raise ValueError(f"node {name}: device slot {slot} would hold {used} of one GPU")
+            if used == 0:
+                del d[slot]
+                self._move(i, t, self.free[i] + 1)
+            else:
+                d[slot] = used
+                insort(pl, (1 - used, i, slot))
 
     def _pick(self, gpu_type: str, f: int) -> int:
         free = self.free
@@ -130,6 +258,15 @@ class FreeIndex:
             self._arrived.setdefault((gpu_type, new), []).append(i)
 
 
-def node_slots(cluster: Cluster, gpu_type: str, gpus_per_pod: int) -> int:
-    """Pods of ``gpus_per_pod`` GPUs that fit on the type's nodes when all are empty."""
+def _exact(g: Fraction) -> Gpus:
+    """A sum of shares as the core keeps amounts: an int when whole."""
+    return g.numerator if g.denominator == 1 else g
+
+
+def node_slots(cluster: Cluster, gpu_type: str, gpus_per_pod: Gpus) -> int:
+    """Pods of ``gpus_per_pod`` GPUs that fit on the type's nodes when all are empty (a share of
+    ``k``: ``floor(1 / k)`` to a device)."""
+    if type(gpus_per_pod) is not int:
+        per = int(1 // gpus_per_pod)
+        return sum(n * g * per for g, n in cluster.type_sizes.get(gpu_type, ()))
     return sum(n * (g // gpus_per_pod) for g, n in cluster.type_sizes.get(gpu_type, ()))

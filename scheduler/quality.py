@@ -28,15 +28,20 @@ wait, no preemption and no GPU-seconds of any queue here (the summary gives its 
 
 The state changes only at event times, so every time integral is exact: a sum over the steps
 between consecutive event times, up to the makespan.
+
+Shares (issue 19): a pending pod asking a share of one GPU counts as asking one GPU here, and a
+device that shares hold part of is not free (the admit's ``devices`` say which): free GPUs are
+whole free devices, as the scheduler places whole gangs.
 """
 from __future__ import annotations
 
 from collections import Counter
+from fractions import Fraction
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scheduler.cycle import acceptable_types
-from scheduler.model import Workload
+from scheduler.model import Gpus, Workload, is_share
 from scheduler.simulator.report import HeldLoad, percentile
 from scheduler.snapshot import Cluster
 
@@ -108,12 +113,13 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
 
     scopes = {q: _Pending(cluster.types, cum) for q in queues}
     every = _Pending(cluster.types, cum)
-    held: dict[str, int] = dict.fromkeys(queues, 0)                   # GPUs running per queue
-    pending_gpus: dict[str, Counter[int]] = {q: Counter() for q in queues}   # gang sizes pending
+    held: dict[str, Gpus] = dict.fromkeys(queues, 0)                  # GPUs running per queue
+    pending_gpus: dict[str, Counter[Gpus]] = {q: Counter() for q in queues}   # gang sizes pending
+    shared: dict[tuple[str, str], Gpus] = {}              # (node, device) -> share in use, while > 0
     guarantee = {q: int(cluster.guarantee[q].get("gpu", 0)) for q in queues}
     violating: dict[str, float] = {}                                   # queue -> since when
     violation = dict.fromkeys(queues, 0.0)
-    placed: dict[str, dict[str, int]] = {}
+    placed: dict[str, Any] = {}                # its placement, or its devices (a gang of shares)
     submitted: dict[str, float] = {}
     waits: dict[str, list[float]] = {q: [] for q in queues}
     preempted: Counter[str] = Counter()
@@ -122,8 +128,9 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
         types = types_of.get(w.id)
         if types is None:
             types = types_of[w.id] = acceptable_types(cluster, w)
-        scopes[w.queue].add(types, w.gpus_per_pod, sign)
-        every.add(types, w.gpus_per_pod, sign)
+        k = 1 if is_share(w.gpus_per_pod) else int(w.gpus_per_pod)   # a share needs one device
+        scopes[w.queue].add(types, k, sign)
+        every.add(types, k, sign)
         c = pending_gpus[w.queue]
         c[w.gpus] += sign
         if c[w.gpus] == 0:
@@ -139,11 +146,30 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
 
     def take(where: Mapping[str, int], sign: int) -> None:
         for name, g in where.items():
-            i = index[name]
-            c = counts[node_type[i]]
-            c[free[i]] -= 1
-            free[i] += sign * g
-            c[free[i]] += 1
+            move(index[name], sign * g)
+
+    def move(i: int, by: int) -> None:
+        c = counts[node_type[i]]
+        c[free[i]] -= 1
+        free[i] += by
+        c[free[i]] += 1
+
+    def take_shares(devices: Mapping[str, Mapping[str, float]], sign: int) -> None:
+        """A gang of shares taking (-1) or giving back (1) its devices' shares: a device leaves
+        the free ones when its first share is taken, and comes back when its last is given back."""
+        for name, on in devices.items():
+            for dev, share in on.items():
+                key = (name, dev)
+                was = shared.get(key, 0)
+                now = was - sign * Fraction(str(share))
+                if now:
+                    shared[key] = now
+                else:
+                    del shared[key]
+                if not was:
+                    move(index[name], -1)
+                elif not now:
+                    move(index[name], 1)
 
     def integrate(dt: float) -> None:
         if dt <= 0:
@@ -191,13 +217,20 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
             pend(w, -1)
         elif kind == "admit":
             pend(w, -1)
-            placed[wid] = e["placement"]
-            take(e["placement"], -1)
+            if is_share(w.gpus_per_pod):
+                placed[wid] = e["devices"]
+                take_shares(e["devices"], -1)
+            else:
+                placed[wid] = e["placement"]
+                take(e["placement"], -1)
             held[w.queue] += w.gpus
             if wid in submitted:
                 waits[w.queue].append(t - submitted.pop(wid))
         elif kind in ("finish", "preempt"):
-            take(placed.pop(wid), 1)
+            if is_share(w.gpus_per_pod):
+                take_shares(placed.pop(wid), 1)
+            else:
+                take(placed.pop(wid), 1)
             held[w.queue] -= w.gpus
             if kind == "preempt":
                 preempted[w.queue] += 1

@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from scheduler.model import Gpus
 from scheduler.snapshot import PINNED, Cluster, dict_copy
 
-Vec = tuple[tuple[str, int], ...]
-_NONE: Mapping[str, int] = MappingProxyType({})
+Vec = tuple[tuple[str, Gpus], ...]    # resource -> amount (GPUs exact: scheduler.model.Gpus)
+_NONE: Mapping[str, Gpus] = MappingProxyType({})
 _INF = float("inf")
 
 
@@ -23,11 +24,11 @@ class Shortfall:
     queue: str
     resource: str
     limit: int        # the max (or guarantee) that fails
-    used: int         # the queue's usage of ``resource`` now
-    needed: int       # the amount asked for (or taken away)
+    used: Gpus        # the queue's usage of ``resource`` now
+    needed: Gpus      # the amount asked for (or taken away)
 
     @property
-    def left(self) -> int:
+    def left(self) -> Gpus:
         return max(self.limit - self.used, 0)
 
 
@@ -36,14 +37,14 @@ class Ledger:
 
     __slots__ = ("_own", "_view")
 
-    def __init__(self, base: Mapping[str, Mapping[str, int]]) -> None:
-        self._view: dict[str, Mapping[str, int]] = dict_copy(base)   # shallow: entries copied on write
+    def __init__(self, base: Mapping[str, Mapping[str, Gpus]]) -> None:
+        self._view: dict[str, Mapping[str, Gpus]] = dict_copy(base)   # shallow: entries copied on write
         self._own: set[str] = set()
 
-    def of(self, queue: str) -> Mapping[str, int]:
+    def of(self, queue: str) -> Mapping[str, Gpus]:
         return self._view.get(queue, _NONE)
 
-    def used(self, queue: str, resource: str) -> int:
+    def used(self, queue: str, resource: str) -> Gpus:
         return self._view.get(queue, _NONE).get(resource, 0)
 
     def add(self, chain: tuple[str, ...], vec: Vec, sign: int = 1) -> None:
@@ -139,11 +140,11 @@ def fair_share(cluster: Cluster, ledger: Ledger, queue: str) -> float:
     return share_of(cluster.guarantee[queue], ledger.of(queue))
 
 
-def share_of(guarantee: Mapping[str, int], used: Mapping[str, int]) -> float:
+def share_of(guarantee: Mapping[str, int], used: Mapping[str, Gpus]) -> float:
     """:func:`fair_share` of a queue with this guarantee and usage."""
     share = 0.0
     for key, g in guarantee.items():
         u = used.get(key, 0)
         if u > 0:
-            share = max(share, u / g if g > 0 else _INF)
+            share = max(share, float(u) / g if g > 0 else _INF)
     return share

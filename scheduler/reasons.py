@@ -6,7 +6,7 @@ max 8"; "no node of type H100 with 8 free GPUs (largest free: 4)"). The codes ar
 """
 from __future__ import annotations
 
-from scheduler.model import Workload
+from scheduler.model import Gpus, Workload, gpus_text, is_share
 from scheduler.quota import Shortfall
 
 
@@ -15,23 +15,36 @@ def num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.6g}"
 
 
+def _n(x: Gpus) -> str:
+    """An amount: an int as always, a share as a decimal (``0.5``, never ``1/2``)."""
+    return str(x) if type(x) is int else gpus_text(x)
+
+
 def quota_max(s: Shortfall) -> str:
-    return f"needs {s.needed} {s.resource}, queue {s.queue} has {s.left} left of max {s.limit}"
+    return f"needs {_n(s.needed)} {s.resource}, queue {s.queue} has {_n(s.left)} left of max {_n(s.limit)}"
 
 
 def never_max(s: Shortfall) -> str:
-    return f"needs {s.needed} {s.resource}, queue {s.queue} max is {s.limit}"
+    return f"needs {_n(s.needed)} {s.resource}, queue {s.queue} max is {_n(s.limit)}"
 
 
 def _gang(w: Workload) -> str:
-    return f"{w.pods} pods x {w.gpus_per_pod} GPUs" if w.pods > 1 else f"{w.gpus_per_pod} GPUs"
+    k = _n(w.gpus_per_pod)
+    return f"{w.pods} pods x {k} GPUs" if w.pods > 1 else f"{k} GPUs"
 
 
-def no_fit(w: Workload, gpu_type: str, slots: int, largest_free: int) -> str:
+def no_fit(w: Workload, gpu_type: str, slots: int, largest_free: Gpus) -> str:
+    k = w.gpus_per_pod
+    if is_share(k):
+        if slots == 0:
+            return (f"no device of type {gpu_type} with {_n(k)} of a GPU free "
+                    f"(largest free share: {_n(largest_free)})")
+        return (f"only {slots} of {w.pods} pods of {_n(k)} GPU fit on free {gpu_type} devices "
+                f"(largest free share: {_n(largest_free)})")
     if slots == 0:
-        return (f"no node of type {gpu_type} with {w.gpus_per_pod} free GPUs "
+        return (f"no node of type {gpu_type} with {k} free GPUs "
                 f"(largest free: {largest_free})")
-    return (f"only {slots} of {w.pods} pods of {w.gpus_per_pod} GPUs fit on free {gpu_type} nodes "
+    return (f"only {slots} of {w.pods} pods of {k} GPUs fit on free {gpu_type} nodes "
             f"(largest free: {largest_free})")
 
 
@@ -47,9 +60,9 @@ def not_eligible(s: Shortfall) -> str:
     return above_guarantee(s.queue, s.used + s.needed, s.resource, s.limit)
 
 
-def above_guarantee(queue: str, would_hold: int, resource: str, guaranteed: int) -> str:
+def above_guarantee(queue: str, would_hold: Gpus, resource: str, guaranteed: int) -> str:
     head, tail = above_guarantee_parts(queue, resource, guaranteed)
-    return f"{head}{would_hold}{tail}"
+    return f"{head}{_n(would_hold)}{tail}"
 
 
 def above_guarantee_parts(queue: str, resource: str, guaranteed: int) -> tuple[str, str]:
@@ -58,12 +71,12 @@ def above_guarantee_parts(queue: str, resource: str, guaranteed: int) -> tuple[s
 
 
 def pinned_over(s: Shortfall) -> str:
-    return (f"non-preemptible: queue {s.queue}'s non-preemptible work would hold {s.used + s.needed} "
-            f"{s.resource}, above its guaranteed {s.limit} (it holds {s.used})")
+    return (f"non-preemptible: queue {s.queue}'s non-preemptible work would hold {_n(s.used + s.needed)} "
+            f"{s.resource}, above its guaranteed {s.limit} (it holds {_n(s.used)})")
 
 
 def pinned_never(s: Shortfall) -> str:
-    return (f"non-preemptible: needs {s.needed} {s.resource}, queue {s.queue} guarantees {s.limit} "
+    return (f"non-preemptible: needs {_n(s.needed)} {s.resource}, queue {s.queue} guarantees {s.limit} "
             "(non-preemptible work runs only within its queue's guarantee)")
 
 
@@ -83,6 +96,6 @@ def strict_fifo(head: Workload, queue: str) -> str:
     return f"behind {head.id} (priority {head.priority}) in strict FIFO queue {queue}"
 
 
-def preempted(queue: str, s_used: int, needed: int, guaranteed: int) -> str:
-    return (f"reclaim guaranteed for {queue}: holds {s_used} of guaranteed {guaranteed} gpu, "
-            f"needs {needed}")
+def preempted(queue: str, s_used: Gpus, needed: Gpus, guaranteed: int) -> str:
+    return (f"reclaim guaranteed for {queue}: holds {_n(s_used)} of guaranteed {guaranteed} gpu, "
+            f"needs {_n(needed)}")

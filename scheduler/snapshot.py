@@ -12,15 +12,20 @@ from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
 
 from accounting.queues import QueueConfig
 from scheduler.errors import SnapshotError
 from scheduler.memo import CycleMemo
-from scheduler.model import Node, Running, Workload
+from scheduler.model import Gpus, Node, Running, Workload
 
-_NONE: Mapping[str, int] = MappingProxyType({})
+_NONE: Mapping[str, Gpus] = MappingProxyType({})
+# node index -> device slot -> the share of that device in use (0 < used <= 1): the devices that
+# gangs of shares hold part of (scheduler.model.Placement.shares); empty while nobody asks a share
+Partial = Mapping[int, Mapping[int, Fraction]]
+NO_PARTIAL: Partial = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +96,12 @@ def build_cluster(config: QueueConfig, nodes: Iterable[Node]) -> Cluster:
 PINNED = "non-preemptible:"
 
 
-def demand(w: Workload, gpu_type: str) -> tuple[tuple[str, int], ...]:
+def demand(w: Workload, gpu_type: str) -> tuple[tuple[str, Gpus], ...]:
     """The usage vector of ``w`` running on ``gpu_type``: ``gpu``, ``gpu/<type>``, cpu, memory;
-    for a non-preemptible ``w`` each again under :data:`PINNED`."""
+    for a non-preemptible ``w`` each again under :data:`PINNED`. A gang of shares counts its
+    shares (``4 x 0.25`` is 1 GPU), exactly."""
     n = w.pods * w.gpus_per_pod
-    vec: tuple[tuple[str, int], ...] = (("gpu", n), ("gpu/" + gpu_type, n))
+    vec: tuple[tuple[str, Gpus], ...] = (("gpu", n), ("gpu/" + gpu_type, n))
     if w.cpu_millicores_per_pod:
         vec += (("cpu", w.cpu_millicores_per_pod * w.pods),)
     if w.memory_per_pod_bytes:
@@ -121,9 +127,11 @@ class Occupancy:
     cycle's free index starts without a pass over every node; ``None`` when not known (the
     cycle then derives it from ``node_free``)."""
 
-    node_free: tuple[int, ...]                      # free GPUs per node, cluster node order
-    usage: Mapping[str, Mapping[str, int]]          # queue -> resource -> amount, ancestors included
+    node_free: tuple[int, ...]                      # whole free GPUs per node, cluster node order
+    usage: Mapping[str, Mapping[str, Gpus]]         # queue -> resource -> amount, ancestors included
     levels: Levels | None = field(default=None, compare=False, repr=False)
+    # devices partly held by shares (:data:`Partial`); such a device is not free in ``node_free``
+    partial: Partial = field(default_factory=lambda: NO_PARTIAL)
 
 
 def occupancy_of(cluster: Cluster, running: Iterable[Running]) -> Occupancy:
@@ -178,17 +186,28 @@ def occupancy_after(
     """``occ`` with ``stopped`` workloads' GPUs returned and ``started`` ones' taken."""
     free = list(occ.node_free)
     before: dict[int, int] = {}
-    usage: dict[str, Mapping[str, int]] = dict_copy(occ.usage)
-    copied: dict[str, dict[str, int]] = {}
+    usage: dict[str, Mapping[str, Gpus]] = dict_copy(occ.usage)
+    copied: dict[str, dict[str, Gpus]] = {}
+    partial: dict[int, dict[int, Fraction]] | None = None
     for sign, items in ((1, stopped), (-1, started)):
         for r in items:
             w = r.workload
-            for name, n in r.placement.nodes:
-                i = cluster.node_index[name]
-                before.setdefault(i, free[i])
-                free[i] += sign * n
-                if free[i] < 0 or free[i] > cluster.nodes[i].gpus:
-                    raise SnapshotError(f"node {name}", f"GPU count out of range after {w.id}")
+            if r.placement.shares:
+                if partial is None:
+                    partial = {i: dict(d) for i, d in occ.partial.items()}
+                for name, slot, share in r.placement.shares:
+                    i = cluster.node_index[name]
+                    before.setdefault(i, free[i])
+                    shift_share(partial, free, i, slot, -sign * share, f"node {name}", w.id)
+                    if free[i] < 0:
+                        raise SnapshotError(f"node {name}", f"GPU count out of range after {w.id}")
+            else:
+                for name, n in r.placement.nodes:
+                    i = cluster.node_index[name]
+                    before.setdefault(i, free[i])
+                    free[i] += sign * n  # type: ignore[assignment]   # whole gangs hold ints
+                    if free[i] < 0 or free[i] > cluster.nodes[i].gpus:
+                        raise SnapshotError(f"node {name}", f"GPU count out of range after {w.id}")
             chain = cluster.chains.get(w.queue)
             if chain is None:
                 raise SnapshotError(f"workload {w.id}", f"unknown queue {w.queue}")
@@ -202,7 +221,34 @@ def occupancy_after(
                     d[key] = d.get(key, 0) - sign * amt
     for q, d in copied.items():
         usage[q] = MappingProxyType(d)
-    return Occupancy(tuple(free), MappingProxyType(usage), _levels_after(cluster, occ, free, before))
+    kept = occ.partial if partial is None else MappingProxyType(
+        {i: MappingProxyType(d) for i, d in partial.items() if d})
+    return Occupancy(tuple(free), MappingProxyType(usage), _levels_after(cluster, occ, free, before), kept)
+
+
+def shift_share(partial: dict[int, dict[int, Fraction]], free: list[int], i: int, slot: int,
+                amt: Fraction, where: str, wid: str) -> None:
+    """Take (``amt`` > 0) or give back (``amt`` < 0) a share of device ``slot`` of node ``i``: a
+    device first taken leaves the node's whole free devices (``free[i]``), one given back whole
+    returns to them. Raises :class:`SnapshotError` when the device would hold more than its whole
+    or less than nothing."""
+    d = partial.get(i)
+    if d is None:
+        d = partial[i] = {}
+    used = d.get(slot)
+    if used is None:
+        if amt <= 0:
+            raise SnapshotError(where, f"device slot {slot} holds no share to give back ({wid})")
+        free[i] -= 1                      # a whole free device becomes a shared one
+        used = Fraction(0)
+    used += amt
+    if used > 1 or used < 0:
+        raise SnapshotError(where, f"device slot {slot} would hold {used} of one GPU after {wid}")
+    if used == 0:
+        del d[slot]
+        free[i] += 1
+    else:
+        d[slot] = used
 
 
 @dataclass(frozen=True, slots=True)

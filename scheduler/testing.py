@@ -7,7 +7,7 @@ from typing import Any
 
 from accounting.queues import parse_queue_config
 from scheduler.cycle import schedule
-from scheduler.model import Decisions, Node, Placement, Running, Workload
+from scheduler.model import Decisions, Gpus, Node, Placement, Running, Workload
 from scheduler.snapshot import Cluster, Settings, build_cluster, snapshot
 
 
@@ -41,7 +41,7 @@ def cycle(
     return schedule(snapshot(c, running, pending, Settings(preemption, delay_s)), now)
 
 
-def admitted(d: Decisions) -> dict[str, dict[str, int]]:
+def admitted(d: Decisions) -> dict[str, dict[str, Gpus]]:
     return {a.workload.id: a.placement.as_dict() for a in d.admissions}
 
 

@@ -55,8 +55,8 @@ from statistics import NormalDist
 from scheduler.cycle import acceptable_types, schedule
 from scheduler.forecast import EPS, DurationModel, Durations, Eta, Sampler, Present, after_first
 from scheduler.memo import CycleMemo
-from scheduler.model import Decisions, Placement, Running, Workload
-from scheduler.ordering import queue_key
+from scheduler.model import Decisions, Gpus, Placement, Running, Workload
+from scheduler.ordering import QueueKey, queue_key
 from scheduler.placement import FreeIndex
 from scheduler.quota import Ledger, below_floor, over_guarantee, over_max
 from scheduler.snapshot import Cluster, Snapshot, demand
@@ -66,7 +66,7 @@ LOW, MID, HIGH = 0.1, 0.5, 0.9
 BINS = 32
 """Pending work's middle-path quantiles come in this many bins (durations drawn once per bin)."""
 
-_Shape = tuple[tuple[str, ...], int, int]          # types, gpus per pod, pods
+_Shape = tuple[tuple[str, ...], Gpus, int]          # types, gpus per pod, pods
 _NORMAL = NormalDist()
 
 
@@ -193,7 +193,7 @@ class _Run:
         self.cluster, self.durations, self.quantiles = cluster, durations, quantiles
         self.now = base.now
         self.delay = delay_s if preemption else math.inf
-        self.free = FreeIndex(cluster, base.occupancy.node_free, base.occupancy.levels)
+        self.free = FreeIndex(cluster, base.occupancy.node_free, base.occupancy.levels, base.occupancy.partial)
         self.ledger = Ledger(base.occupancy.usage)
         self.cache: dict[tuple[object, float], tuple[float, float, float]] = {}
         self.done = dict(base.done)
@@ -244,11 +244,11 @@ class _Run:
         self.starts: dict[str, tuple[float, float, float]] = {}
         self.trigger = (now, now, now)         # the event being served: (its time, low, high)
         self.fit: dict[_Shape, bool] = {}
-        self.slots: dict[tuple[str, int], int] = {}    # pods of a size that fit a type, while free is unchanged
-        self.keys: dict[str, tuple[float, int, int, str]] = {}
+        self.slots: dict[tuple[str, Gpus], int] = {}    # pods of a size that fit a type, while free is unchanged
+        self.keys: dict[str, QueueKey] = {}
         # the queues with pending work by key, kept between passes: an entry is current while its
         # number is the queue's in ``qver`` (a queue whose key changes is pushed again)
-        self.qheap: list[tuple[tuple[float, int, int, str], int, str]] = []
+        self.qheap: list[tuple[QueueKey, int, str]] = []
         self.qver: dict[str, int] = {}
         self.qseq = 0
         self.failed: dict[str, tuple[float, int]] = {}    # queue -> (time, own) its victim search failed at
@@ -286,7 +286,7 @@ class _Run:
             self.qver[q] = self.qseq
             heapq.heappush(self.qheap, (self.key(q), self.qseq, q))
 
-    def key(self, q: str) -> tuple[float, int, int, str]:
+    def key(self, q: str) -> QueueKey:
         k = self.keys.get(q)
         if k is None:
             k = self.keys[q] = queue_key(self.cluster, self.ledger, q)
@@ -462,7 +462,7 @@ class _Run:
         while some shape still fits the free GPUs), then what may reclaim, by key."""
         fitting = [s for s, qs in self.shape_queues.items() if qs and self.shape_fits(s)]
         qheap, qver = self.qheap, self.qver
-        popped: list[tuple[tuple[float, int, int, str], int, str]] = []
+        popped: list[tuple[QueueKey, int, str]] = []
         misses = 0
         while fitting and qheap:
             if misses >= 8:                     # the free GPUs may fit nothing any more

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, final
 
-from scheduler.model import ReasonCode
+from scheduler.model import Gpus, ReasonCode
 
 
 @final
@@ -88,7 +88,7 @@ class Fit(NamedTuple):
     types: tuple[str, ...]
     room: int
     key: int
-    gpus: int
+    gpus: Gpus
     pinned: bool
     never_fits: Settled | None
     no_room: NoRoom

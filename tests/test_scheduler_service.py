@@ -347,7 +347,9 @@ def test_simulator_events_round_trip_through_table_rows() -> None:
 
     result = run_scenario(SCENARIOS / "gang-and-fallback.yaml")
     rows = [ev.to_row(e, i, "sim", epoch_s=1.7e9) for i, e in enumerate(result.events)]
-    assert [ev.from_row(r[2:11]) for r in rows] == list(result.events)
+    # the table keeps no ``devices`` (which device a gang holds is the replay's, issue 19)
+    assert [ev.from_row(r[2:11]) for r in rows] == [{k: v for k, v in e.items() if k != "devices"}
+                                                   for e in result.events]
 
 
 # -- restart: rebuild from scheduler_events in chDB ---------------------------------------------------

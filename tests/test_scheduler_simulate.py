@@ -134,7 +134,8 @@ def test_outputs_are_byte_identical_and_follow_the_format(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(("edit", "message"), [
     pytest.param(lambda s: s["workloads"][1].update(gpus_per_pod=0),
-                 "workloads[1].gpus_per_pod: expected a positive integer, got 0", id="gpus-per-pod"),
+                 "workloads[1].gpus_per_pod: expected a positive integer, or a share of one GPU below 1 in "
+                 "thousandths (0.5), got 0", id="gpus-per-pod"),
     pytest.param(lambda s: s["workloads"][0].update(queue="nope"),
                  "workloads[0].queue: unknown queue 'nope'", id="unknown-queue"),
     pytest.param(lambda s: s["workloads"][0].update(gpu_per_pod=8),

@@ -71,7 +71,17 @@ from scheduler.actuators.base import FENCED, ActionResult, Actuator, Fence, Targ
 from scheduler.service.acting import Lanes
 from scheduler.service.brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Pause, PreemptionBrake
 from scheduler.cycle import never_fits, schedule
-from scheduler.model import Decisions, Node, PendingReason, PendingReasons, Placement, Running, Workload
+from scheduler.model import (
+    Decisions,
+    Node,
+    PendingReason,
+    PendingReasons,
+    Placement,
+    Running,
+    Workload,
+    whole,
+    whole_nodes,
+)
 from scheduler.ordering import by_queue
 from scheduler.policy import POLICY, refusal
 from scheduler.service.errors import (
@@ -984,7 +994,7 @@ class SchedulerService:
         assert r is not None
         return admission_rows(e.workload.id, e.workload.queue, cluster=self.cluster_name,
                               namespace=e.target.namespace, gpu_type=r.placement.gpu_type,
-                              placement=r.placement.nodes, start_s=r.start_s, end_s=end_s,
+                              placement=whole_nodes(r.placement), start_s=r.start_s, end_s=end_s,
                               priority=e.workload.priority)
 
     # -- the ledger ---------------------------------------------------------------------------------
@@ -1072,10 +1082,10 @@ class SchedulerService:
     def _view(self, e: Entry) -> WorkloadView:
         w, r, t = e.workload, e.running, e.target
         return WorkloadView(
-            id=w.id, queue=w.queue, state=e.state, pods=w.pods, gpus_per_pod=w.gpus_per_pod, gpus=w.gpus,
+            id=w.id, queue=w.queue, state=e.state, pods=w.pods, gpus_per_pod=whole(w.gpus_per_pod), gpus=whole(w.gpus),
             gpu_types=w.gpu_types, priority=w.priority, preemptible=w.preemptible, submit_s=w.submit_s,
             duration_s=w.duration_s or None, start_s=r.start_s if r else None, end_s=e.end_s,
-            gpu_type=r.placement.gpu_type if r else None, placement=r.placement.as_dict() if r else None,
+            gpu_type=r.placement.gpu_type if r else None, placement=dict(whole_nodes(r.placement)) if r else None,
             reason_code=e.reason.code if e.reason else None, message=e.reason.message if e.reason else None,
             position=self._pos.of(w.id) if e.state == PENDING else None,
             preempted=e.preempted, idle=w.id in self._idle and r is not None,
@@ -1120,7 +1130,7 @@ class SchedulerService:
             on: dict[str, list[str]] = {}
             own = (e.running for e in self._entries.values() if e.running is not None)
             for r in (*own, *self._foreign.running):       # foreign work holds its GPUs too
-                for name, n in r.placement.nodes:
+                for name, n in whole_nodes(r.placement):
                     used[name] = used.get(name, 0) + n
                     on.setdefault(name, []).append(r.workload.id)
             return [NodeView(n.name, n.gpu_type, n.gpus, used.get(n.name, 0), n.gpus - used.get(n.name, 0),
@@ -1144,7 +1154,7 @@ class SchedulerService:
             pending = [(e.target.namespace, e.workload) for e in self._entries.values()
                        if e.state == PENDING and not e.not_allowed]
         c = self.cluster_name
-        rows = tuple(PendingDemand(c, ns, w.id, w.queue, milli(w.gpus), w.submit_s,
+        rows = tuple(PendingDemand(c, ns, w.id, w.queue, milli(whole(w.gpus)), w.submit_s,
                                    w.gpu_types[0] if len(w.gpu_types) == 1 else "") for ns, w in pending)
         with self._lock:
             self._pending_memo = (key, rows)
@@ -1186,16 +1196,16 @@ class SchedulerService:
         for e in self._entries.values():
             r = e.running
             if r is not None:
-                for name, gpus in r.placement.nodes:
+                for name, gpus in whole_nodes(r.placement):
                     runs[name] = (r.placement.gpu_type, runs.get(name, ("", 0))[1] + gpus)
                     if e.acting != PREEMPTING:
                         seen[name] = seen.get(name, 0) + gpus
             elif e.acting == ADMITTING and e.plan is not None:
-                for name, gpus in e.plan.nodes:
+                for name, gpus in whole_nodes(e.plan):
                     seen[name] = seen.get(name, 0) + gpus
                     runs.setdefault(name, (e.plan.gpu_type, 0))
         for r in self._foreign.running:
-            for name, gpus in r.placement.nodes:
+            for name, gpus in whole_nodes(r.placement):
                 runs[name] = (r.placement.gpu_type, runs.get(name, ("", 0))[1] + gpus)
                 seen[name] = seen.get(name, 0) + gpus
         return {name: (t, max(h, seen.get(name, 0))) for name, (t, h) in runs.items()}

@@ -25,7 +25,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
-from scheduler.model import Running, Workload
+from scheduler.model import Gpus, Running, Workload
 from scheduler.service.views import ADMITTING, PENDING, PREEMPTING, Entry
 from scheduler.snapshot import (Cluster, Occupancy, PendingChanges, Settings, Snapshot, occupancy_after, occupancy_of,
                                 snapshot)
@@ -218,7 +218,10 @@ def difference(kept: Snapshot, fresh: Snapshot) -> str | None:
                if x != y]
         return f"free GPUs differ on nodes {bad[:10]}"
 
-    def nonzero(u: Mapping[str, Mapping[str, int]]) -> Iterator[tuple[str, str, int]]:
+    if kept.occupancy.partial != fresh.occupancy.partial:
+        return "the devices shares hold differ"
+
+    def nonzero(u: Mapping[str, Mapping[str, Gpus]]) -> Iterator[tuple[str, str, Gpus]]:
         return ((q, k, v) for q, m in u.items() for k, v in m.items() if v)
 
     ua, ub = set(nonzero(kept.occupancy.usage)), set(nonzero(fresh.occupancy.usage))

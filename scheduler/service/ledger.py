@@ -21,7 +21,7 @@ from typing import Any
 from accounting.ledger import ADMISSION
 from accounting.model import Allocation
 from scheduler.actuators.base import Target
-from scheduler.model import Placement, Running, Workload
+from scheduler.model import Placement, Running, Workload, whole_nodes
 
 FOREIGN_PREFIX = "foreign:"
 DRIFT, MISPLACED, FOREIGN = "actuator_drift", "misplaced", "foreign"
@@ -125,7 +125,7 @@ def reconcile(observed: Sequence[Allocation], running: Mapping[str, tuple[Runnin
             nodes[node_name(a)] = nodes.get(node_name(a), 0.0) + a.gpus
     out = []
     for wid, (r, _target) in sorted(running.items()):
-        chosen = dict(r.placement.nodes)
+        chosen = dict(whole_nodes(r.placement))
         got = seen.get(wid)
         if got is None:
             if now_s - r.start_s >= grace_s:

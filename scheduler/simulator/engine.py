@@ -29,20 +29,78 @@ import heapq
 import math
 import random
 import time
+from bisect import insort
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from scheduler.cycle import never_fits, schedule
 from scheduler.events import event as make_event
 from scheduler.forecast import MIN_SAMPLES, RUNS, ArrivalModel, DurationModel, Forecaster
-from scheduler.model import Decisions, Placement, Running, Workload
+from scheduler.model import Decisions, Placement, Running, Workload, gpus_out, whole
 from scheduler.timeline import HIGH, LOW, MID, Timeline
 from scheduler.policy import refusal
 from scheduler.progress import Progress
 from scheduler.simulator.report import HeldLoad, QueueStats, SimResult, summarize
 from scheduler.simulator.scenario import Fixed, Scenario
-from scheduler.snapshot import Occupancy, PendingChanges, Snapshot, occupancy_after, occupancy_of
+from scheduler.snapshot import Cluster, Occupancy, PendingChanges, Snapshot, occupancy_after, occupancy_of
+
+class Devices:
+    """Which physical devices of each node every running gang holds (an ``admit``'s ``devices``,
+    issue 19). The core counts whole free devices per node and names the devices that shares hold
+    part of by *slot* (:attr:`scheduler.model.Placement.shares`); this table gives each gang its
+    device indices: a whole gang the lowest free ones, a slot the lowest free device when the core
+    first opens it, kept while any share holds it. The core never places more than a node holds,
+    so a free device is always there; running short is a bug, said loudly."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.free: dict[str, list[int]] = {n.name: list(range(n.gpus)) for n in cluster.nodes}  # sorted
+        self.slot_dev: dict[tuple[str, int], int] = {}
+        self.slot_used: dict[tuple[str, int], Fraction] = {}
+        self.held: dict[str, Placement] = {}
+
+    def _lowest(self, node: str) -> int:
+        free = self.free[node]
+        if not free:
+            raise AssertionError(f"node {node}: no free device left for a placement the core made")
+        return free.pop(0)
+
+    def take(self, wid: str, p: Placement) -> dict[str, dict[str, int | float]]:
+        """Give ``wid`` devices for ``p``; its ``devices`` as an event carries them."""
+        self.held[wid] = p
+        out: dict[str, dict[str, int | float]] = {}
+        if not p.shares:
+            for node, n in p.nodes:
+                out[node] = {str(self._lowest(node)): 1 for _ in range(int(n))}
+            return out
+        for node, slot, share in p.shares:
+            key = (node, slot)
+            dev = self.slot_dev.get(key)
+            if dev is None:
+                dev = self.slot_dev[key] = self._lowest(node)
+            self.slot_used[key] = self.slot_used.get(key, Fraction(0)) + share
+            out.setdefault(node, {})[str(dev)] = gpus_out(share)
+        return out
+
+    def give(self, wid: str, devices: dict[str, dict[str, int | float]] | None = None) -> None:
+        """Give back what ``wid`` holds (``devices``: its admit's, for a whole gang)."""
+        p = self.held.pop(wid)
+        if p.shares:
+            for node, slot, share in p.shares:
+                key = (node, slot)
+                left = self.slot_used[key] - share
+                if left:
+                    self.slot_used[key] = left
+                else:
+                    del self.slot_used[key]
+                    insort(self.free[node], self.slot_dev.pop(key))
+            return
+        assert devices is not None
+        for node, on in devices.items():
+            for d in on:
+                insort(self.free[node], int(d))
+
 
 EPS = 1e-9
 ROOT = "root"             # the queue tree's implicit root: fixed load outside every leaf queue
@@ -126,6 +184,8 @@ class _Sim:
         self.fixed_ends: list[tuple[float, int, str]] = []
         self.held: list[HeldLoad] = []
         self.displaced: list[str] = []
+        self.devices = Devices(sc.cluster)
+        self.dev_of: dict[str, dict[str, dict[str, int | float]]] = {}    # id -> its admit's devices
 
     def emit(self, t: float, event: str, w: Workload, **extra: Any) -> None:
         self.events.append(make_event(t, event, w.id, w.queue, **extra))
@@ -196,6 +256,7 @@ class _Sim:
         w = Workload(FIXED_PREFIX + f.id, f.queue or ROOT, 1, f.gpus, (gpu_type,), 0, False, t)
         r = Running(w, Placement(gpu_type, ((node, f.gpus),)), t)
         self.occ = occupancy_after(self.cluster, self.occ, (), (r,))
+        self.dev_of[w.id] = self.devices.take(w.id, r.placement)
         self.holding[f.id] = (f, r)
         if f.end_s is not None:
             heapq.heappush(self.fixed_ends, (f.end_s, self.next_fixed, f.id))
@@ -213,11 +274,12 @@ class _Sim:
     def _release(self, fid: str, t: float) -> None:
         f, r = self.holding.pop(fid)
         self.occ = occupancy_after(self.cluster, self.occ, (r,), ())
+        self.devices.give(r.workload.id, self.dev_of.pop(r.workload.id))
         self._log_hold(f, r, t)
 
     def _log_hold(self, f: Fixed, r: Running, t: float) -> None:
         p = r.placement
-        self.held.append(HeldLoad(f.id, f.queue, p.gpu_type, p.as_dict(), r.start_s, t))
+        self.held.append(HeldLoad(f.id, f.queue, p.gpu_type, {n: whole(g) for n, g in p.nodes}, r.start_s, t))
 
     def _drop_stale(self) -> None:
         while self.heap and self.ends.get(self.heap[0][2], (0.0, -1))[1] != self.heap[0][1]:
@@ -226,6 +288,7 @@ class _Sim:
     def _stop(self, wid: str, t: float) -> None:
         r = self.running.pop(wid)
         del self.ends[wid]
+        self.devices.give(wid, self.dev_of.pop(wid))
         if wid in self.started_ids:     # its start is not counted yet: count it before its stop
             self.settle()
         self.stopped.append(r)
@@ -306,7 +369,9 @@ class _Sim:
                 heapq.heappush(self.expiry, (vw.submit_s + self.sc.settings.preemption_delay_s, vid))
             del self.pending[w.id]
             self.removed.append(w)
-            self.emit(now, "admit", w, gpu_type=a.placement.gpu_type, placement=a.placement.as_dict())
+            devices = self.dev_of[w.id] = self.devices.take(w.id, a.placement)
+            self.emit(now, "admit", w, gpu_type=a.placement.gpu_type, placement=a.placement.as_output(),
+                      devices=devices)
             if w.id not in self.first_admit:
                 self.first_admit[w.id] = now
                 self.stats[w.queue].admitted += 1

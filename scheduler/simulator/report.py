@@ -35,7 +35,7 @@ class HeldLoad:
     id: str
     queue: str | None
     gpu_type: str
-    placement: dict[str, int]
+    placement: dict[str, int]        # fixed load holds whole GPUs
     start_s: float
     end_s: float
 

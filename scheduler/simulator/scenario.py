@@ -25,7 +25,7 @@ from accounting.queues import OPEN_POLICY, parse_queue_config
 from gpuq.errors import shown
 from gpuq.gcpause import collector_paused
 from scheduler.errors import ScenarioError, SnapshotError
-from scheduler.model import Node, Workload
+from scheduler.model import Gpus, Node, Workload, share_of_gpus
 from scheduler.snapshot import Cluster, Settings, build_cluster
 
 TOP = frozenset({"name", "until", "scheduler", "gpu_types", "nodes", "queues", "policy", "workloads",
@@ -88,6 +88,15 @@ class _Reader:
             kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
             raise self.fail(where, f"expected {kind}, got {shown(v)}")
         return v
+
+    def gpus(self, v: Any, where: str) -> Gpus:
+        """GPUs per pod: a whole number of 1 or more, or a share of one GPU below 1 in thousandths
+        (``0.5``, ``0.125``; issue 19)."""
+        got = share_of_gpus(v)
+        if got is None:
+            raise self.fail(where, "expected a positive integer, or a share of one GPU below 1 in "
+                                   f"thousandths (0.5), got {shown(v)}")
+        return got
 
     def num(self, v: Any, where: str, positive: bool = False) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (positive and v == 0):
@@ -329,7 +338,7 @@ def _workload(r: _Reader, raw: Any, where: str, at: str, queues: Mapping[str, An
     base = Workload(
         id=wid, queue=queue,
         pods=r.int(spec.get("pods", 1), f["pods"]),
-        gpus_per_pod=r.int(spec.get("gpus_per_pod", 1), f["gpus_per_pod"]),
+        gpus_per_pod=r.gpus(spec.get("gpus_per_pod", 1), f["gpus_per_pod"]),
         gpu_types=tuple(r.text(t, f"{at}gpu_types[{j}]") for j, t in enumerate(types)),
         priority=r.int(spec.get("priority", 0), f["priority"], minimum=-(2**31)),
         preemptible=r.flag(spec.get("preemptible", True), f["preemptible"]),
