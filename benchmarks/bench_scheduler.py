@@ -38,6 +38,7 @@ import dataclasses
 import gc
 import hashlib
 import json
+import math
 import os
 import random
 import resource
@@ -47,6 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -103,10 +105,14 @@ def make_trace(c: Cluster, n: int, seed: int = 7, load: float = 0.9) -> tuple[Wo
     return tuple(out)
 
 
-def make_backlog(c: Cluster, n: int, seed: int = 11, within_s: float = 60.0) -> tuple[Workload, ...]:
+def make_backlog(c: Cluster, n: int, seed: int = 11, within_s: float = 60.0,
+                 shares: float = 0.0) -> tuple[Workload, ...]:
     """The backlog shape: ``n`` workloads all submitted within ``within_s``, runs of about two
-    minutes (90-150 s), half pinned to one or two GPU types, the rest taking any type."""
+    minutes (90-150 s), half pinned to one or two GPU types, the rest taking any type. ``shares``:
+    that part of the one-GPU workloads ask a share of one GPU instead (0.25 or 0.5, issue 19),
+    drawn from a generator of their own, so every other field is the same as without."""
     rng = random.Random(seed)
+    frac = random.Random(seed + 1)
     leaves = c.config.leaves()
     subs = sorted(round(rng.uniform(0.0, within_s), 3) for _ in range(n))
     out = []
@@ -114,7 +120,10 @@ def make_backlog(c: Cluster, n: int, seed: int = 11, within_s: float = 60.0) -> 
         pods = rng.choices((1, 2, 4), (7, 2, 1))[0]
         types = (rng.choice(((rng.choice(TYPES),), tuple(rng.sample(TYPES, 2))))
                  if rng.random() < 0.5 else ())
-        out.append(Workload(f"b{i}", rng.choice(leaves), pods=pods, gpus_per_pod=rng.choice((1, 2, 4, 8)),
+        per_pod: int | Decimal = rng.choice((1, 2, 4, 8))
+        if shares and per_pod == 1 and frac.random() < shares:
+            per_pod = frac.choice((Decimal("0.25"), Decimal("0.5")))
+        out.append(Workload(f"b{i}", rng.choice(leaves), pods=pods, gpus_per_pod=per_pod,
                             gpu_types=types, priority=rng.choice((0, 0, 1, 2)), submit_s=t,
                             duration_s=float(rng.randint(90, 150)), checkpoint=rng.random() < 0.5))
     return tuple(out)
@@ -152,12 +161,12 @@ class Recorder:
 
 def drain(n: int, n_nodes: int, fn: Callable[[Snapshot, float], Decisions],
           until_s: float | None = None, seed: int = 11,
-          gate: Callable[[], None] | None = None) -> tuple[dict[str, float], Recorder]:
+          gate: Callable[[], None] | None = None, shares: float = 0.0) -> tuple[dict[str, float], Recorder]:
     """Replay the backlog shape of ``n`` workloads on a fresh cluster (fresh memos) with ``fn``;
     ``gate`` is called before each cycle (:class:`Recorder`)."""
     c = make_cluster(n_nodes)
     rec = Recorder(fn, gate)
-    sc = Scenario("backlog", until_s, 1.0, Settings(), c, make_backlog(c, n, seed))
+    sc = Scenario("backlog", until_s, 1.0, Settings(), c, make_backlog(c, n, seed, shares=shares))
     gc.collect()
     t0 = time.perf_counter()
     res = simulate(sc, rec)
@@ -225,23 +234,28 @@ def drain_child(quick: bool) -> None:
             raise SystemExit("the lockstep parent went away")
 
     n, n_nodes = (5_000, 500) if quick else (50_000, 5_000)
-    r, rec = drain(n, n_nodes, schedule, gate=gate)
+    r, rec = drain(n, n_nodes, schedule, gate=gate, shares=float(os.environ.get("GPUQ_BENCH_SHARES", "0")))
     res = rec.result
+    # the decisions, less each admit's devices (issue 19 added them; the code before has none)
+    lines = [x[:x.index(', "devices": ')] + "}" if ', "devices": ' in x else x
+             for x in res.events_jsonl().splitlines()]
     import scheduler.cycle
     out = {**r, "core": str(Path(scheduler.cycle.__file__).resolve().parent), "core_cpu_s": rec.cpu_s,
            "cycles_list": rec.cycles, "read_ms": rec.read_ms,
-           "events_sha256": hashlib.sha256(res.events_jsonl().encode()).hexdigest()}
+           "events_sha256": hashlib.sha256("\n".join(lines).encode()).hexdigest()}
     sys.stdout.write("JSON " + json.dumps(out) + "\n")
     sys.stdout.flush()
 
 
-def _lockstep(trees: dict[str, Path], order: tuple[str, str], quick: bool, log: Any) -> dict[str, dict[str, Any]]:
+def _lockstep(trees: dict[str, Path], order: tuple[str, str], quick: bool, log: Any,
+              shares: float = 0.0) -> dict[str, dict[str, Any]]:
     """Drain with both cores at once, one cycle at a time: ``order[0]``'s cycle k (and its
     simulator's work up to cycle k + 1), then ``order[1]``'s, then ``order[0]``'s cycle k + 1; the
     other process waits meanwhile, so each pair of cycles meets the machine as it is then."""
     procs = {}
     for name in order:
-        env = {**os.environ, "PYTHONPATH": str(trees[name]), "PYTHONHASHSEED": "0"}
+        env = {**os.environ, "PYTHONPATH": str(trees[name]), "PYTHONHASHSEED": "0",
+               "GPUQ_BENCH_SHARES": str(shares if name == "now" else 0.0)}
         cmd = [sys.executable, str(Path(__file__).resolve()), "--drain-child", *(["--quick"] if quick else [])]
         procs[name] = subprocess.Popen(cmd, env=env, cwd=trees[name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=log, text=True)
@@ -272,9 +286,11 @@ def _lockstep(trees: dict[str, Path], order: tuple[str, str], quick: bool, log: 
     return rows
 
 
-def before_main(quick: bool, before: Path, repeat: int) -> None:
+def before_main(quick: bool, before: Path, repeat: int, shares: float = 0.0) -> None:
     """(f): the drain of (d) with the code at ``before`` and with this checkout's, in lockstep
-    (:func:`_lockstep`), ``repeat`` times, who goes first alternating."""
+    (:func:`_lockstep`), ``repeat`` times, who goes first alternating. ``shares`` (issue 19):
+    this checkout drains the backlog with that part of its one-GPU workloads asking shares, the
+    code before the whole backlog (its throughput is the yardstick)."""
     here = Path(__file__).resolve().parents[1]
     trees = {"before": before.resolve(), "now": here}
     if not (trees["before"] / "scheduler" / "cycle.py").is_file():
@@ -289,7 +305,7 @@ def before_main(quick: bool, before: Path, repeat: int) -> None:
     with tempfile.NamedTemporaryFile("w", prefix="bench-before-", suffix=".log", delete=False) as log:
         for k in range(repeat):
             order = ("before", "now") if k % 2 == 0 else ("now", "before")
-            rows = _lockstep(trees, order, quick, log)
+            rows = _lockstep(trees, order, quick, log, shares)
             for name in ("before", "now"):
                 row = rows[name]
                 cyc = row["cycles_list"]
@@ -553,6 +569,10 @@ def timed(snap: Snapshot, now: float, reps: int, fresh: bool = False) -> list[fl
 
 
 def pct(xs: list[float], p: float) -> float:
+    """The ``p``-th percentile of sorted ``xs`` (nan when empty: a drain with shares may never be
+    that deep)."""
+    if not xs:
+        return math.nan
     return xs[min(len(xs) - 1, round((len(xs) - 1) * p / 100))]
 
 
@@ -564,6 +584,8 @@ def main() -> None:
     ap.add_argument("--before", type=Path, metavar="PATH",
                     help="with --backlog, (f): the drain in lockstep with the gpuq checkout at PATH and with this one")
     ap.add_argument("--repeat", type=int, default=3, help="(f): lockstep drains (default 3)")
+    ap.add_argument("--shares", type=float, default=0.0, metavar="P",
+                    help="(f): this checkout's backlog has part P of its one-GPU workloads ask shares (issue 19)")
     ap.add_argument("--drain-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--service-child", choices=("before", "now"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -576,7 +598,7 @@ def main() -> None:
     if args.before is not None:
         if not args.backlog:
             ap.error("--before goes with --backlog")
-        before_main(args.quick, args.before, args.repeat)
+        before_main(args.quick, args.before, args.repeat, args.shares)
         return
     if args.backlog:
         backlog_main(args.quick)

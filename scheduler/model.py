@@ -4,10 +4,13 @@ All are frozen and slotted; times are seconds on the caller's clock (``*_s``). A
 gang (a pod set): ``pods`` pods of ``gpus_per_pod`` GPUs each, all of one GPU type, started and
 stopped together.
 
-GPU amounts (:data:`Gpus`) are exact: an ``int`` for whole GPUs, a :class:`fractions.Fraction` of
+GPU amounts (:data:`Gpus`) are exact: an ``int`` for whole GPUs, a :class:`decimal.Decimal` of
 thousandths for a *share* (issue 19: ``gpus_per_pod`` below 1, a share of one device that never
-spans two; 1 and above are whole devices). Sums stay exact (no float drift), an int where whole
-work is all there is, so a cluster without shares computes exactly what it did before; output
+spans two; 1 and above are whole devices). Sums stay exact (no float drift: a decimal context
+keeps 28 digits, and thousandths of GPUs never come near), an int where whole work is all there
+is, so a cluster without shares computes exactly what it did before. Decimal, not Fraction: the
+C decimal's add and compare are about ten times faster, and the cycle adds and compares GPU
+amounts on its hot path (the backlog benchmark with shares mixed in: docs/PERFORMANCE.md); output
 turns an amount into an int when whole and a float of at most three decimals otherwise
 (:func:`gpus_out`).
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from fractions import Fraction
+from decimal import Decimal
 from itertools import chain
 
 # Workload ids the Kubernetes source gives the objects it finds (``rayjob/<namespace>/<name>``,
@@ -24,24 +27,24 @@ from itertools import chain
 # workload of that id made the real object be skipped).
 SOURCE_ID_PREFIXES = ("rayjob/", "raycluster/")
 
-Gpus = int | Fraction        # an amount of GPUs: whole, or thousandths of one (module docstring)
+Gpus = int | Decimal        # an amount of GPUs: whole, or thousandths of one (module docstring)
 MILLI = 1000
 
 
 def share_of_gpus(value: object) -> Gpus | None:
     """A per-pod GPU request as the core keeps it: an ``int`` of 1 or more, or a share of one GPU
-    in thousandths (``0.5`` -> ``Fraction(1, 2)``); ``None`` when it is neither (0, negative, more
+    in thousandths (``0.5`` -> ``Decimal("0.5")``); ``None`` when it is neither (0, negative, more
     than three decimals, or above 1 and not whole)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
+    if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
         return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, int):
         return value if value >= 1 else None
-    milli = Fraction(value) * MILLI if isinstance(value, Fraction) else Fraction(repr(value)) * MILLI
-    if milli.denominator != 1 or not 0 < milli < MILLI:
+    milli = (value if isinstance(value, Decimal) else Decimal(repr(value))) * MILLI
+    if not milli.is_finite() or milli != milli.to_integral_value() or not 0 < milli < MILLI:
         return None
-    return Fraction(int(milli), MILLI)
+    return Decimal(int(milli)) / MILLI
 
 
 def is_share(gpus_per_pod: Gpus) -> bool:
@@ -127,7 +130,7 @@ class Workload:
         return self.pods * self.gpus_per_pod
 
 
-Share = tuple[str, int, Fraction]     # (node, device slot on that node, share of the device held)
+Share = tuple[str, int, Decimal]     # (node, device slot on that node, share of the device held)
 
 
 @dataclass(frozen=True, slots=True)

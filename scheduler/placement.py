@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import Counter
-from fractions import Fraction
+from decimal import Decimal
 
 from scheduler.model import Gpus, Placement
 from scheduler.snapshot import NO_PARTIAL, Cluster, Levels, Partial
@@ -48,8 +48,8 @@ class FreeIndex:
         self.free = list(node_free)
         self._levels = levels
         self._part_base = partial
-        self._part: dict[int, dict[int, Fraction]] | None = None        # working copy, on first use
-        self._pl: dict[str, list[tuple[Fraction, int, int]]] = {}       # type -> (free, node, slot), sorted
+        self._part: dict[int, dict[int, Decimal]] | None = None        # working copy, on first use
+        self._pl: dict[str, list[tuple[Decimal, int, int]]] = {}       # type -> (free, node, slot), sorted
         self._stacks: dict[tuple[str, int], list[int]] = {}
         self._arrived: dict[tuple[str, int], list[int]] = {}   # reached f before its stack existed
         if levels is not None:
@@ -86,7 +86,7 @@ class FreeIndex:
 
     def slots(self, gpu_type: str, gpus_per_pod: Gpus, enough: int) -> int:
         """Pods of ``gpus_per_pod`` GPUs that fit on free capacity of the type (stops at ``enough``)."""
-        if isinstance(gpus_per_pod, Fraction):
+        if isinstance(gpus_per_pod, Decimal):
             return self._share_slots(gpu_type, gpus_per_pod, enough)
         c = self._counts.get(gpu_type)
         if c is None or gpus_per_pod <= 0:
@@ -104,7 +104,7 @@ class FreeIndex:
 
     def place(self, gpu_type: str, gpus_per_pod: Gpus, pods: int) -> Placement | None:
         """Take GPUs for the gang by best fit, or take nothing and return ``None``."""
-        if isinstance(gpus_per_pod, Fraction):
+        if isinstance(gpus_per_pod, Decimal):
             return self._place_shares(gpu_type, gpus_per_pod, pods)
         if not self.fits(gpu_type, gpus_per_pod, pods):
             return None
@@ -141,13 +141,13 @@ class FreeIndex:
 
     # -- shares ---------------------------------------------------------------------------------
 
-    def _shares(self) -> dict[int, dict[int, Fraction]]:
+    def _shares(self) -> dict[int, dict[int, Decimal]]:
         part = self._part
         if part is None:
             part = self._part = {i: dict(d) for i, d in self._part_base.items()}
         return part
 
-    def _plist(self, gpu_type: str) -> list[tuple[Fraction, int, int]]:
+    def _plist(self, gpu_type: str) -> list[tuple[Decimal, int, int]]:
         pl = self._pl.get(gpu_type)
         if pl is None:
             nodes = self._cluster.nodes
@@ -156,7 +156,7 @@ class FreeIndex:
                 for slot, u in d.items())
         return pl
 
-    def _share_slots(self, gpu_type: str, k: Fraction, enough: int) -> int:
+    def _share_slots(self, gpu_type: str, k: Decimal, enough: int) -> int:
         """Pods of share ``k`` that fit: ``floor(1 / k)`` on each whole free device, ``floor(free / k)``
         on each partly used one."""
         c = self._counts.get(gpu_type)
@@ -172,17 +172,17 @@ class FreeIndex:
                 break
         return total
 
-    def _place_shares(self, gpu_type: str, k: Fraction, pods: int) -> Placement | None:
+    def _place_shares(self, gpu_type: str, k: Decimal, pods: int) -> Placement | None:
         if self._share_slots(gpu_type, k, pods) < pods:
             return None
         part, pl, c = self._shares(), self._plist(gpu_type), self._counts[gpu_type]
-        held: dict[tuple[int, int], Fraction] = {}
+        held: dict[tuple[int, int], Decimal] = {}
         for _ in range(pods):
             j = bisect_left(pl, (k, _LOW, _LOW))
             if j < len(pl):                          # best fit among the partly used devices
                 f, i, slot = pl.pop(j)
             else:                                    # a whole device, on the best-fit node
-                f = Fraction(1)
+                f = Decimal(1)
                 i = self._pick(gpu_type, next(n for n in range(1, len(c)) if c[n]))
                 self._move(i, gpu_type, self.free[i] - 1)
                 d = part.setdefault(i, {})
@@ -191,14 +191,14 @@ class FreeIndex:
                     slot += 1
             part.setdefault(i, {})[slot] = 1 - (f - k)
             insort(pl, (f - k, i, slot))
-            held[(i, slot)] = held.get((i, slot), Fraction(0)) + k
+            held[(i, slot)] = held.get((i, slot), Decimal(0)) + k
         return self._share_placement(gpu_type, held)
 
-    def _share_placement(self, gpu_type: str, held: dict[tuple[int, int], Fraction]) -> Placement:
+    def _share_placement(self, gpu_type: str, held: dict[tuple[int, int], Decimal]) -> Placement:
         nodes = self._cluster.nodes
-        per: dict[int, Fraction] = {}
+        per: dict[int, Decimal] = {}
         for (i, _), a in held.items():
-            per[i] = per.get(i, Fraction(0)) + a
+            per[i] = per.get(i, Decimal(0)) + a
         return Placement(gpu_type, tuple((nodes[i].name, _exact(g)) for i, g in sorted(per.items())),
                          tuple((nodes[i].name, slot, a) for (i, slot), a in sorted(held.items())))
 
@@ -218,7 +218,7 @@ class FreeIndex:
                 if self.free[i] < 1:
                     raise ValueError(f"node {name}: no whole free device for slot {slot}")
                 self._move(i, t, self.free[i] - 1)
-                used = Fraction(0)
+                used = Decimal(0)
             used = used - sign * amt
             if used < 0 or used > 1:
                 raise ValueError(f"node {name}: device slot {slot} would hold {used} of one GPU")
@@ -258,9 +258,9 @@ class FreeIndex:
             self._arrived.setdefault((gpu_type, new), []).append(i)
 
 
-def _exact(g: Fraction) -> Gpus:
+def _exact(g: Decimal) -> Gpus:
     """A sum of shares as the core keeps amounts: an int when whole."""
-    return g.numerator if g.denominator == 1 else g
+    return int(g) if g == g.to_integral_value() else g
 
 
 def node_slots(cluster: Cluster, gpu_type: str, gpus_per_pod: Gpus) -> int:

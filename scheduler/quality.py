@@ -36,7 +36,7 @@ whole free devices, as the scheduler places whole gangs.
 from __future__ import annotations
 
 from collections import Counter
-from fractions import Fraction
+from decimal import Decimal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -161,7 +161,7 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
             for dev, share in on.items():
                 key = (name, dev)
                 was = shared.get(key, 0)
-                now = was - sign * Fraction(str(share))
+                now = was - sign * Decimal(str(share))
                 if now:
                     shared[key] = now
                 else:

@@ -12,7 +12,7 @@ from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
+from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
 
@@ -24,7 +24,7 @@ from scheduler.model import Gpus, Node, Running, Workload
 _NONE: Mapping[str, Gpus] = MappingProxyType({})
 # node index -> device slot -> the share of that device in use (0 < used <= 1): the devices that
 # gangs of shares hold part of (scheduler.model.Placement.shares); empty while nobody asks a share
-Partial = Mapping[int, Mapping[int, Fraction]]
+Partial = Mapping[int, Mapping[int, Decimal]]
 NO_PARTIAL: Partial = MappingProxyType({})
 
 
@@ -188,7 +188,7 @@ def occupancy_after(
     before: dict[int, int] = {}
     usage: dict[str, Mapping[str, Gpus]] = dict_copy(occ.usage)
     copied: dict[str, dict[str, Gpus]] = {}
-    partial: dict[int, dict[int, Fraction]] | None = None
+    partial: dict[int, dict[int, Decimal]] | None = None
     for sign, items in ((1, stopped), (-1, started)):
         for r in items:
             w = r.workload
@@ -226,8 +226,8 @@ def occupancy_after(
     return Occupancy(tuple(free), MappingProxyType(usage), _levels_after(cluster, occ, free, before), kept)
 
 
-def shift_share(partial: dict[int, dict[int, Fraction]], free: list[int], i: int, slot: int,
-                amt: Fraction, where: str, wid: str) -> None:
+def shift_share(partial: dict[int, dict[int, Decimal]], free: list[int], i: int, slot: int,
+                amt: Decimal, where: str, wid: str) -> None:
     """Take (``amt`` > 0) or give back (``amt`` < 0) a share of device ``slot`` of node ``i``: a
     device first taken leaves the node's whole free devices (``free[i]``), one given back whole
     returns to them. Raises :class:`SnapshotError` when the device would hold more than its whole
@@ -240,7 +240,7 @@ def shift_share(partial: dict[int, dict[int, Fraction]], free: list[int], i: int
         if amt <= 0:
             raise SnapshotError(where, f"device slot {slot} holds no share to give back ({wid})")
         free[i] -= 1                      # a whole free device becomes a shared one
-        used = Fraction(0)
+        used = Decimal(0)
     used += amt
     if used > 1 or used < 0:
         raise SnapshotError(where, f"device slot {slot} would hold {used} of one GPU after {wid}")

@@ -217,7 +217,7 @@ class RayActuator:
             bundle["CPU"] = workload.cpu_millicores_per_pod / 1000
         if (accel := self._accelerator(placement)) is not None:
             bundle[accel] = 0.001
-        nodes = [node for node, gpus in placement.nodes for _ in range(gpus // workload.gpus_per_pod)]
+        nodes = [node for node, gpus in placement.nodes for _ in range(int(gpus // workload.gpus_per_pod))]
         if len(nodes) != workload.pods:      # a placement that does not split into pods: let Ray choose
             nodes = []
         return [dict(bundle) for _ in range(workload.pods)], nodes

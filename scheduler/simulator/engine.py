@@ -32,7 +32,7 @@ import time
 from bisect import insort
 from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
+from decimal import Decimal
 from typing import Any
 
 from scheduler.cycle import never_fits, schedule
@@ -57,7 +57,7 @@ class Devices:
     def __init__(self, cluster: Cluster) -> None:
         self.free: dict[str, list[int]] = {n.name: list(range(n.gpus)) for n in cluster.nodes}  # sorted
         self.slot_dev: dict[tuple[str, int], int] = {}
-        self.slot_used: dict[tuple[str, int], Fraction] = {}
+        self.slot_used: dict[tuple[str, int], Decimal] = {}
         self.held: dict[str, Placement] = {}
 
     def _lowest(self, node: str) -> int:
@@ -79,7 +79,7 @@ class Devices:
             dev = self.slot_dev.get(key)
             if dev is None:
                 dev = self.slot_dev[key] = self._lowest(node)
-            self.slot_used[key] = self.slot_used.get(key, Fraction(0)) + share
+            self.slot_used[key] = self.slot_used.get(key, Decimal(0)) + share
             out.setdefault(node, {})[str(dev)] = gpus_out(share)
         return out
 
@@ -295,7 +295,7 @@ class _Sim:
         self.gpu_seconds_add(r, t)
 
     def gpu_seconds_add(self, r: Running, t: float) -> None:
-        gs = r.workload.gpus * (t - r.start_s)
+        gs = float(r.workload.gpus) * (t - r.start_s)
         self.gpu_seconds += gs
         self.stats[r.workload.queue].gpu_seconds += gs
 
