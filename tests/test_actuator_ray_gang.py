@@ -87,7 +87,8 @@ def test_gang_is_a_pinned_placement_group_held_while_the_job_runs(cluster: Local
         pg = wait_until(created, "placed")
         assert sorted((ray_node_name(b["node_id"]), b["unit_resources"]) for b in pg["bundles"]) == \
             sorted([(w1, {"GPU": 2.0}), (w2, {"GPU": 2.0})])
-        logs = wait_until(lambda: "PG=" in (text := job_logs(cluster, sid)) and text, "printed")
+        # the whole line: a log read while the job writes it may end halfway (seen under load)
+        logs = wait_until(lambda: "\n" in (text := job_logs(cluster, sid)).partition("PG=")[2] and text, "printed")
         assert f"PG={name} ID={pg['placement_group_id']} NS=gpuq" in logs
 
         again = act.admit(wl, target, placement)               # retried admit: nothing new
