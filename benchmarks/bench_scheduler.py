@@ -120,10 +120,11 @@ def make_backlog(c: Cluster, n: int, seed: int = 11, within_s: float = 60.0,
         pods = rng.choices((1, 2, 4), (7, 2, 1))[0]
         types = (rng.choice(((rng.choice(TYPES),), tuple(rng.sample(TYPES, 2))))
                  if rng.random() < 0.5 else ())
+        queue = rng.choice(leaves)                      # drawn in the order they always were
         per_pod: int | Decimal = rng.choice((1, 2, 4, 8))
         if shares and per_pod == 1 and frac.random() < shares:
             per_pod = frac.choice((Decimal("0.25"), Decimal("0.5")))
-        out.append(Workload(f"b{i}", rng.choice(leaves), pods=pods, gpus_per_pod=per_pod,
+        out.append(Workload(f"b{i}", queue, pods=pods, gpus_per_pod=per_pod,
                             gpu_types=types, priority=rng.choice((0, 0, 1, 2)), submit_s=t,
                             duration_s=float(rng.randint(90, 150)), checkpoint=rng.random() < 0.5))
     return tuple(out)

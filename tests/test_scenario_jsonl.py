@@ -58,7 +58,7 @@ GOOD = '{"id": "x", "queue": "a", "duration": 10}'
 
 @pytest.mark.parametrize(("line", "where", "reason"), [
     ('{"id": "y", "queue": "a", "duration": 10, "gpus_per_pod": 0}', "gpus_per_pod",
-     "expected a positive integer, got 0"),
+     "expected a positive integer, or a share of one GPU below 1 in thousandths (0.5), got 0"),
     ('{"id": "y", "queue": "a", "duration": 10, "gpu": 1}', "gpu", "unknown field"),
     ('{"id": "y", "queue": "nope", "duration": 10}', "queue", "unknown queue 'nope'"),
     ('{"id": "y", "queue": "a"}', "duration", "required field missing"),
