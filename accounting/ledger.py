@@ -131,7 +131,7 @@ def node_of(name: str, cluster: str) -> tuple[str, str]:
 
 
 def admission_rows(workload_id: str, queue: str, *, cluster: str, namespace: str, gpu_type: str,
-                   placement: Mapping[str, int] | Iterable[tuple[str, int]], start_s: float,
+                   placement: Mapping[str, float] | Iterable[tuple[str, float]], start_s: float,
                    end_s: float | None = None, priority: int = 0) -> list[Allocation]:
     """The ledger rows of one admission: one per node of its placement. The uid holds the start, so
     a workload admitted again on the same node after a preemption is a new row, not a new version

@@ -7,26 +7,29 @@ An event is a dict with FORMAT.md's keys, in this order: ``t``, ``event``, ``wor
 service both call it). In the table a row adds ``ts`` (wall time), ``cluster``, ``seq`` (order
 among events at the same ``t``) and ``spec`` (the submitted workload and its target as JSON, on
 ``submit`` rows only, so a restarted service can rebuild its queue, a declared
-``expected_duration_s`` included; empty elsewhere):
+``expected_duration_s`` included; empty elsewhere), and since issue 19 ``placement_milli`` (every
+admit's GPUs per node in milli-GPUs: what readers read) and ``shares`` (a gang of shares' device
+slots as JSON; such a gang leaves the whole-GPU ``placement`` empty):
 
     ts DateTime64(3,'UTC'), cluster, t Float64, seq UInt64, event, workload, queue, gpu_type,
-    placement Map(String, UInt32), by, reason, spec
+    placement Map(String, UInt32), by, reason, spec, placement_milli Map(String, UInt32), shares
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
+from decimal import Decimal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from scheduler.actuators.base import Target
-from scheduler.model import Workload
+from scheduler.model import Workload, gpus_in, gpus_out
 
 TABLE = "scheduler_events"
 KINDS = ("submit", "admit", "preempt", "finish", "reject", "cancel")
 COLUMNS = ("ts", "cluster", "t", "seq", "event", "workload", "queue", "gpu_type", "placement", "by",
-           "reason", "spec")
+           "reason", "spec", "placement_milli", "shares")
 
 
 def round_t(x: float) -> float:
@@ -44,19 +47,32 @@ def to_row(ev: Mapping[str, Any], seq: int, cluster: str, spec: str = "",
     """A table row (:data:`COLUMNS` order). ``ts`` is ``epoch_s + t``: the live service's clock is
     Unix time (``epoch_s`` 0); a replayed scenario gives the instant its clock starts."""
     ts = dt.datetime.fromtimestamp(epoch_s + float(ev["t"]), dt.UTC)
-    placement = {str(k): _whole(v, ev) for k, v in (ev.get("placement") or {}).items()}
+    given = ev.get("placement") or {}
+    shares = ev.get("shares")
+    # a gang of shares (issue 19) leaves the whole-GPU column empty; placement_milli holds every
+    # admit exactly, and shares its device slots
+    placement = {} if shares else {str(k): int(v) for k, v in given.items()}
+    milli = {str(k): round(float(v) * 1000) for k, v in given.items()}
     return (ts, cluster, float(ev["t"]), int(seq), str(ev["event"]), str(ev["workload"]),
             str(ev["queue"]), str(ev.get("gpu_type", "")), placement, str(ev.get("by", "")),
-            str(ev.get("reason", "")), spec)
+            str(ev.get("reason", "")), spec, milli,
+            json.dumps(shares, separators=(",", ":")) if shares else "")
 
 
-def from_row(row: Sequence[Any]) -> dict[str, Any]:
+def from_row(row: Sequence[Any], placement_milli: Mapping[str, int] | None = None, shares: str = "") -> dict[str, Any]:
     """The event dict of a row (``COLUMNS[2:11]`` order: t, seq, event, ..., reason): FORMAT.md's
-    keys only, optional ones only where set."""
+    keys only, optional ones only where set. ``placement_milli`` and ``shares`` (their columns,
+    issue 19) give a gang of shares its placement and slots; without them, whole GPUs."""
     t, _seq, kind, wid, queue, gpu_type, placement, by, reason = row[:9]
     extra: dict[str, Any] = {}
     if kind == "admit":
-        extra = {"gpu_type": str(gpu_type), "placement": {str(k): int(v) for k, v in dict(placement).items()}}
+        if placement_milli:
+            got = {str(k): gpus_out(Decimal(int(v)) / 1000) for k, v in dict(placement_milli).items()}
+        else:
+            got = {str(k): int(v) for k, v in dict(placement).items()}
+        extra = {"gpu_type": str(gpu_type), "placement": got}
+        if shares:
+            extra["shares"] = json.loads(shares)
     if by:
         extra["by"] = str(by)
     if reason:
@@ -73,9 +89,10 @@ class StoredEvent:
 
 def read_events(store: Any, cluster: str) -> list[StoredEvent]:
     """A cluster's events in the order they took effect ``(t, seq)``."""
-    sql = (f"SELECT t, seq, event, workload, queue, gpu_type, placement, by, reason, spec "
+    sql = (f"SELECT t, seq, event, workload, queue, gpu_type, placement, by, reason, spec, placement_milli, shares "
            f"FROM {store.database}.{TABLE} WHERE cluster = {{c:String}} ORDER BY t, seq")
-    return [StoredEvent(int(r[1]), from_row(r), str(r[9])) for r in store.query(sql, {"c": cluster}).rows]
+    return [StoredEvent(int(r[1]), from_row(r, r[10], str(r[11])), str(r[9]))
+            for r in store.query(sql, {"c": cluster}).rows]
 
 
 # -- the workload spec carried by submit rows ------------------------------------------------------
@@ -88,6 +105,7 @@ def spec_json(w: Workload, target: Target) -> str:
     """The spec a ``submit`` row carries; ``expected_duration_s`` only where declared (the specs
     stored before it existed read back the same)."""
     data: dict[str, Any] = {f: getattr(w, f) for f in _W_FIELDS}
+    data["gpus_per_pod"] = gpus_out(w.gpus_per_pod)        # a share as a decimal number (issue 19)
     data["gpu_types"] = list(w.gpu_types)
     if w.expected_duration_s is not None:
         data["expected_duration_s"] = w.expected_duration_s
@@ -103,17 +121,10 @@ def parse_spec(text: str) -> tuple[Workload, Target]:
     t = data.pop("target", {}) or {}
     types = tuple(data.pop("gpu_types", ()) or ())
     expected = data.pop("expected_duration_s", None)
+    if "gpus_per_pod" in data:
+        data["gpus_per_pod"] = gpus_in(data["gpus_per_pod"])
     w = Workload(**{k: v for k, v in data.items() if k in _W_FIELDS}, gpu_types=types,
                  expected_duration_s=None if expected is None else float(expected))
     target = Target(**{k: t[k] for k in (*_T_FIELDS, "runtime_env", "metadata") if k in t})
     return w, target
 
-
-def _whole(v: Any, ev: Mapping[str, Any]) -> int:
-    """A placement's GPUs as the table keeps them (UInt32): whole. A gang of shares (issue 19)
-    is refused by name rather than cut to a whole number: the table does not keep shares yet."""
-    n = int(v)
-    if n != v:
-        raise ValueError(f"{ev.get('workload')}: {v} GPUs on a node; the scheduler_events table keeps "
-                         "whole GPUs only (shares: gpuq simulate without --store)")
-    return n

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler import events as ev
+from scheduler.model import Gpus, gpus_in, gpus_out
 from scheduler.errors import ScenarioError
 
 VERSION = 1
@@ -52,11 +54,14 @@ class Run:
     start_s: float
     end_s: float | None
     gpu_type: str
-    placement: Mapping[str, int]
+    placement: Mapping[str, Gpus]         # a gang of shares: shares per node (issue 19)
 
     @property
-    def gpus(self) -> int:
-        return sum(self.placement.values())
+    def gpus(self) -> Gpus:
+        return sum(self.placement.values(), 0)
+
+    def output(self) -> dict[str, int | float]:
+        return {k: gpus_out(v) for k, v in self.placement.items()}
 
     def within(self, start_s: float, end_s: float) -> float:
         """Seconds of this run inside ``[start_s, end_s]``."""
@@ -77,7 +82,7 @@ class Entry:
     state: str
     runs: tuple[Run, ...] = ()
     pods: int = 1
-    gpus_per_pod: int = 1
+    gpus_per_pod: Gpus = 1
     gpu_types: tuple[str, ...] = ()
     priority: int = 0
     preemptible: bool = True
@@ -89,7 +94,7 @@ class Entry:
 
 
     @property
-    def gpus(self) -> int:
+    def gpus(self) -> Gpus:
         return self.pods * self.gpus_per_pod
 
 
@@ -124,11 +129,11 @@ class History:
 def _entry_json(e: Entry) -> dict[str, Any]:
     return {
         "id": e.id, "queue": e.queue, "origin": e.origin, "kind": e.kind, "submit_s": e.submit_s,
-        "state": e.state, "pods": e.pods, "gpus_per_pod": e.gpus_per_pod, "gpu_types": list(e.gpu_types),
+        "state": e.state, "pods": e.pods, "gpus_per_pod": gpus_out(e.gpus_per_pod), "gpu_types": list(e.gpu_types),
         "priority": e.priority, "preemptible": e.preemptible, "checkpoint": e.checkpoint,
         "originator": e.originator, "declared_s": e.declared_s, "namespace": e.namespace,
         "preemptions": e.preemptions,
-        "runs": [{"start_s": r.start_s, "end_s": r.end_s, "gpu_type": r.gpu_type, "placement": dict(r.placement)}
+        "runs": [{"start_s": r.start_s, "end_s": r.end_s, "gpu_type": r.gpu_type, "placement": r.output()}
                  for r in e.runs],
     }
 
@@ -150,11 +155,11 @@ def from_json(data: Any, source: str = "<history>") -> History:
             if e.get("kind") not in (WORKLOAD, FIXED) or e.get("state") not in STATES:
                 raise fail(f"entries[{i}]", f"kind must be {WORKLOAD} or {FIXED} and state one of {', '.join(STATES)}")
             runs = tuple(Run(float(r["start_s"]), None if r.get("end_s") is None else float(r["end_s"]),
-                             str(r["gpu_type"]), {str(k): int(v) for k, v in dict(r["placement"]).items()})
+                             str(r["gpu_type"]), {str(k): gpus_in(v) for k, v in dict(r["placement"]).items()})
                          for r in e.get("runs") or ())
             entries.append(Entry(
                 str(e["id"]), str(e["queue"]), str(e["origin"]), str(e["kind"]), float(e["submit_s"]), str(e["state"]),
-                runs, int(e.get("pods", 1)), int(e.get("gpus_per_pod", 1)), tuple(map(str, e.get("gpu_types") or ())),
+                runs, int(e.get("pods", 1)), gpus_in(e.get("gpus_per_pod", 1)), tuple(map(str, e.get("gpu_types") or ())),
                 int(e.get("priority", 0)), bool(e.get("preemptible", True)), bool(e.get("checkpoint", False)),
                 bool(e.get("originator", False)), float(e.get("declared_s", 0.0)), str(e.get("namespace", "")),
                 int(e.get("preemptions", 0))))
@@ -182,7 +187,7 @@ def _ms(t: float) -> int:
 
 
 _EVENTS = """
-SELECT toUnixTimestamp64Milli(ts) / 1000, event, workload, queue, gpu_type, placement, spec
+SELECT toUnixTimestamp64Milli(ts) / 1000, event, workload, queue, gpu_type, placement_milli, spec
 FROM {db}.scheduler_events
 WHERE cluster = {c:String} AND ts <= fromUnixTimestamp64Milli({t1:Int64}, 'UTC') AND workload != ''
   AND event IN ('submit', 'admit', 'preempt', 'finish', 'reject', 'cancel')
@@ -234,7 +239,8 @@ def _lives(rows: Iterable[Sequence[Any]], start_s: float) -> tuple[list[_Life], 
             continue
         if kind == "admit":
             life.close(t)
-            life.open = Run(t, None, str(gpu_type), {str(k): int(v) for k, v in dict(placement).items()})
+            life.open = Run(t, None, str(gpu_type), {str(k): gpus_in(f"{int(v) / 1000:.3f}")
+                                                     for k, v in dict(placement).items()})
             life.state = RUNNING
         elif kind == "preempt":
             life.close(t)
@@ -269,7 +275,7 @@ def _entry(life: _Life, wid: str, start_s: float) -> Entry:
     target = data.get("target") or {}
     return Entry(
         id=wid, queue=life.queue, origin=GPUQ, kind=WORKLOAD, submit_s=life.submit_s, state=life.state,
-        runs=tuple(life.runs), pods=int(data.get("pods", 1)), gpus_per_pod=int(data.get("gpus_per_pod", 1)),
+        runs=tuple(life.runs), pods=int(data.get("pods", 1)), gpus_per_pod=gpus_in(data.get("gpus_per_pod", 1)),
         gpu_types=tuple(map(str, data.get("gpu_types") or ())), priority=int(data.get("priority", 0)),
         preemptible=bool(data.get("preemptible", True)), checkpoint=bool(data.get("checkpoint", False)),
         originator=bool(data.get("originator", False)), declared_s=float(data.get("duration_s") or 0.0),
@@ -305,7 +311,7 @@ def read_history(store: Any, cluster: str, start_s: float, end_s: float, config:
     # nodes only the placements name: as large as what was placed on them at once
     for name, (t, g) in sorted(_placed_peaks([*entries, *foreign]).items()):
         if name not in names:
-            out_nodes.append(HistNode(name, t, g, "placements"))
+            out_nodes.append(HistNode(name, t, math.ceil(g), "placements"))
             notes.append(f"node {name} is in no inventory: taken as {g} {t} GPUs, the most placed on it at once")
     return History(cluster, start_s, end_s, tuple(out_nodes), (*entries, *foreign), tuple(notes))
 
@@ -383,9 +389,9 @@ def _owned(a: Any, targets: Mapping[tuple[str, str], str]) -> bool:
     return False
 
 
-def _placed_peaks(entries: Iterable[Entry]) -> dict[str, tuple[str, int]]:
+def _placed_peaks(entries: Iterable[Entry]) -> dict[str, tuple[str, Gpus]]:
     """node -> (GPU type, the most GPUs placed on it at one instant) over every run."""
-    steps: dict[str, list[tuple[float, int]]] = {}
+    steps: dict[str, list[tuple[float, Gpus]]] = {}
     types: dict[str, str] = {}
     for e in entries:
         for r in e.runs:
@@ -393,9 +399,10 @@ def _placed_peaks(entries: Iterable[Entry]) -> dict[str, tuple[str, int]]:
                 types.setdefault(node, r.gpu_type)
                 steps.setdefault(node, []).append((r.start_s, g))
                 steps[node].append((r.end_s if r.end_s is not None else float("inf"), -g))
-    out = {}
+    out: dict[str, tuple[str, Gpus]] = {}
     for node, s in steps.items():
-        level = peak = 0
+        level: Gpus = 0
+        peak: Gpus = 0
         for _, d in sorted(s, key=lambda x: (x[0], x[1])):
             level += d
             peak = max(peak, level)
@@ -433,7 +440,7 @@ def record_replay(store: Any, sc: Any, result: Any, cluster: str, epoch_s: float
         w = by_id[wid]
         for node, g in placement.items():
             allocs.append(Allocation(cluster, namespace, f"gpuq-{wid}", f"{wid}@{start}@{node}", w.queue, node, gpu_type,
-                                     g * 1000, epoch_s + start, epoch_s + t, priority=w.priority,
+                                     round(float(g) * 1000), epoch_s + start, epoch_s + t, priority=w.priority,
                                      source="admission", workload_id=wid))
 
     for e in result.events:

@@ -16,11 +16,12 @@ turns an amount into an int when whole and a float of at most three decimals oth
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from decimal import Decimal
 from itertools import chain
+from typing import Any
 
 # Workload ids the Kubernetes source gives the objects it finds (``rayjob/<namespace>/<name>``,
 # ``raycluster/<namespace>/<name>``): reserved, refused from the API (issue 17: an operator's
@@ -72,9 +73,35 @@ def whole(x: Gpus) -> int:
     raise ValueError(f"{gpus_text(x)} GPUs where only whole GPUs are taken")
 
 
-def whole_nodes(p: "Placement") -> tuple[tuple[str, int], ...]:
+def whole_nodes(p: Placement) -> tuple[tuple[str, int], ...]:
     """:attr:`Placement.nodes` where only whole GPUs may be (:func:`whole`)."""
     return tuple([(n, whole(g)) for n, g in p.nodes])
+
+
+def gpus_in(x: int | float | str) -> Gpus:
+    """An amount read back from output (JSON, a table): an int when whole, else exact thousandths."""
+    d = Decimal(x) if isinstance(x, str) else Decimal(repr(float(x)))
+    if d == d.to_integral_value():
+        return int(d)
+    return d.quantize(Decimal("0.001"))
+
+
+def placement_event(p: Placement) -> dict[str, Any]:
+    """What an ``admit`` event says of a placement: ``placement`` (GPUs per node as output carries
+    them) and, for a gang of shares, ``shares`` ([[node, slot, share], ...]: which of gpuq's device
+    slots holds each share, so a restart gives each back where it was taken)."""
+    out: dict[str, Any] = {"placement": p.as_output()}
+    if p.shares:
+        out["shares"] = [[n, slot, gpus_out(s)] for n, slot, s in p.shares]
+    return out
+
+
+def placement_of_event(gpu_type: str, placement: Mapping[str, Any],
+                       shares: Sequence[Sequence[Any]] | None = None) -> Placement:
+    """:func:`placement_event` read back."""
+    nodes = tuple((str(n), gpus_in(g)) for n, g in placement.items())
+    held = tuple((str(n), int(slot), Decimal(repr(float(s)))) for n, slot, s in shares or ())
+    return Placement(gpu_type, nodes, held)
 
 
 def gpus_text(x: Gpus | float) -> str:

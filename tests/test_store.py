@@ -148,6 +148,6 @@ def test_the_milli_gpu_migration_converts_existing_rows(store_dsn: str) -> None:
         t = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
         s.insert("gpu_allocations", [("c", "ns", "p", "old", "q", "n", "H100", "nvidia.com/gpu", 0.25, 0, "", t, None,
                                       1, "pod", "", "", "")], COLUMNS["gpu_allocations"])
-        assert migrate(s) == [7, 8]
+        assert migrate(s)[:2] == [7, 8]
         rows = s.query(f"SELECT uid, milli_gpus FROM {s.database}.gpu_allocations FINAL").rows
         assert rows == [("old", 250)]

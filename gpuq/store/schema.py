@@ -40,7 +40,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "collector_state": ("ts", "cluster", "source", "key", "value"),
     "scheduler_events": (
         "ts", "cluster", "t", "seq", "event", "workload", "queue", "gpu_type", "placement", "by",
-        "reason", "spec",
+        "reason", "spec", "placement_milli", "shares",
     ),
     "scheduler_state": ("cluster", "workload", "version", "deleted", "ts", "events"),
 }

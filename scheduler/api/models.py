@@ -8,11 +8,11 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StringConstraints, model_validator
 
 from scheduler.actuators.base import Target
 from scheduler.api.problems import FieldError
-from scheduler.model import SOURCE_ID_PREFIXES, Workload
+from scheduler.model import SOURCE_ID_PREFIXES, Workload, share_of_gpus
 
 WorkloadId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,252}$")]
 # Kubernetes names: a namespace is a DNS-1123 label, an object name a DNS-1123 subdomain
@@ -68,12 +68,14 @@ class WorkloadIn(_Body):
     of preference; empty: any type). ``duration`` (seconds of running time) makes the scheduler
     finish it by itself; without it the workload runs until the world says it ended.
     ``expected_duration`` (seconds) is how long its submitter expects it to run: it changes no
-    decision, only the start-time forecasts (its own and of the work behind it)."""
+    decision, only the start-time forecasts (its own and of the work behind it).
+    ``gpus_per_pod`` below 1 is a share of one GPU in thousandths (``0.5``; issue 19): each pod
+    takes its share on one device; 1 and above must be whole."""
 
     id: WorkloadId
     queue: Annotated[str, StringConstraints(min_length=1, max_length=253)]
     pods: int = Field(1, ge=1, le=100_000)
-    gpus_per_pod: int = Field(1, ge=1, le=1024)
+    gpus_per_pod: StrictFloat = Field(1, gt=0, le=1024, allow_inf_nan=False)
     gpu_types: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] = Field(default_factory=list,
                                                                                            max_length=32)
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
@@ -85,6 +87,13 @@ class WorkloadIn(_Body):
     target: TargetIn = Field(default_factory=TargetIn)
 
     @model_validator(mode="after")
+    def _whole_or_a_share(self) -> "WorkloadIn":
+        if share_of_gpus(self.gpus_per_pod) is None:
+            raise FieldError("gpus_per_pod", "a whole number of GPUs, or a share of one GPU below 1 in "
+                                             f"thousandths (0.5), not {self.gpus_per_pod}")
+        return self
+
+    @model_validator(mode="after")
     def _not_a_source_id(self) -> "WorkloadIn":
         if self.id.lower().startswith(SOURCE_ID_PREFIXES):
             raise FieldError("id", f"ids starting with {' or '.join(SOURCE_ID_PREFIXES)} are the Kubernetes "
@@ -92,7 +101,9 @@ class WorkloadIn(_Body):
         return self
 
     def to_workload(self, now_s: float) -> Workload:
-        return Workload(self.id, self.queue, pods=self.pods, gpus_per_pod=self.gpus_per_pod,
+        per_pod = share_of_gpus(self.gpus_per_pod)
+        assert per_pod is not None            # _whole_or_a_share
+        return Workload(self.id, self.queue, pods=self.pods, gpus_per_pod=per_pod,
                         gpu_types=tuple(self.gpu_types), priority=self.priority, preemptible=self.preemptible,
                         submit_s=now_s, duration_s=self.duration or 0.0, checkpoint=self.checkpoint,
                         originator=self.originator, expected_duration_s=self.expected_duration)

@@ -73,14 +73,16 @@ from scheduler.service.brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Paus
 from scheduler.cycle import never_fits, schedule
 from scheduler.model import (
     Decisions,
+    Gpus,
     Node,
     PendingReason,
     PendingReasons,
     Placement,
     Running,
     Workload,
-    whole,
-    whole_nodes,
+    gpus_out,
+    placement_event,
+    placement_of_event,
 )
 from scheduler.ordering import by_queue
 from scheduler.policy import POLICY, refusal
@@ -922,7 +924,7 @@ class SchedulerService:
             if record:
                 self.stats.observe_wait(w.queue, now - w.submit_s)
         if record:
-            self._emit(now, "admit", w, gpu_type=placement.gpu_type, placement=placement.as_dict())
+            self._emit(now, "admit", w, gpu_type=placement.gpu_type, **placement_event(placement))
             self._ledger(e, now, None)
             bump(self.stats.admissions, w.queue)
 
@@ -994,7 +996,7 @@ class SchedulerService:
         assert r is not None
         return admission_rows(e.workload.id, e.workload.queue, cluster=self.cluster_name,
                               namespace=e.target.namespace, gpu_type=r.placement.gpu_type,
-                              placement=whole_nodes(r.placement), start_s=r.start_s, end_s=end_s,
+                              placement=[(n, float(g)) for n, g in r.placement.nodes], start_s=r.start_s, end_s=end_s,
                               priority=e.workload.priority)
 
     # -- the ledger ---------------------------------------------------------------------------------
@@ -1082,10 +1084,10 @@ class SchedulerService:
     def _view(self, e: Entry) -> WorkloadView:
         w, r, t = e.workload, e.running, e.target
         return WorkloadView(
-            id=w.id, queue=w.queue, state=e.state, pods=w.pods, gpus_per_pod=whole(w.gpus_per_pod), gpus=whole(w.gpus),
+            id=w.id, queue=w.queue, state=e.state, pods=w.pods, gpus_per_pod=gpus_out(w.gpus_per_pod), gpus=gpus_out(w.gpus),
             gpu_types=w.gpu_types, priority=w.priority, preemptible=w.preemptible, submit_s=w.submit_s,
             duration_s=w.duration_s or None, start_s=r.start_s if r else None, end_s=e.end_s,
-            gpu_type=r.placement.gpu_type if r else None, placement=dict(whole_nodes(r.placement)) if r else None,
+            gpu_type=r.placement.gpu_type if r else None, placement=r.placement.as_output() if r else None,
             reason_code=e.reason.code if e.reason else None, message=e.reason.message if e.reason else None,
             position=self._pos.of(w.id) if e.state == PENDING else None,
             preempted=e.preempted, idle=w.id in self._idle and r is not None,
@@ -1126,15 +1128,16 @@ class SchedulerService:
     def nodes(self) -> list[NodeView]:
         with self._lock:
             cluster = self._cluster_now()
-            used: dict[str, int] = {}
+            used: dict[str, Gpus] = {}
             on: dict[str, list[str]] = {}
             own = (e.running for e in self._entries.values() if e.running is not None)
             for r in (*own, *self._foreign.running):       # foreign work holds its GPUs too
-                for name, n in whole_nodes(r.placement):
+                for name, n in r.placement.nodes:
                     used[name] = used.get(name, 0) + n
                     on.setdefault(name, []).append(r.workload.id)
-            return [NodeView(n.name, n.gpu_type, n.gpus, used.get(n.name, 0), n.gpus - used.get(n.name, 0),
-                             tuple(on.get(n.name, ()))) for n in cluster.nodes]
+            return [NodeView(n.name, n.gpu_type, n.gpus, gpus_out(used.get(n.name, 0)),
+                             gpus_out(n.gpus - used.get(n.name, 0)), tuple(on.get(n.name, ())))
+                    for n in cluster.nodes]
 
     def preemptions(self, limit: int = 100) -> list[PreemptionRecord]:
         """The most recent preemptions, newest first."""
@@ -1154,7 +1157,7 @@ class SchedulerService:
             pending = [(e.target.namespace, e.workload) for e in self._entries.values()
                        if e.state == PENDING and not e.not_allowed]
         c = self.cluster_name
-        rows = tuple(PendingDemand(c, ns, w.id, w.queue, milli(whole(w.gpus)), w.submit_s,
+        rows = tuple(PendingDemand(c, ns, w.id, w.queue, milli(float(w.gpus)), w.submit_s,
                                    w.gpu_types[0] if len(w.gpu_types) == 1 else "") for ns, w in pending)
         with self._lock:
             self._pending_memo = (key, rows)
@@ -1188,27 +1191,26 @@ class SchedulerService:
         return self._cluster
 
     def _held(self) -> dict[str, tuple[str, int]]:
-        """node -> (GPU type, GPUs held there): the more of what runs there (gpuq's work and
+        """node -> (GPU type, devices held there): the more of what runs there (gpuq's work and
         foreign work: what :meth:`nodes` shows used) and what the snapshots hold there (the same,
-        less the victims being preempted, plus the admissions in flight on their placement)."""
-        runs: dict[str, tuple[str, int]] = {}
-        seen: dict[str, int] = {}
+        less the victims being preempted, plus the admissions in flight on their placement). A
+        device that shares hold part of counts whole (issue 19): devices are what a node has."""
+        runs, seen = _Devices(), _Devices()
         for e in self._entries.values():
             r = e.running
             if r is not None:
-                for name, gpus in whole_nodes(r.placement):
-                    runs[name] = (r.placement.gpu_type, runs.get(name, ("", 0))[1] + gpus)
-                    if e.acting != PREEMPTING:
-                        seen[name] = seen.get(name, 0) + gpus
+                runs.add(r.placement)
+                if e.acting != PREEMPTING:
+                    seen.add(r.placement)
             elif e.acting == ADMITTING and e.plan is not None:
-                for name, gpus in whole_nodes(e.plan):
-                    seen[name] = seen.get(name, 0) + gpus
-                    runs.setdefault(name, (e.plan.gpu_type, 0))
+                seen.add(e.plan)
+                for name, _ in e.plan.nodes:
+                    runs.type.setdefault(name, e.plan.gpu_type)
         for r in self._foreign.running:
-            for name, gpus in whole_nodes(r.placement):
-                runs[name] = (r.placement.gpu_type, runs.get(name, ("", 0))[1] + gpus)
-                seen[name] = seen.get(name, 0) + gpus
-        return {name: (t, max(h, seen.get(name, 0))) for name, (t, h) in runs.items()}
+            runs.add(r.placement)
+            seen.add(r.placement)
+        a, b = runs.count(), seen.count()
+        return {name: (t, max(a.get(name, 0), b.get(name, 0))) for name, t in runs.type.items()}
 
     def _with_held(self, nodes: tuple[Node, ...]) -> list[Node]:
         """``nodes``, kept large enough for what runs there and what admissions in flight hold; a
@@ -1322,7 +1324,7 @@ class SchedulerService:
                 continue
             journal.record(e, se.seq)
             if kind == "admit":
-                placement = Placement(e["gpu_type"], tuple(e["placement"].items()))
+                placement = placement_of_event(e["gpu_type"], e["placement"], e.get("shares"))
                 self._start(entry, placement, t, "restored", record=False)
             elif kind == "preempt" and entry.running is not None:
                 self._preempt(entry, e.get("by", ""), e.get("reason", ""), t, record=False)
@@ -1409,3 +1411,31 @@ class _AsSnapshot(Mapping[str, Entry]):
 
     def __len__(self) -> int:
         return len(self.live)
+
+
+class _Devices:
+    """Devices held per node, from placements: a whole gang's GPUs, and each slot shares hold part
+    of once (several gangs' shares on one device hold one device)."""
+
+    __slots__ = ("slots", "type", "whole")
+
+    def __init__(self) -> None:
+        self.type: dict[str, str] = {}                   # node -> GPU type, in the order first met
+        self.whole: dict[str, int] = {}
+        self.slots: dict[str, set[int]] = {}
+
+    def add(self, p: Placement) -> None:
+        for name, _ in p.nodes:
+            self.type.setdefault(name, p.gpu_type)
+        if p.shares:
+            for name, slot, _ in p.shares:
+                self.slots.setdefault(name, set()).add(slot)
+        else:
+            for name, n in p.nodes:
+                self.whole[name] = self.whole.get(name, 0) + int(n)
+
+    def count(self) -> dict[str, int]:
+        out = dict(self.whole)
+        for name, s in self.slots.items():
+            out[name] = out.get(name, 0) + len(s)
+        return out

@@ -7,6 +7,7 @@ holds into plain dicts for :mod:`scheduler.api.routes_dashboard`; the arithmetic
 from __future__ import annotations
 
 from collections.abc import Iterable
+from decimal import Decimal
 from typing import Any
 
 from accounting import service as acc
@@ -14,6 +15,7 @@ from accounting.idle import current
 from accounting.ledger import by_slot, holder
 from accounting.queues import ROOT
 from accounting.resolve import Resolver
+from scheduler.model import gpus_in, gpus_out
 
 EVENTS = ("submit", "admit", "preempt", "finish", "reject", "cancel")
 
@@ -174,7 +176,7 @@ def _scrapes(registry: Any) -> list[dict[str, Any]]:
 
 
 _EVENTS_SQL = """
-SELECT t, seq, event, workload, queue, gpu_type, placement, by, reason
+SELECT t, seq, event, workload, queue, gpu_type, placement_milli, by, reason
 FROM {db}.scheduler_events
 WHERE cluster = {c:String} AND t >= {t0:Float64} AND t <= {t1:Float64} AND event IN {kinds:Array(String)}
 ORDER BY t DESC, seq DESC
@@ -191,7 +193,8 @@ def scheduler_events(store: Any, cluster: str, start_s: float, end_s: float, kin
     rows = store.query(_EVENTS_SQL.replace("{db}", store.database),
                        {"c": cluster, "t0": start_s, "t1": end_s, "kinds": list(kinds), "limit": limit}).rows
     out = [{"t": float(t), "seq": int(seq), "event": str(e), "workload": str(w), "queue": str(q),
-            "gpu_type": str(g), "gpus": int(sum((p or {}).values())), "placement": dict(p or {}),
+            "gpu_type": str(g), "gpus": _gpus(sum((p or {}).values())),
+            "placement": {str(k): _gpus(v) for k, v in (p or {}).items()},
             "by": str(b), "reason": str(r)} for t, seq, e, w, q, g, p, b, r in rows]
     bare = [e for e in out if not e["placement"]]
     if bare:
@@ -200,11 +203,16 @@ def scheduler_events(store: Any, cluster: str, start_s: float, end_s: float, kin
 
 
 _HELD_SQL = """
-SELECT workload, t, seq, event, gpu_type, placement, spec
+SELECT workload, t, seq, event, gpu_type, placement_milli, spec
 FROM {db}.scheduler_events
 WHERE cluster = {c:String} AND workload IN {ids:Array(String)} AND event IN ('submit', 'admit', 'preempt')
   AND t <= {t1:Float64}
 ORDER BY t, seq"""
+
+
+def _gpus(milli: int) -> int | float:
+    """milli-GPUs (the events' ``placement_milli``) as output carries GPUs: an int when whole."""
+    return gpus_out(Decimal(int(milli)) / 1000)
 
 
 def _fill_gpus(store: Any, cluster: str, events: list[dict[str, Any]]) -> None:
@@ -214,16 +222,16 @@ def _fill_gpus(store: Any, cluster: str, events: list[dict[str, Any]]) -> None:
 
     ids = sorted({e["workload"] for e in events})
     t1 = max(e["t"] for e in events)
-    history: dict[str, list[tuple[float, int, str, str, int]]] = {}
+    history: dict[str, list[tuple[float, int, str, str, int | float]]] = {}
     for wid, t, seq, kind, g, p, spec in store.query(_HELD_SQL.replace("{db}", store.database),
                                                     {"c": cluster, "ids": ids, "t1": t1}).rows:
         if kind != "submit":
-            gpus = int(sum((p or {}).values()))
+            gpus = _gpus(sum((p or {}).values()))
         else:
             try:
                 d = json.loads(spec) if spec else {}
-                gpus = int(d.get("pods", 1)) * int(d.get("gpus_per_pod", 0))
-            except (ValueError, TypeError, AttributeError):
+                gpus = gpus_out(int(d.get("pods", 1)) * gpus_in(d.get("gpus_per_pod", 0)))
+            except (ValueError, TypeError, AttributeError, ArithmeticError):
                 continue
         history.setdefault(str(wid), []).append((float(t), int(seq), str(kind), str(g), gpus))
     for e in events:

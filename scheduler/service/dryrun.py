@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Collection, Sequence
 
 from scheduler.cycle import never_fits, schedule
-from scheduler.model import Decisions, ReasonCode, Running, Workload, whole, whole_nodes
+from scheduler.model import Decisions, ReasonCode, Running, Workload, gpus_out
 from scheduler.service.views import DryRun, Victim
 from scheduler.snapshot import Cluster, Snapshot
 
@@ -39,10 +39,10 @@ def _outcome(d: Decisions, w: Workload, at: float, running: dict[str, Running]) 
     others = tuple(a.workload.id for a in d.admissions if a.workload.id != w.id)
     for a in d.admissions:
         if a.workload.id == w.id:
-            victims = tuple(Victim(v, running[v].workload.queue, whole(running[v].workload.gpus),
+            victims = tuple(Victim(v, running[v].workload.queue, gpus_out(running[v].workload.gpus),
                                    running[v].workload.priority) for v in a.victims)
             return DryRun(w.id, w.queue, at, "preempt" if victims else "admit", a.placement.gpu_type,
-                          dict(whole_nodes(a.placement)), victims, also_admitted=others)
+                          a.placement.as_output(), victims, also_admitted=others)
     p = d.reason(w.id)
     assert p is not None, "schedule() gives every pending workload a reason"
     return DryRun(w.id, w.queue, at, "pending", reason_code=p.code.value, message=p.message,

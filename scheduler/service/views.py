@@ -68,8 +68,8 @@ class WorkloadView:
     queue: str
     state: str
     pods: int
-    gpus_per_pod: int
-    gpus: int
+    gpus_per_pod: int | float          # GPUs as output carries them: an int when whole (issue 19)
+    gpus: int | float
     gpu_types: tuple[str, ...]
     priority: int
     preemptible: bool
@@ -78,7 +78,7 @@ class WorkloadView:
     start_s: float | None
     end_s: float | None
     gpu_type: str | None
-    placement: dict[str, int] | None
+    placement: dict[str, int | float] | None
     reason_code: str | None
     message: str | None
     position: int | None               # 1-based among its queue's pending workloads
@@ -98,8 +98,8 @@ class NodeView:
     name: str
     gpu_type: str
     gpus: int
-    used: int
-    free: int
+    used: int | float                  # shares held count as shares (issue 19)
+    free: int | float
     workloads: tuple[str, ...]
 
 
@@ -117,7 +117,7 @@ class PreemptionRecord:
 class Victim:
     id: str
     queue: str
-    gpus: int
+    gpus: int | float
     priority: int
 
 
@@ -134,7 +134,7 @@ class DryRun:
     at_s: float
     outcome: str
     gpu_type: str | None = None
-    placement: dict[str, int] | None = None
+    placement: dict[str, int | float] | None = None
     victims: tuple[Victim, ...] = ()
     reason_code: str | None = None
     message: str | None = None
