@@ -34,9 +34,10 @@ Timestamps: a page sample's own, else ``now``; State API rows get ``now``.
 Ledger: the State API target also writes ``gpu_allocations`` rows with ``source='placement_group'``
 for placed groups that hold GPUs, and with ``source='ray_job'`` for the GPUs of running tasks and
 alive actors outside placement groups, per Ray job and node (:mod:`collector.ray_alloc`); the
-discoverer keeps their open allocations between rounds. Ray nodes are named :func:`ray_node_name` (12 hex characters of the
-node id) there and everywhere in gpuq; ``ray_nodes.resources_total`` holds each node's ``GPU``
-total and its ``accelerator_type:<T>`` resource, which is all the accounting needs for capacity.
+discoverer keeps their open allocations between rounds. Ray nodes are named
+:func:`ray_node_name` (12 hex characters of the node id) there and everywhere in gpuq;
+``ray_nodes.resources_total`` holds each node's ``GPU`` total and its ``accelerator_type:<T>``
+resource, which is all the accounting needs for capacity.
 """
 from __future__ import annotations
 
