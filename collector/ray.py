@@ -371,6 +371,10 @@ class RayDiscoverer:
 
     If the State API cannot be read, the nodes found last time are returned with the State API
     target (whose own scrape then reports the failure), so node pages keep being collected.
+
+    The ledgers (placement groups; with ``job_allocations``, Ray jobs: see
+    :func:`collector.sources.ray_job_allocations`) live here, so their open rows outlast the
+    targets, which are rebuilt every round.
     """
 
     def __init__(self, settings: RayTarget, open_allocations: OpenAllocations | None = None,
