@@ -7,7 +7,8 @@ Sources, in order of precedence (:data:`SOURCES`):
 ``placement_group``
     a Ray placement group's bundles on a node (the collector's State API target);
 ``ray_job``
-    a Ray job's driver that asked for GPUs (``entrypoint_num_gpus``);
+    the GPUs (fractions included) of a Ray job's running tasks and alive actors outside placement
+    groups on a node, its ``entrypoint_num_gpus`` among them (:mod:`collector.ray_alloc`);
 ``admission``
     what gpuq admitted and has not been seen yet by any of the above (the scheduler).
 

@@ -22,14 +22,22 @@ The State API (:class:`RayStateTarget`, source ``ray-state``), as Ray 2.60's das
 * ``GET /api/jobs/`` (the Job Submission REST API) answers a bare JSON list of drivers and
   submitted jobs, with ``start_time``/``end_time`` (ms, 0 = not yet) and ``metadata``;
   ``/api/v0/jobs`` lacks those, so it is not used.
+* With a job ledger, ``GET /api/v0/tasks?limit=N&detail=true&filter_keys=state&filter_predicates=%3D
+  &filter_values=<S>`` for each running state S (the GCS filters by state, so only running tasks
+  come back; ``detail`` brings ``required_resources`` and ``placement_group_id``) and
+  ``GET /api/v0/actors?limit=N&detail=true&...&filter_values=ALIVE``, in the same envelope. A
+  task list is truncated when it holds ``limit`` entries: its ``total`` adds Ray's count of task
+  events dropped since the cluster started, which says nothing about this answer.
 
 Timestamps: a page sample's own, else ``now``; State API rows get ``now``.
 
 Ledger: the State API target also writes ``gpu_allocations`` rows with ``source='placement_group'``
-for placed groups that hold GPUs (:mod:`collector.ray_alloc`); the discoverer keeps their open
-allocations between rounds. Ray nodes are named :func:`ray_node_name` (12 hex characters of the
-node id) there and everywhere in gpuq; ``ray_nodes.resources_total`` holds each node's ``GPU``
-total and its ``accelerator_type:<T>`` resource, which is all the accounting needs for capacity.
+for placed groups that hold GPUs, and with ``source='ray_job'`` for the GPUs of running tasks and
+alive actors outside placement groups, per Ray job and node (:mod:`collector.ray_alloc`); the
+discoverer keeps their open allocations between rounds. Ray nodes are named
+:func:`ray_node_name` (12 hex characters of the node id) there and everywhere in gpuq;
+``ray_nodes.resources_total`` holds each node's ``GPU`` total and its ``accelerator_type:<T>``
+resource, which is all the accounting needs for capacity.
 """
 from __future__ import annotations
 
@@ -46,7 +54,15 @@ from collector.base import ScrapeResult, ScrapeTarget
 from collector.errors import CollectorError, ConfigurationError, ScrapeError
 from collector.http import HttpClient, fetch, sample_time, status_error, utc
 from collector.prometheus import Sample, parse
-from collector.ray_alloc import OpenAllocations, PlacementGroupLedger
+from collector.ray_alloc import (
+    RAY_UNITS,
+    RUNNING_TASK_STATES,
+    OpenAllocations,
+    PlacementGroupLedger,
+    RayJobLedger,
+    gpu_holders,
+    ray_units,
+)
 from gpuq.ray_names import ray_node_name
 from gpuq.settings import RayTarget
 
@@ -121,9 +137,10 @@ class RayNodeMetricsTarget:
 
 # -- State API (pure) -------------------------------------------------------------------------
 
-def state_api_items(payload: Any, url: str) -> Entries:
+def state_api_items(payload: Any, url: str, *, limit: int | None = None) -> Entries:
     """Unwrap a State API answer -> (entries, warnings). ``result: false`` or an unexpected
-    shape raises :class:`ScrapeError`; truncation and partial failures are warnings."""
+    shape raises :class:`ScrapeError`; truncation and partial failures are warnings. Truncation
+    is ``num_after_truncation < total``, or with ``limit`` (the task lists), ``limit`` entries."""
     if not isinstance(payload, dict) or "result" not in payload:
         raise ScrapeError(f"{url}: not a Ray State API answer (no 'result' key)", url=url, retryable=False)
     if payload["result"] is not True:
@@ -136,7 +153,10 @@ def state_api_items(payload: Any, url: str) -> Entries:
                           url=url, retryable=False)
     warnings: list[CollectorError] = []
     total, kept = inner.get("total"), inner.get("num_after_truncation")
-    if isinstance(total, int) and isinstance(kept, int) and kept < total:
+    if limit is not None:
+        if len(items) >= limit:
+            warnings.append(CollectorError(f"{url}: truncated: {len(items)} entries, the limit", source=url))
+    elif isinstance(total, int) and isinstance(kept, int) and kept < total:
         warnings.append(CollectorError(f"{url}: truncated: {kept} of {total} entries", source=url))
     if inner.get("partial_failure_warning"):
         warnings.append(CollectorError(f"{url}: partial failure: {inner['partial_failure_warning']}",
@@ -175,15 +195,23 @@ def job_rows(jobs: Iterable[Mapping[str, Any]], *, cluster: str, now: dt.datetim
 
 def placement_group_rows(pgs: Iterable[Mapping[str, Any]], *, cluster: str,
                          now: dt.datetime) -> list[Row]:
+    """``gpus``: the GPU of all bundles, summed in Ray's unit (0.1 + 0.2 is 0.3)."""
     now = utc(now)
     rows = []
     for pg in pgs:
         bundles = pg.get("bundles") or []
-        gpus = sum(_floats(b.get("unit_resources")).get("GPU", 0.0) for b in bundles)
+        gpus = sum(_bundle_units(b) for b in bundles) / RAY_UNITS
         rows.append((now, cluster, pg.get("placement_group_id") or "", pg.get("name") or "",
                      pg.get("creator_job_id") or "", pg.get("state") or "", pg.get("strategy") or "",
                      len(bundles), gpus, json.dumps(bundles, sort_keys=True)))
     return rows
+
+
+def _bundle_units(bundle: Mapping[str, Any]) -> int:
+    try:
+        return ray_units(_floats(bundle.get("unit_resources")).get("GPU", 0.0))
+    except ValueError:
+        return 0
 
 
 # -- State API (I/O) --------------------------------------------------------------------------
@@ -204,8 +232,8 @@ async def get_json(client: HttpClient, url: str) -> Any:
     return payload
 
 
-async def list_state(client: HttpClient, url: str) -> Entries:
-    return state_api_items(await get_json(client, url), url)
+async def list_state(client: HttpClient, url: str, *, limit: int | None = None) -> Entries:
+    return state_api_items(await get_json(client, url), url, limit=limit)
 
 
 async def list_jobs(client: HttpClient, url: str) -> Entries:
@@ -220,15 +248,20 @@ async def list_jobs(client: HttpClient, url: str) -> Entries:
 class RayStateTarget:
     """The dashboard's State API and Jobs API -> ray_nodes, ray_placement_groups, ray_jobs.
 
-    The three requests run concurrently; when some fail, the others' rows are kept and the
-    failures go to ``ScrapeResult.errors``; when all three fail, the first failure is raised.
-    With a ``ledger``, placed groups also become ``gpu_allocations`` rows (nothing is closed in
-    a round whose group list failed, was truncated or partial)."""
+    The requests run concurrently; when some fail, the others' rows are kept and the failures go
+    to ``ScrapeResult.errors``; when all of the three tables' requests fail, the first failure is
+    raised. With a ``ledger``, placed groups also become ``gpu_allocations`` rows (nothing is
+    closed in a round whose group list failed, was truncated or partial). With a ``job_ledger``,
+    the running tasks and alive actors are listed too and their GPUs outside placement groups
+    become ``ray_job`` rows; that round is skipped when a task list, the actor list or the jobs
+    list failed (a job's name comes from the jobs list), and nothing ends or falls in it when a
+    list was truncated or partial or an entry could not be read."""
 
     cluster: str
     dashboard_url: str
     limit: int = STATE_LIMIT
     ledger: PlacementGroupLedger | None = field(default=None, compare=False, repr=False)
+    job_ledger: RayJobLedger | None = field(default=None, compare=False, repr=False)
     source: str = field(default="ray-state", init=False)
 
     @property
@@ -243,19 +276,29 @@ class RayStateTarget:
             "ray_jobs": f"{base}/api/jobs/",
         }
 
+    def holder_urls(self) -> tuple[list[str], str]:
+        """(the running tasks' lists, one per running state; the alive actors' list)."""
+        base = self.dashboard_url.rstrip("/")
+        by_state = f"limit={self.limit}&detail=true&filter_keys=state&filter_predicates=%3D&filter_values="
+        return ([f"{base}/api/v0/tasks?{by_state}{state}" for state in RUNNING_TASK_STATES],
+                f"{base}/api/v0/actors?{by_state}ALIVE")
+
     async def scrape(self, client: HttpClient, now: dt.datetime) -> ScrapeResult:
         urls = self.urls()
+        task_urls, actor_url = self.holder_urls() if self.job_ledger is not None else ([], "")
+        holders = [*(list_state(client, u, limit=self.limit) for u in task_urls),
+                   *([list_state(client, actor_url)] if actor_url else [])]
         got = await asyncio.gather(list_state(client, urls["ray_nodes"]),
                                    list_state(client, urls["ray_placement_groups"]),
-                                   list_jobs(client, urls["ray_jobs"]), return_exceptions=True)
+                                   list_jobs(client, urls["ray_jobs"]), *holders, return_exceptions=True)
         failures: list[Exception] = []
         for g in got:
             if isinstance(g, BaseException):
                 if not isinstance(g, CollectorError):
                     raise g                   # a bug, not a failed endpoint
                 failures.append(g)
-        if len(failures) == len(got):
-            raise failures[0]
+        if all(isinstance(g, BaseException) for g in got[:3]):
+            raise next(g for g in got if isinstance(g, BaseException))
         result = ScrapeResult(errors=failures)
         mappers = (node_rows, placement_group_rows, job_rows)
         for table, one, mapper in zip(urls, got, mappers):
@@ -265,12 +308,35 @@ class RayStateTarget:
             result.errors.extend(warnings)
             result.samples += len(items)
             result.add(table, mapper(items, cluster=self.cluster, now=now))
+        nodes = None if isinstance(got[0], BaseException) else got[0][0]
         pgs = got[1]
         if self.ledger is not None and not isinstance(pgs, BaseException):
-            nodes = None if isinstance(got[0], BaseException) else got[0][0]
             changes = self.ledger.round(pgs[0], nodes, now, complete=not pgs[1])
             result.add("gpu_allocations", [a.row() for a in changes])
+        if self.job_ledger is not None:
+            self._job_round(result, got[2], list(zip(task_urls, got[3:-1])), (actor_url, got[-1]), nodes, now)
         return result
+
+    def _job_round(self, result: ScrapeResult, jobs: Entries | BaseException,
+                   tasks: list[tuple[str, Entries | BaseException]], actors: tuple[str, Entries | BaseException],
+                   nodes: list[dict[str, Any]] | None, now: dt.datetime) -> None:
+        """The ``ray_job`` rows of this round (see the class docstring)."""
+        assert self.job_ledger is not None
+        lists = [*tasks, actors]
+        if isinstance(jobs, BaseException) or any(isinstance(g, BaseException) for _, g in lists):
+            return
+        task_lists = [(u, g[0]) for u, g in tasks if not isinstance(g, BaseException)]
+        actor_url, actor_got = actors
+        assert not isinstance(actor_got, BaseException)
+        found, bad = gpu_holders(task_lists, (actor_url, actor_got[0]), jobs[0])
+        warned = any(g[1] for _, g in lists if not isinstance(g, BaseException))
+        for _, g in lists:
+            if not isinstance(g, BaseException):
+                result.errors.extend(g[1])
+                result.samples += len(g[0])
+        result.errors.extend(bad)
+        changes = self.job_ledger.round(found, nodes, utc(now), complete=not (warned or bad))
+        result.add("gpu_allocations", [a.row() for a in changes])
 
 
 # -- discovery --------------------------------------------------------------------------------
@@ -305,18 +371,25 @@ class RayDiscoverer:
 
     If the State API cannot be read, the nodes found last time are returned with the State API
     target (whose own scrape then reports the failure), so node pages keep being collected.
+
+    The ledgers (placement groups; with ``job_allocations``, Ray jobs: see
+    :func:`collector.sources.ray_job_allocations`) live here, so their open rows outlast the
+    targets, which are rebuilt every round.
     """
 
-    def __init__(self, settings: RayTarget, open_allocations: OpenAllocations | None = None) -> None:
+    def __init__(self, settings: RayTarget, open_allocations: OpenAllocations | None = None,
+                 job_allocations: bool = True) -> None:
         self.settings = settings
         self.ledger = PlacementGroupLedger(settings.cluster, open_allocations)
+        self.job_ledger = RayJobLedger(settings.cluster, open_allocations) if job_allocations else None
         self.name = f"ray:{settings.cluster}"
         self._ports: dict[str, int] = {}          # node_id -> metrics export port
         self._last: list[RayNodeMetricsTarget] = []
 
     async def targets(self, client: HttpClient) -> list[ScrapeTarget]:
         s = self.settings
-        state = RayStateTarget(s.cluster, s.dashboard_url, ledger=self.ledger) if s.dashboard_url else None
+        state = (RayStateTarget(s.cluster, s.dashboard_url, ledger=self.ledger, job_ledger=self.job_ledger)
+                 if s.dashboard_url else None)
         found: list[ScrapeTarget] = [] if state is None else [state]
         if s.metrics_urls:
             found.extend(RayNodeMetricsTarget(s.cluster, u) for u in s.metrics_urls)

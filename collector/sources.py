@@ -8,7 +8,7 @@ from typing import Any
 
 from collector.base import Discoverer, ScrapeTarget, Watcher
 from gpuq.errors import StoreError
-from gpuq.settings import Settings
+from gpuq.settings import RayTarget, Settings
 from gpuq.store.client import Store
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,15 @@ class StoreState:
             return []
 
 
+def ray_job_allocations(target: RayTarget, settings: Settings) -> bool:
+    """Whether this Ray cluster's tasks and actors are billed as ``ray_job`` (``RayTarget.ray_job_allocations``;
+    by default not where a Kubernetes target has the same cluster name: the Ray nodes are pods there,
+    and the pods hold and bill the GPUs)."""
+    if target.ray_job_allocations is not None:
+        return target.ray_job_allocations
+    return not any(k.cluster == target.cluster for k in settings.collector.kubernetes)
+
+
 def build_sources(settings: Settings, state: StoreState,
                   on_error: Callable[[Exception], None] | None = None,
                   ) -> tuple[list[ScrapeTarget], list[Discoverer], list[Watcher]]:
@@ -59,7 +68,9 @@ def build_sources(settings: Settings, state: StoreState,
     if cs.ray:
         from collector.ray import RayDiscoverer
 
-        discoverers.extend(RayDiscoverer(t, open_allocations=state.open_allocations) for t in cs.ray)
+        discoverers.extend(RayDiscoverer(t, open_allocations=state.open_allocations,
+                                         job_allocations=ray_job_allocations(t, settings))
+                           for t in cs.ray)
     if cs.dcgm:
         from collector.dcgm import DcgmDiscoverer
 

@@ -87,6 +87,10 @@ class RayTarget(_Section):
     dashboard_url: str | None = None     # the State API
     metrics_urls: list[str] = []         # else found through the State API
     metrics_port: int | None = None      # port of each node's metrics endpoint when discovered
+    # bill the GPUs of Ray tasks and actors outside placement groups as source ray_job
+    # (collector.ray_alloc); default: on, unless a collector.kubernetes target has this cluster
+    # name (the Ray nodes are then pods, billed as pods: their tasks must not be billed again)
+    ray_job_allocations: bool | None = None
 
 
 class DcgmTarget(_Section):
