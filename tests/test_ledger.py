@@ -179,7 +179,7 @@ def test_migration_0008_forgets_hours_billed_for_one_node_of_a_gang(store_dsn: s
         window = Window(T0, T0 + 4 * 3600)
         before = {dict(r.keys)["queue"]: r.gpu_seconds for r in usage_report(s, config(), window, now, ["queue"])}
         assert before["research.vision"] == pytest.approx(4 * 3600)
-        assert migrate(s) == [8]
+        assert migrate(s)[:1] == [8]
         hours = [float(r[0]) for r in s.query(f"SELECT toUnixTimestamp(hour) FROM {s.database}.accounting_hours "
                                               "FINAL ORDER BY 1").rows]
         assert hours == [T0 + 7200, T0 + 10800]                  # the pod's hours stay materialised
