@@ -64,18 +64,13 @@ def gpus_out(x: Gpus | float) -> int | float:
 
 
 def whole(x: Gpus) -> int:
-    """``x`` where only whole GPUs may be (the live service, until it carries shares: its API
-    takes whole ``gpus_per_pod`` only); a share there is a bug, said loudly."""
+    """``x`` where only whole GPUs may be (fixed load in a scenario holds whole GPUs); a share
+    there is a bug, said loudly."""
     if type(x) is int:
         return x
     if x == int(x):
         return int(x)
     raise ValueError(f"{gpus_text(x)} GPUs where only whole GPUs are taken")
-
-
-def whole_nodes(p: Placement) -> tuple[tuple[str, int], ...]:
-    """:attr:`Placement.nodes` where only whole GPUs may be (:func:`whole`)."""
-    return tuple([(n, whole(g)) for n, g in p.nodes])
 
 
 def gpus_in(x: int | float | str) -> Gpus:
