@@ -521,7 +521,7 @@ class _Part:
                     code, msg = no_fit, all_full[v.room].message
                 elif type(v) is NoRoomAboveGuarantee:
                     code = no_fit
-                    msg = f"{all_full[v.room].message}; {head}{used + w.pods * w.gpus_per_pod}{tail}"
+                    msg = f"{all_full[v.room].message}; {head}{reasons.amount(used + w.pods * w.gpus_per_pod)}{tail}"
                 else:
                     code = ReasonCode.WAITING_PREEMPTION_DELAY
                     at = w.submit_s + delay_s

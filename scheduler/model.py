@@ -48,6 +48,14 @@ def share_of_gpus(value: object) -> Gpus | None:
     return Decimal(int(milli)) / MILLI
 
 
+def exact(g: Gpus) -> Gpus:
+    """An amount as the core keeps it: an int when whole (a sum of shares that came out whole, or a
+    share given back), so sums of whole work stay ints and a whole sum reads ``24``, not ``24.00``."""
+    if isinstance(g, int) or g != g.to_integral_value():
+        return g
+    return int(g)
+
+
 def is_share(gpus_per_pod: Gpus) -> bool:
     """A share of one device (below 1), not whole devices."""
     return type(gpus_per_pod) is not int
