@@ -5,12 +5,20 @@ nodes and demand hold ``milli_gpus``, sums are exact integers, and GPUs as peopl
 from :func:`as_gpus` (whole GPUs stay integers: ``16``, not ``16.0``; a share is ``0.5``). Each value
 also has a ``gpus`` property in GPUs (float) for arithmetic over time (GPU-seconds).
 
+An allocation's ``milli_gpus`` is what it is **billed**: its share of the GPUs (a MIG slice its
+fraction of the GPU, a time-sliced replica ``1/replicas``, a KAI fraction; :mod:`gpuq.gpu_share`).
+What it **counts** against capacity and quotas is :attr:`Allocation.counted_milli`: the same,
+except that MIG slices count as slices of their MIG type (1000 a slice), as the nodes'
+``<model>-MIG-<profile>`` capacity and the scheduler count them.
+
 The store adapter fills these from the public tables; the scheduler can build them directly
 (for example :class:`PendingDemand` for its own pending workloads).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gpuq.gpu_share import counted_milli
 
 MILLI = 1000
 
@@ -68,6 +76,12 @@ class Allocation:
     @property
     def gpus(self) -> float:
         return self.milli_gpus / MILLI
+
+    @property
+    def counted_milli(self) -> int:
+        """Milli-GPUs it counts against capacity and quotas: MIG slices as slices (see the module
+        docstring). gpuq's own admission rows already count slices (the scheduler places them)."""
+        return self.milli_gpus if self.source == "admission" else counted_milli(self.gpu_model, self.milli_gpus)
 
     @property
     def workload(self) -> str:

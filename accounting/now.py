@@ -89,9 +89,9 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
     owner = by_slot(live)
     for al in live:
         key = (resolver.queue(al.queue, al.namespace), resolver.gpu_type(al.gpu_model, al.gpu_resource))
-        _add(alloc_m, *key, al.milli_gpus)
+        _add(alloc_m, *key, al.counted_milli)
         if al.source == ADMISSION:
-            _add(resv_m, *key, al.milli_gpus)
+            _add(resv_m, *key, al.counted_milli)
     for dem in snap.pending:
         _add(pend_m, resolver.queue(dem.queue, dem.namespace),
              resolver.gpu_type(dem.gpu_model) if dem.gpu_model else None, dem.milli_gpus)

@@ -229,9 +229,11 @@ IDLE_RUNS = f"""
 WITH {_W}, {SCAN}
 SELECT cluster, node, gpu_uuid, mig_instance, namespace, pod, s, e, is_open FROM (@SUB@)"""
 
+# The latest event of each node; of its labels only the device plugin's replicas (time-slicing, MPS).
 NODES = """
 SELECT cluster, node, argMax(gpu_model, ts), argMax(gpu_allocatable, ts), argMax(ready, ts),
-       argMax(unschedulable, ts), argMax(event, ts) AS last_event, argMax(mig_resources, ts)
+       argMax(unschedulable, ts), argMax(event, ts) AS last_event, argMax(mig_resources, ts),
+       mapFilter((k, v) -> endsWith(k, '.replicas'), argMax(labels, ts))
 FROM {db}.node_events
 WHERE ts <= fromUnixTimestamp64Milli({n:Int64}, 'UTC')
 GROUP BY cluster, node

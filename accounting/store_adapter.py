@@ -10,6 +10,7 @@ stretch shorter than its hours is missed: a lower bound of the exact figure, for
 from __future__ import annotations
 
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any, Literal
 
 from accounting import sql
@@ -18,6 +19,7 @@ from accounting.idle import IdleParams
 from accounting.ledger import ADMISSION, dedup
 from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand, UsageAgg, Window, milli
 from gpuq.errors import StoreError
+from gpuq.gpu_share import GPU_RESOURCE, SHARED_SUFFIX, milli_floor, replicas
 from gpuq.store import Store
 
 IdleSource = Literal["raw", "1m", "1h"]
@@ -144,16 +146,19 @@ def read_idle_runs(store: Store, window: Window, now_s: float, params: IdleParam
 
 
 def read_nodes(store: Store, now_s: float) -> list[NodeCapacity]:
-    """Kubernetes nodes (allocatable GPUs, MIG slices as their own model); for clusters that have
-    no node events, Ray's nodes from the State API (``ray_nodes``), else from the metrics pages."""
+    """Kubernetes nodes (allocatable GPUs, MIG slices as their own model, counted as slices); a
+    time-sliced (or MPS) node's devices over their replicas: a node of 4 GPUs advertising 16
+    replicas holds 4 GPUs. For clusters that have no node events, Ray's nodes from the State API
+    (``ray_nodes``), else from the metrics pages."""
     out: list[NodeCapacity] = []
-    for c, n, model, gpus, ready, cordoned, _, mig in _q(store, sql.NODES, {"n": _ms(now_s)}):
+    for c, n, model, gpus, ready, cordoned, _, mig, reps in _q(store, sql.NODES, {"n": _ms(now_s)}):
         ok = bool(ready) and not bool(cordoned)
+        labels = {str(k): str(v) for k, v in (reps or {}).items()}
         if gpus:
-            out.append(NodeCapacity(str(c), str(n), str(model), milli(float(gpus)), ok))
+            out.append(NodeCapacity(str(c), str(n), str(model), _devices(float(gpus), labels, GPU_RESOURCE), ok))
         for res, count in sorted((mig or {}).items()):
-            profile = str(res).removeprefix("nvidia.com/mig-")
-            out.append(NodeCapacity(str(c), str(n), f"{model}-MIG-{profile}", milli(float(count)), ok))
+            profile = str(res).removeprefix("nvidia.com/mig-").removesuffix(SHARED_SUFFIX)
+            out.append(NodeCapacity(str(c), str(n), f"{model}-MIG-{profile}", _devices(float(count), labels, str(res)), ok))
     k8s = {nc.cluster for nc in out}
     state = [NodeCapacity(str(c), str(n), str(model or ""), milli(float(gpus)), True)
              for c, n, model, gpus in _q(store, sql.RAY_STATE_NODES, {"n": _ms(now_s)}) if str(c) not in k8s]
@@ -163,6 +168,11 @@ def read_nodes(store: Store, now_s: float) -> list[NodeCapacity]:
         if str(c) not in seen:
             out.append(NodeCapacity(str(c), str(n), str(model or ""), milli(float(gpus)), True))
     return out
+
+
+def _devices(advertised: float, labels: dict[str, str], resource: str) -> int:
+    """Milli-GPUs (MIG: milli-slices) of ``advertised`` devices the plugin made ``replicas`` of each."""
+    return milli_floor(Fraction(str(advertised)) / replicas(labels, resource))
 
 
 def read_pending(store: Store, now_s: float, lookback_s: float = 7 * 86400) -> list[PendingDemand]:
