@@ -166,3 +166,4 @@ class UsageAgg:
     gpu_resource: str
     gpu_seconds: float = 0.0
     idle_gpu_seconds: float = 0.0
+    idle_method: str = ""        # accounting.idle.idle_method of its allocations, distinct, joined by ","

@@ -8,6 +8,8 @@ it covers (see :func:`accounting.store_adapter.alloc_table`).
 """
 from __future__ import annotations
 
+from gpuq.gpu_share import sql_slice_milli
+
 PROF = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
 _W = ("fromUnixTimestamp64Milli({f:Int64}, 'UTC') AS wf, fromUnixTimestamp64Milli({t:Int64}, 'UTC') AS wt, "
@@ -200,9 +202,17 @@ SCAN = ("fromUnixTimestamp64Milli({scan:Int64}, 'UTC') AS wscan, "
 # (accounting.intervals.clip + to_aggs, accounting.idle.attribute_idle): each allocation, cut to
 # the window and to its effective end, takes the idle runs of its (cluster, namespace, pod) (joined
 # by POD_HASH), a pod's wherever DCGM names its node, another source's (one row per node of a
-# multi-node allocation) on its own node only (accounting.idle.attribute_idle), each clipped the same way. The runs come from a scan a window's worth
-# wider on each side ({scan}, {scan_end}), so that a run crossing an edge is idle by its whole
-# length.
+# multi-node allocation) on its own node only (accounting.idle.attribute_idle), each clipped the same
+# way and weighted by the allocation's share of the device (`dev_milli`: a MIG slice's fraction,
+# `SLICE_MILLI`, else its milli-GPUs up to one GPU; gpuq.gpu_share.device_share_milli). The runs come
+# from a scan a window's worth wider on each side ({scan}, {scan_end}), so that a run crossing an
+# edge is idle by its whole length. `idle_method` (accounting.idle.idle_method): the distinct methods
+# of the group's allocations; a pod that shares a GPU is `per_process` when dcgm-exporter's
+# per-process fields reported it in the scan (PER_PROCESS_PODS).
+SLICE_MILLI = sql_slice_milli("gpu_model")
+PER_PROCESS_PODS = f"""
+SELECT DISTINCT {POD_HASH.format(p='')} AS pp_hp FROM {{db}}.gpu_samples
+WHERE metric = '{UTIL}' AND source = 'dcgm-process' AND pod != '' AND ts >= wscan AND ts < wscan_end"""
 USAGE_IDLE = f"""
 WITH {_W}, {SCAN}
 SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, {BILLED_AS.format(p='a.')}, '') AS workload,
@@ -216,11 +226,19 @@ SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, {BILLED_AS.for
               arraySum((s, e, nd) -> if(nd = cityHash64(a.node),
                        greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
                                    - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))), 0),
-                       r.ss, r.es, r.ns))) / 1000 AS idle_gpu_seconds
-FROM ({ALLOC_SPANS}) AS a
+                       r.ss, r.es, r.ns)) * dev_milli) / 1e6 AS idle_gpu_seconds,
+       arrayStringConcat(arraySort(groupUniqArrayIf(
+           multiIf(slice_milli > 0 OR a.milli_gpus % 1000 = 0, 'device', pp.pp_hp != 0, 'per_process',
+                   'device_split_by_share'),
+           a.eff_end > wf AND a.start < wt)), ',') AS idle_method
+FROM (SELECT *, {SLICE_MILLI} AS slice_milli,
+             if(slice_milli > 0, slice_milli, least(milli_gpus, 1000)) AS dev_milli
+      FROM ({ALLOC_SPANS})) AS a
 LEFT JOIN (SELECT hp, groupArray(s) AS ss, groupArray(e) AS es, groupArray(cityHash64(node)) AS ns FROM (@SUB@)
            GROUP BY hp) AS r
   ON {POD_HASH.format(p='a.')} = r.hp
+LEFT JOIN ({PER_PROCESS_PODS}) AS pp
+  ON {POD_HASH.format(p='a.')} = pp.pp_hp
 GROUP BY a.cluster, a.queue, a.namespace, workload, a.gpu_model, a.gpu_resource
 HAVING gpu_seconds > 0 OR idle_gpu_seconds > 0
 ORDER BY a.cluster, a.queue, a.namespace, workload, a.gpu_model, a.gpu_resource"""

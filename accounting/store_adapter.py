@@ -125,8 +125,8 @@ def read_usage_idle(store: Store, window: Window, now_s: float, params: IdlePara
     rows = _q(store, _alloc(store, sql.USAGE_IDLE, window).replace("@SUB@", runs),
               {**_window(window, now_s), **p, "by_workload": int(by_workload)})
     return [UsageAgg(str(c), str(q), str(ns), str(w), str(m), str(r), gpu_seconds=float(g),
-                     idle_gpu_seconds=float(i))
-            for c, q, ns, w, m, r, g, i in rows]
+                     idle_gpu_seconds=float(i), idle_method=str(im))
+            for c, q, ns, w, m, r, g, i, im in rows]
 
 
 def read_idle(store: Store, window: Window, now_s: float, params: IdleParams,
@@ -134,7 +134,8 @@ def read_idle(store: Store, window: Window, now_s: float, params: IdleParams,
     """Idle GPU-seconds per UsageAgg key (the keys with some)."""
     aggs = read_usage_idle(store, window, now_s, params, source, by_workload)
     return [UsageAgg(a.cluster, a.queue, a.namespace, a.workload, a.gpu_model, a.gpu_resource,
-                     idle_gpu_seconds=a.idle_gpu_seconds) for a in aggs if a.idle_gpu_seconds > 0]
+                     idle_gpu_seconds=a.idle_gpu_seconds, idle_method=a.idle_method)
+            for a in aggs if a.idle_gpu_seconds > 0]
 
 
 def read_idle_runs(store: Store, window: Window, now_s: float, params: IdleParams,
