@@ -156,15 +156,21 @@ def attribute_idle(runs: Iterable[IdleRun], allocs: Iterable[Allocation], window
         if a.start_s < window.end_s and end > window.start_s:
             k = (a.cluster, a.queue, a.namespace, a.billed_as, a.gpu_model, a.gpu_resource)
             methods.setdefault(k, set()).add(idle_method(a, per_process))
-    sums: dict[tuple[str, str, str, str, str, str], float] = {}
+    idle: dict[int, tuple[Allocation, float, float]] = {}       # id -> (allocation, its end, idle seconds)
     for r in runs:
         for a, end in (*spans.get((r.cluster, r.namespace, r.pod, ""), ()),
                        *(spans.get((r.cluster, r.namespace, r.pod, r.node), ()) if r.node else ())):
             s = max(r.start_s, a.start_s, window.start_s)
             e = min(r.end_s, end, window.end_s)
             if e > s:
-                k = (a.cluster, a.queue, a.namespace, a.billed_as, a.gpu_model, a.gpu_resource)
-                sums[k] = sums.get(k, 0.0) + (e - s) * (device_share_milli(a.gpu_model, a.milli_gpus) / MILLI)
+                held = idle.get(id(a), (a, end, 0.0))
+                idle[id(a)] = (a, end, held[2] + (e - s) * device_share_milli(a.gpu_model, a.milli_gpus))
+    sums: dict[tuple[str, str, str, str, str, str], float] = {}
+    for a, end, device_ms in idle.values():
+        # never more than it holds: a share seen on several devices is still its share
+        span = max(0.0, min(end, window.end_s) - max(a.start_s, window.start_s))
+        k = (a.cluster, a.queue, a.namespace, a.billed_as, a.gpu_model, a.gpu_resource)
+        sums[k] = sums.get(k, 0.0) + min(device_ms, span * a.milli_gpus) / MILLI
     return tuple(UsageAgg(*k, idle_gpu_seconds=v, idle_method=join_methods(methods.get(k, ())))
                  for k, v in sorted(sums.items()))
 

@@ -204,7 +204,8 @@ SCAN = ("fromUnixTimestamp64Milli({scan:Int64}, 'UTC') AS wscan, "
 # by POD_HASH), a pod's wherever DCGM names its node, another source's (one row per node of a
 # multi-node allocation) on its own node only (accounting.idle.attribute_idle), each clipped the same
 # way and weighted by the allocation's share of the device (`dev_milli`: a MIG slice's fraction,
-# `SLICE_MILLI`, else its milli-GPUs up to one GPU; gpuq.gpu_share.device_share_milli). The runs come
+# `SLICE_MILLI`, else its milli-GPUs up to one GPU; gpuq.gpu_share.device_share_milli), never more than
+# its own GPU-seconds there (a share seen on two devices is still its share). The runs come
 # from a scan a window's worth wider on each side ({scan}, {scan_end}), so that a run crossing an
 # edge is idle by its whole length. `idle_method` (accounting.idle.idle_method): the distinct methods
 # of the group's allocations; a pod that shares a GPU is `per_process` when dcgm-exporter's
@@ -219,14 +220,16 @@ SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, {BILLED_AS.for
        a.gpu_model, a.gpu_resource,
        sum(a.milli_gpus * greatest(0, toUnixTimestamp64Milli(least(a.eff_end, wt))
                                       - toUnixTimestamp64Milli(greatest(a.start, wf)))) / 1e6 AS gpu_seconds,
-       sum(if(a.source = 'pod',
+       sum(least(a.milli_gpus * greatest(0, toUnixTimestamp64Milli(least(a.eff_end, wt))
+                                            - toUnixTimestamp64Milli(greatest(a.start, wf))),
+           if(a.source = 'pod',
               arraySum((s, e) -> greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
                                           - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))),
                        r.ss, r.es),
               arraySum((s, e, nd) -> if(nd = cityHash64(a.node),
                        greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
                                    - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))), 0),
-                       r.ss, r.es, r.ns)) * dev_milli) / 1e6 AS idle_gpu_seconds,
+                       r.ss, r.es, r.ns)) * dev_milli)) / 1e6 AS idle_gpu_seconds,
        arrayStringConcat(arraySort(groupUniqArrayIf(
            multiIf(slice_milli > 0 OR a.milli_gpus % 1000 = 0, 'device', pp.pp_hp != 0, 'per_process',
                    'device_split_by_share'),
