@@ -3,7 +3,8 @@
 GPUs are counted in **milli-GPUs** (integer thousandths, as Kubernetes milli-units): allocations,
 nodes and demand hold ``milli_gpus``, sums are exact integers, and GPUs as people read them come
 from :func:`as_gpus` (whole GPUs stay integers: ``16``, not ``16.0``; a share is ``0.5``). Each value
-also has a ``gpus`` property in GPUs (float) for arithmetic over time (GPU-seconds).
+also has a ``gpus`` property in GPUs (float); an allocation's is what it counts (below), its
+``billed_gpus`` what GPU-seconds are computed with.
 
 An allocation's ``milli_gpus`` is what it is **billed**: its share of the GPUs (a MIG slice its
 fraction of the GPU, a time-sliced replica ``1/replicas``, a KAI fraction; :mod:`gpuq.gpu_share`).
@@ -75,6 +76,13 @@ class Allocation:
 
     @property
     def gpus(self) -> float:
+        """GPUs it counts against capacity and quotas (:attr:`counted_milli`: MIG slices as slices),
+        as the scheduler counts the work it holds; what it is billed is :attr:`billed_gpus`."""
+        return self.counted_milli / MILLI
+
+    @property
+    def billed_gpus(self) -> float:
+        """Its share in GPUs, for GPU-seconds (``milli_gpus / 1000``)."""
         return self.milli_gpus / MILLI
 
     @property

@@ -63,6 +63,14 @@ def test_mig_slices_count_as_slices_and_balance_the_nodes_rows() -> None:
     assert vision["*"] == 6 and vision[MIG] == 3 and vision["A100"] == 3
 
 
+def test_an_allocation_counts_slices_and_bills_their_fraction() -> None:
+    """``gpus`` (what the scheduler and the views count) is slices; ``billed_gpus`` the fraction."""
+    a = alloc("m", gpus=0.285, model=MIG, start=0, end=100)
+    assert (a.milli_gpus, a.counted_milli, a.gpus, a.billed_gpus) == (285, 2000, 2.0, 0.285)
+    share = alloc("s", gpus=0.333, model=T4)
+    assert share.gpus == share.billed_gpus == 0.333
+
+
 def test_the_audit_counts_slices_as_the_scheduler_places_them() -> None:
     allocs = [alloc("m", gpus=0.285, model=MIG, end=None)]
     placed = [Placed("research.vision", MIG, "n1", 2)]
