@@ -8,8 +8,6 @@ it covers (see :func:`accounting.store_adapter.alloc_table`).
 """
 from __future__ import annotations
 
-from gpuq.gpu_share import sql_slice_milli
-
 PROF = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 UTIL = "DCGM_FI_DEV_GPU_UTIL"
 _W = ("fromUnixTimestamp64Milli({f:Int64}, 'UTC') AS wf, fromUnixTimestamp64Milli({t:Int64}, 'UTC') AS wt, "
@@ -210,7 +208,11 @@ SCAN = ("fromUnixTimestamp64Milli({scan:Int64}, 'UTC') AS wscan, "
 # edge is idle by its whole length. `idle_method` (accounting.idle.idle_method): the distinct methods
 # of the group's allocations; a pod that shares a GPU is `per_process` when dcgm-exporter's
 # per-process fields reported it in the scan (PER_PROCESS_PODS).
-SLICE_MILLI = sql_slice_milli("gpu_model")
+# A MIG model's slice share, looked up in the arrays the store adapter computes with
+# gpuq.gpu_share.mig_slice_milli for the MIG models of the allocations (a lookup per row: evaluating
+# the profile table in SQL for every allocation cost a third of a month's usage query).
+SLICE_MILLI = "transform(toString(gpu_model), {mig_models:Array(String)}, {mig_milli:Array(UInt32)}, toUInt32(0))"
+MIG_MODELS = "SELECT DISTINCT toString(gpu_model) FROM {db}.@ALLOC@ WHERE position(gpu_model, '-MIG-') > 0"
 PER_PROCESS_PODS = f"""
 SELECT DISTINCT {POD_HASH.format(p='')} AS pp_hp FROM {{db}}.gpu_samples
 WHERE metric = '{UTIL}' AND source = 'dcgm-process' AND pod != '' AND ts >= wscan AND ts < wscan_end"""

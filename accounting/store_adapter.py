@@ -19,7 +19,7 @@ from accounting.idle import IdleParams
 from accounting.ledger import ADMISSION, dedup
 from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand, UsageAgg, Window, milli
 from gpuq.errors import StoreError
-from gpuq.gpu_share import GPU_RESOURCE, SHARED_SUFFIX, milli_floor, replicas
+from gpuq.gpu_share import GPU_RESOURCE, SHARED_SUFFIX, mig_slice_milli, milli_floor, replicas
 from gpuq.store import Store
 
 IdleSource = Literal["raw", "1m", "1h"]
@@ -122,8 +122,10 @@ def read_usage_idle(store: Store, window: Window, now_s: float, params: IdlePara
                     source: IdleSource = "1m", by_workload: bool = True) -> list[UsageAgg]:
     """GPU-seconds and idle GPU-seconds per UsageAgg key, in one query (one read of the allocations)."""
     runs, p = _runs_query(source, params, _scan(window, now_s, params, source))
+    models = sorted(str(m) for (m,) in _q(store, _alloc(store, sql.MIG_MODELS, window), {}))
     rows = _q(store, _alloc(store, sql.USAGE_IDLE, window).replace("@SUB@", runs),
-              {**_window(window, now_s), **p, "by_workload": int(by_workload)})
+              {**_window(window, now_s), **p, "by_workload": int(by_workload), "mig_models": models,
+               "mig_milli": [mig_slice_milli(m) for m in models]})
     return [UsageAgg(str(c), str(q), str(ns), str(w), str(m), str(r), gpu_seconds=float(g),
                      idle_gpu_seconds=float(i), idle_method=str(im))
             for c, q, ns, w, m, r, g, i, im in rows]

@@ -247,15 +247,3 @@ def device_share_milli(model: str, milli: int) -> int:
 def shares_a_device(model: str, milli: int) -> bool:
     """Holds part of a GPU that others may hold too (not a MIG slice, not whole GPUs)."""
     return milli % MILLI != 0 and not mig_slice_milli(model)
-
-
-def sql_slice_milli(model: str) -> str:
-    """:func:`mig_slice_milli` as a ClickHouse expression over the column ``model`` (the same table)."""
-    base = f"replaceRegexpOne(upperUTF8(replaceAll({model}, ' ', '-')), '-MIG-.*$', '')"
-    cases = []
-    for gpu in MIG_GPUS:
-        cond = " AND ".join(f"position({base}, '{m}') > 0" for m in gpu.match)
-        cases.append(f"{cond}, {gpu.slices}")
-    slices = f"multiIf({', '.join(cases)}, {DEFAULT_SLICES})"
-    n = f"toUInt32OrZero(extract({model}, '-MIG-([0-9]+)g\\\\.[0-9]+gb(?:[+-][a-z][a-z.]*)*(?:-SHARED)?$'))"
-    return f"if({n} BETWEEN 1 AND {slices}, intDiv({n} * {MILLI}, {slices}), 0)"

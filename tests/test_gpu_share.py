@@ -1,5 +1,4 @@
-"""Shares of GPUs (gpuq.gpu_share): the MIG profile table, rounding, replicas, KAI fractions, and
-the SQL twin of the slice share evaluated by chDB."""
+"""Shares of GPUs (gpuq.gpu_share): the MIG profile table, rounding, replicas, KAI fractions."""
 from __future__ import annotations
 
 import itertools
@@ -22,7 +21,6 @@ from gpuq.gpu_share import (
     node_gpu_memory_mib,
     replicas,
     shares_a_device,
-    sql_slice_milli,
 )
 
 
@@ -129,16 +127,3 @@ def test_kai_fractions(annotations: dict[str, str], labels: dict[str, str], mill
 def test_node_gpu_memory() -> None:
     assert node_gpu_memory_mib({"nvidia.com/gpu.memory": "81920"}) == 81900
     assert node_gpu_memory_mib({"nvidia.com/gpu.memory": "nope"}) == 0
-
-
-MODELS = ["NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb-SHARED", "NVIDIA-A30-MIG-2g.12gb",
-          "NVIDIA-H100-NVL-MIG-1g.24gb", "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition-MIG-1g.24gb",
-          "NVIDIA-GB200-MIG-7g.186gb", "NVIDIA-A100-SXM4-80GB", "Tesla-T4-SHARED", "",
-          "NVIDIA A100-SXM4-40GB-MIG-1g.5gb", "NVIDIA-H100-80GB-HBM3-MIG-9g.10gb", "x-MIG-1g.24gb+me.all"]
-
-
-def test_the_sql_slice_share_is_the_python_one(store: Any) -> None:
-    values = ", ".join(f"'{m}'" for m in MODELS)
-    rows = store.query(f"SELECT m, {sql_slice_milli('m')} FROM (SELECT arrayJoin([{values}]) AS m)").rows
-    assert {str(m): int(v) for m, v in rows} == {m: mig_slice_milli(m) for m in MODELS}
-    assert {m: mig_slice_milli(m) for m in MODELS}["NVIDIA-H100-80GB-HBM3-MIG-9g.10gb"] == 0   # more than 7
