@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from scheduler.model import Gpus, exact
+from scheduler.model import Gpus
 from scheduler.snapshot import PINNED, Cluster, dict_copy
 
 Vec = tuple[tuple[str, Gpus], ...]    # resource -> amount (GPUs exact: scheduler.model.Gpus)
@@ -56,8 +56,7 @@ class Ledger:
                 d = view[q] = dict_copy(view.get(q, _NONE))
                 own.add(q)
             for key, amt in vec:
-                v = d.get(key, 0) + sign * amt
-                d[key] = v if type(v) is int else exact(v)  # type: ignore[index]
+                d[key] = d.get(key, 0) + sign * amt  # type: ignore[index]
 
     def remove(self, chain: tuple[str, ...], vec: Vec) -> None:
         self.add(chain, vec, -1)
