@@ -68,7 +68,7 @@ from scheduler.progress import Progress
 from scheduler.traces_queues import Assignment, TraceError, default_quotas, parse_assignment
 
 __all__ = ["ImportStats", "TraceError", "TraceImport", "dump_scenario", "import_alibaba_v2023",
-           "import_trace_main", "load_alibaba_v2023", "offered_load", "write_scenario"]
+           "import_trace_main", "load_alibaba_v2023", "offered_load", "round_up_shares", "write_scenario"]
 
 NODES_FILE = "openb_node_list_gpu_node.csv"
 PODS_FILE = "openb_pod_list_default.csv"
@@ -413,6 +413,16 @@ def _inflate(pods: list[_Pod], start: int, time_scale: float, duration_scale: fl
         demand += float(p.gpus) * scaled[i][1]
     stats.load_after = demand / capacity
     return out
+
+
+def round_up_shares(scenario: Mapping[str, Any]) -> dict[str, Any]:
+    """``scenario`` with every workload's share of one GPU (``gpus_per_pod`` below 1) rounded up
+    to one whole GPU and all else the same: the same pods, times, queues and quotas. Replaying both
+    measures what shares alone change (docs/TRACES.md, benchmarks/bench_trace_shares.py); an
+    import with ``round_fractions`` differs in its default quotas too, which follow the demand."""
+    work = [dict(w, gpus_per_pod=1) if w.get("gpus_per_pod", 1) < 1 else dict(w)
+            for w in scenario.get("workloads") or ()]
+    return {**scenario, "workloads": work}
 
 
 def import_alibaba_v2023(trace_dir: str | Path, **options: Any) -> dict[str, Any]:

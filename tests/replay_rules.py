@@ -326,6 +326,7 @@ class Checker:
     def on_preempt(self, e: Mapping[str, Any], w: Mapping[str, Any], t: float, events: Sequence[Any], i: int) -> None:
         vid, pid = e["workload"], e["by"]
         p = self.spec[pid]
+        assert self.state[vid] == "running", f"{vid} preempted while {self.state[vid]}"
         nxt = next(x for x in events[i + 1:] if x["event"] != "preempt")
         assert (nxt["event"], nxt["workload"], nxt["t"]) == ("admit", pid, t), "preemptor admitted right after"
         assert self.s["preemption"] and t >= p["submit"] + self.s["preemption_delay_s"]
@@ -345,6 +346,7 @@ class Checker:
 
     def on_finish(self, e: Mapping[str, Any], w: Mapping[str, Any], t: float, events: Sequence[Any], i: int) -> None:
         wid = e["workload"]
+        assert self.state[wid] == "running", f"{wid} finishes while {self.state[wid]}"
         assert abs(self.running[wid]["start"] + self.left[wid] - t) < 1e-6, "runs exactly its remaining time"
         self._stop(wid, t)
         self.state[wid] = "finished"
