@@ -54,7 +54,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
+from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -95,7 +95,7 @@ class ImportStats:
     skipped: Counter[str] = field(default_factory=Counter)
     round_fractions: bool = False        # --round-fractions: shares rounded up to 1 whole GPU
     fractional: int = 0                  # num_gpu == 1, 0 < gpu_milli < 1000: a share of one GPU ...
-    fractional_gpus: Fraction = Fraction(0)      # ... the sum of those shares
+    fractional_gpus: Decimal = Decimal(0)        # ... the sum of those shares
     rounded_fractional: int = 0          # of them, rounded up to 1 whole GPU (--round-fractions)
     kept_fractional: int = 0             # of them, kept as a share (the default)
     whole_no_milli: int = 0              # num_gpu == 1, gpu_milli 0 or empty: 1 whole GPU
@@ -161,7 +161,7 @@ class TraceImport:
 @dataclass(frozen=True, slots=True)
 class _Pod:
     name: str
-    gpus: Gpus                   # whole GPUs, or a Fraction of thousandths below 1 (a share)
+    gpus: Gpus                   # whole GPUs, or a Decimal of thousandths below 1 (a share)
     gpu_types: tuple[str, ...]
     qos: str
     creation_s: int
@@ -226,7 +226,7 @@ def _gpus(num_gpu: int, milli: int | None, stats: ImportStats) -> Gpus:
         return 1
     if milli >= 1000:
         return 1
-    share = Fraction(milli, 1000)
+    share = Decimal(milli) / 1000
     stats.fractional += 1
     stats.fractional_gpus += share
     if stats.round_fractions:
