@@ -184,6 +184,8 @@ def test_finding_3_again_a_scheduler_spill_file_with_t_not_a_number(
     root = tmp_path / "spill" / "scheduler"
 
     def event(t: Any, seq: int) -> tuple:
+        """A row as a gpuq before migration 0009 wrote it (12 values: its spill files are read after
+        the upgrade with the table's first columns, gpuq.store.schema.OLDER_WIDTHS)."""
         return (NOW, "c", t, seq, "submit", f"w{seq}", "prod", "H100", {}, "alice (operator)", "", "{}")
 
     bad = write_format1(root / "scheduler_events" / "probe-1.jsonl", [event(BAD, 1)])
@@ -194,7 +196,7 @@ def test_finding_3_again_a_scheduler_spill_file_with_t_not_a_number(
     with caplog.at_level(logging.DEBUG):
         w.start()
         for _ in range(5):
-            w.write("scheduler_events", [event(float(10), 10)])
+            w.write("scheduler_events", [(*event(float(10), 10), {}, "")])   # today's 14 values
             w.flush()
         w.close()
     got = store.query(f"SELECT seq FROM {store.database}.scheduler_events ORDER BY seq").rows

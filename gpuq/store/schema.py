@@ -48,3 +48,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 # Columns the store derives at insert (a DEFAULT of the written columns), never written: the ledger
 # counts milli-GPUs (0007_milli_gpus.sql), derived from the GPUs writers send.
 DERIVED: dict[str, tuple[str, ...]] = {"gpu_allocations": ("milli_gpus",)}
+
+# Rows as an older gpuq wrote them, before a migration added columns at the end of a table (each
+# with a DEFAULT): the number of values such a row holds. A spill file of format 1 (rows only, no
+# header naming its columns) written then is read with the table's first columns, so a spill made
+# before an upgrade is replayed after it (scheduler_events: 12 before 0009 added placement_milli
+# and shares).
+OLDER_WIDTHS: dict[str, tuple[int, ...]] = {"scheduler_events": (12,)}

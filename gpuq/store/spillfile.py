@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpuq.errors import shown
+from gpuq.store.schema import OLDER_WIDTHS
 
 FORMAT = 2
 QUARANTINE = "quarantine"
@@ -192,6 +193,7 @@ def read_batch(path: Path, table: str, table_columns: Sequence[str]) -> SpillBat
     fails :func:`check` or is not a JSON list of the file's columns."""
     version, columns, lines, first = check(path, table, table_columns)
     rows: list[Row] = []
+    older = OLDER_WIDTHS.get(table, ()) if version == 1 else ()
     for lineno, line in enumerate(lines, first):
         if not line.strip() and version == 1:
             continue
@@ -199,6 +201,8 @@ def read_batch(path: Path, table: str, table_columns: Sequence[str]) -> SpillBat
             row = json.loads(line, object_hook=_decode)
         except (ValueError, OverflowError, TypeError, OSError) as exc:   # a bad "$dt" too
             raise BadSpillFile(path, lineno, f"not JSON ({clip(str(exc))})") from None
+        if isinstance(row, list) and not rows and len(row) in older:
+            columns = columns[:len(row)]        # written before columns were added at the end
         if not isinstance(row, list) or len(row) != len(columns):
             got = f"{len(row)} values" if isinstance(row, list) else type(row).__name__
             raise BadSpillFile(path, lineno, f"expected a list of {len(columns)} values, got {got}")
