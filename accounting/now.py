@@ -9,7 +9,8 @@ ancestry. ``borrowed = max(0, allocated - guaranteed)``, ``lent = max(0, guarant
 ``fair_share`` is the queue's dominant share (same on each of its rows), ``over_quota_share`` its
 water-filled share of that resource (see :mod:`accounting.fairshare`).
 
-GPU-equivalents (issue 19): where some queue sets ``gpu_eq`` (:attr:`QueueConfig.uses_gpu_eq`),
+GPU-equivalents (issue 19): where equivalents are set (:attr:`QueueConfig.has_equivalents`: a
+queue sets ``gpu_eq``, or a type's ``equivalent`` is not 1),
 each row also carries ``allocated_eq`` (its allocated GPUs times their type's ``equivalent``,
 summed exactly in thousandths), and the ``*`` row ``guaranteed_eq`` and ``max_eq`` (the queue's
 ``gpu_eq``, None where not set), beside the raw GPUs; without ``gpu_eq`` the rows carry none of them.
@@ -62,7 +63,7 @@ class QueueRow:
     over_quota_share: float
     idle: float
     reserved: float = 0.0      # of allocated: admitted by gpuq, not seen yet (accounting.ledger)
-    # GPU-equivalents beside the raw GPUs, only where some queue sets gpu_eq (module docstring)
+    # GPU-equivalents beside the raw GPUs, only where equivalents are set (module docstring)
     allocated_eq: float | None = None
     guaranteed_eq: float | None = None
     max_eq: float | None = None
@@ -114,7 +115,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
     resv_m: dict[str, dict[str, int]] = {}
     idle_q: dict[tuple[str, str], int] = {}        # milli-GPUs idle now: a device each, or its share
     owner = by_slot(live)
-    eqs = resolver.config.equivalents() if resolver.config.uses_gpu_eq else None
+    eqs = resolver.config.equivalents() if resolver.config.has_equivalents else None
     eq_m: dict[str, dict[str, int]] = {}           # milli-equivalents (each type's equivalent: thousandths)
     for al in live:
         key = (resolver.queue(al.queue, al.namespace), resolver.gpu_type(al.gpu_model, al.gpu_resource))

@@ -256,6 +256,12 @@ class QueueConfig:
                 return True
         return False
 
+    @property
+    def has_equivalents(self) -> bool:
+        """Whether the views show GPU-equivalents beside raw GPUs: some queue sets ``gpu_eq``, or
+        some type is worth other than 1."""
+        return self.uses_gpu_eq or any(t.equivalent != ONE for t in self.gpu_types.values())
+
     def equivalents(self) -> Mapping[str, Decimal]:
         """GPU type -> its ``equivalent`` (a type not declared is worth 1)."""
         return MappingProxyType({n: t.equivalent for n, t in self.gpu_types.items()})

@@ -12,7 +12,9 @@ from accounting.errors import QueueConfigError
 from accounting.model import Allocation, NodeCapacity
 from accounting.now import NowSnapshot, compute_now
 from accounting.queues import parse_queue_config
+from accounting.model import UsageAgg
 from accounting.resolve import Resolver
+from accounting.usage import usage_rows
 from scheduler.simulator import run_scenario
 
 TYPES = {"H100": {"node_labels": ["NVIDIA-H100-80GB-HBM3"]},
@@ -113,7 +115,7 @@ def test_the_now_view_shows_equivalents_beside_raw_gpus() -> None:
     star = rows[("a", "*")].as_dict()
     assert (star["allocated"], star["allocated_eq"], star["guaranteed_eq"], star["max_eq"]) == (3, 1.5, 4, 8)
     assert rows[("a", "*")].fair_share == pytest.approx(1.5 / 4)
-    plain = cfg({"a": {"guaranteed": {"gpu": 4}}})
+    plain = cfg({"a": {"guaranteed": {"gpu": 4}}}, {"H100": {}, "A100": {"node_labels": ["NVIDIA-A100-SXM4-80GB"]}})
     old = compute_now(NowSnapshot(10.0, als, (node,)), Resolver(plain)).rows
     assert all("allocated_eq" not in x.as_dict() for x in old)
 
@@ -125,3 +127,34 @@ def test_old_configs_decide_as_before() -> None:
     r = run_scenario(s)
     plain = run_scenario({**s, "gpu_types": {"H100": {}, "A100": {}}})
     assert r.events == plain.events and len(admitted(r, 0.0)) == 3
+
+
+def test_cost_per_equivalent_hour() -> None:
+    """An A100 hour at $2 is 0.5 equivalent-hours: $4 per equivalent-hour, as an H100 hour at $4."""
+    types = {"H100": {"price_per_hour": 4.0, "node_labels": ["NVIDIA-H100-80GB-HBM3"]},
+             "A100": {"price_per_hour": 2.0, "equivalent": 0.5, "node_labels": ["NVIDIA-A100-SXM4-80GB"]}}
+    aggs = [UsageAgg("c", "a", "ns", "w", "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu", gpu_seconds=7200.0),
+            UsageAgg("c", "b", "ns", "w", "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu", gpu_seconds=3600.0)]
+    rows = {r.keys[0][1]: r.as_dict() for r in usage_rows(aggs, Resolver(cfg({"a": {}, "b": {}}, types)), ["queue"])}
+    assert (rows["a"]["cost"], rows["a"]["eq_hours"], rows["a"]["cost_per_eq_hour"]) == (4.0, 1.0, 4.0)
+    assert (rows["b"]["cost"], rows["b"]["eq_hours"], rows["b"]["cost_per_eq_hour"]) == (4.0, 1.0, 4.0)
+    plain = {"H100": {"price_per_hour": 4.0}, "A100": {"price_per_hour": 2.0}}
+    old = usage_rows(aggs, Resolver(cfg({"a": {}, "b": {}}, plain)), ["queue"])
+    assert all("eq_hours" not in r.as_dict() for r in old)
+
+
+def test_dashboard_tables_put_equivalents_beside_gpus() -> None:
+    from dashboards.views.cost import table
+    from dashboards.views.queues import _now_table
+
+    usage = {"queue": "a", "gpu_type": "A100", "gpu_seconds": 7200.0, "idle_gpu_seconds": 0.0, "idle_ratio": 0.0,
+             "cost": 4.0, "idle_cost": 0.0}
+    assert "eq_hours" not in table([usage]).columns
+    df = table([{**usage, "eq_hours": 1.0, "cost_per_eq_hour": 4.0}])
+    assert (df.loc[0, "eq_hours"], df.loc[0, "cost_per_eq_hour"]) == (1.0, 4.0)
+    row = {"queue": "a", "allocated": 3, "guaranteed": None, "max": None, "pending": 0, "borrowed": None, "lent": None,
+           "idle": 0, "fair_share": 0.375}
+    assert "allocated (GPU-eq)" not in _now_table([row]).columns
+    eq = _now_table([{**row, "allocated_eq": 1.5, "guaranteed_eq": 4, "max_eq": 8}])
+    cols = list(eq.columns)
+    assert cols.index("allocated (GPU-eq)") == cols.index("max (GPUs)") + 1 and eq.loc[0, "guaranteed (GPU-eq)"] == 4
