@@ -158,3 +158,17 @@ def test_dashboard_tables_put_equivalents_beside_gpus() -> None:
     eq = _now_table([{**row, "allocated_eq": 1.5, "guaranteed_eq": 4, "max_eq": 8}])
     cols = list(eq.columns)
     assert cols.index("allocated (GPU-eq)") == cols.index("max (GPUs)") + 1 and eq.loc[0, "guaranteed (GPU-eq)"] == 4
+
+
+def test_fair_share_is_in_equivalents_where_the_guarantee_is() -> None:
+    from scheduler.model import Node, Placement, Running, Workload
+    from scheduler.quota import Ledger, fair_share
+    from scheduler.snapshot import UNBOUNDED, build_cluster, occupancy_of
+
+    c = build_cluster(cfg({"eq": {"guaranteed": {"gpu_eq": 4}}, "raw": {"guaranteed": {"gpu": 4}}}),
+                      [Node("a", "A100", 8)])
+    assert c.equivalents is not None and "gpu" not in c.guarantee["eq"] and c.gpu_guarantee["eq"] == UNBOUNDED
+    run = [Running(Workload(q, q, pods=4), Placement("A100", (("a", 4),)), 0.0) for q in ("eq", "raw")]
+    ledger = Ledger(occupancy_of(c, run).usage)
+    assert ledger.used("eq", "gpu_eq") == 2 and ledger.used("raw", "gpu_eq") == 2
+    assert fair_share(c, ledger, "eq") == 0.5 and fair_share(c, ledger, "raw") == 1.0   # 2 of 4 eq; 4 of 4 GPUs
