@@ -59,7 +59,7 @@ from typing import Any
 from accounting import queues as _queues
 from accounting.errors import QueueConfigError, QueueNotCreated
 from accounting.queue_rules import _preorder, _show, guarantee_cap
-from accounting.queues import ROOT, GpuType, Placement, Queue, QueueConfig, _resources, _unknown_keys
+from accounting.queues import ROOT, Amount, GpuType, Placement, Queue, QueueConfig, _resources, _unknown_keys
 from gpuq.errors import shown
 
 # a Kubernetes namespace name (DNS-1123 label), which is also a valid queue name
@@ -195,7 +195,7 @@ class NamespaceQueues:
         self.base = base
         self._parents = tuple(q.path for q in _preorder(base) if q.placement is not None)
         self._made: dict[str, Queue] = {}
-        self._held: dict[str, dict[str, int]] = {}     # parent -> guarantees its children hold
+        self._held: dict[str, dict[str, Amount]] = {}     # parent -> guarantees its children hold
         self._lock = threading.Lock()
         self._config: QueueConfig = base
         self._stale = False                              # a queue was made since _config was built
@@ -303,8 +303,8 @@ class NamespaceQueues:
             return q
 
 
-def _guarantees(base: QueueConfig, parent: Queue) -> dict[str, int]:
-    out: dict[str, int] = {}
+def _guarantees(base: QueueConfig, parent: Queue) -> dict[str, Amount]:
+    out: dict[str, Amount] = {}
     for c in parent.children:
         for res, amount in base.queues[c].guaranteed.items():
             out[res] = out.get(res, 0) + amount

@@ -26,6 +26,7 @@ from gpuq.output import render
 QUEUE_COLUMNS = ("queue", "gpu_type", "allocated", "guaranteed", "max", "pending", "fair_share",
                  "effective_max", "borrowed", "lent", "over_quota_share", "idle")
 USAGE_VALUES = ("gpu_seconds", "gpu_hours", "idle_gpu_seconds", "idle_ratio", "cost", "idle_cost", "idle_method")
+USAGE_EQ = ("eq_hours", "cost_per_eq_hour")        # where equivalents are set (accounting.usage)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,7 +109,7 @@ def usage_main(argv: Sequence[str], settings: Any, *, now_s: float | None = None
         finally:
             store.close()
         dicts = [r.as_dict() for r in rows]
-        columns = (*by, *USAGE_VALUES)
+        columns = (*by, *USAGE_VALUES, *(USAGE_EQ if any("eq_hours" in d for d in dicts) else ()))
         out.write(render(columns, [[d[c] for c in columns] for d in dicts], a.format))
         return 0
 
@@ -146,7 +147,11 @@ def queues_main(argv: Sequence[str], settings: Any, *, now_s: float | None = Non
 def _table(view: Any, show: str) -> tuple[tuple[str, ...], list[list[Any]]]:
     cols: tuple[str, ...]
     if show == "queues":
-        return QUEUE_COLUMNS, [[getattr(r, c) for c in QUEUE_COLUMNS] for r in view.rows]
+        cols = QUEUE_COLUMNS
+        if any(r.allocated_eq is not None for r in view.rows):    # equivalents set: beside the raw GPUs
+            at = cols.index("max") + 1
+            cols = (*cols[:at], "allocated_eq", "guaranteed_eq", "max_eq", *cols[at:])
+        return cols, [[getattr(r, c) for c in cols] for r in view.rows]
     if show == "nodes":
         cols = ("cluster", "node", "gpu_type", "capacity", "allocated", "free", "schedulable", "overcommitted")
         return cols, [[getattr(n, c) for c in cols] for n in view.capacity.nodes]

@@ -8,6 +8,14 @@ type in name order. A parent's ``allocated`` and ``pending`` are the sums of its
 ancestry. ``borrowed = max(0, allocated - guaranteed)``, ``lent = max(0, guaranteed - allocated)``.
 ``fair_share`` is the queue's dominant share (same on each of its rows), ``over_quota_share`` its
 water-filled share of that resource (see :mod:`accounting.fairshare`).
+
+GPU-equivalents (issue 19): where equivalents are set (:attr:`QueueConfig.has_equivalents`: a
+queue sets ``gpu_eq``, or a type's ``equivalent`` is not 1),
+each row also carries ``allocated_eq`` (its allocated GPUs times their type's ``equivalent``,
+summed exactly in thousandths), and the ``*`` row ``guaranteed_eq`` and ``max_eq`` (the queue's
+``gpu_eq``, None where not set), beside the raw GPUs; without ``gpu_eq`` the rows carry none of them.
+A queue guaranteed in ``gpu_eq`` (and not in ``gpu``) has its fair share measured in equivalents:
+``allocated_eq / guaranteed_eq`` stands for the ``gpu`` resource's share.
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from accounting.idle import DEFAULT_PARAMS, IdleParams, current
 from accounting.intervals import running
 from accounting.ledger import ADMISSION, by_slot, holder
 from accounting.model import MILLI, Allocation, IdleRun, NodeCapacity, PendingDemand, as_gpus
-from accounting.queues import ROOT
+from accounting.queues import GPU_EQ, ONE, ROOT, Amount
 from accounting.resolve import UNASSIGNED, Resolver
 from accounting.starvation import Starvation, starving
 
@@ -55,9 +63,29 @@ class QueueRow:
     over_quota_share: float
     idle: float
     reserved: float = 0.0      # of allocated: admitted by gpuq, not seen yet (accounting.ledger)
+    # GPU-equivalents beside the raw GPUs, only where equivalents are set (module docstring)
+    allocated_eq: float | None = None
+    guaranteed_eq: float | None = None
+    max_eq: float | None = None
 
     def as_dict(self) -> dict[str, object]:
-        return {s: getattr(self, s) for s in self.__slots__}
+        out = {s: getattr(self, s) for s in self.__slots__}
+        if self.allocated_eq is None:
+            for k in _EQ_KEYS:
+                del out[k]
+        return out
+
+
+_EQ_KEYS = ("allocated_eq", "guaranteed_eq", "max_eq")
+
+
+def _whole(x: Amount | None) -> int | None:
+    """A gpu or gpu/<TYPE> amount (always whole; only gpu_eq may hold thousandths)."""
+    return None if x is None else int(x)
+
+
+def _eq_out(x: Amount | None) -> float | None:
+    return None if x is None else as_gpus(int(x * MILLI))
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +115,13 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
     resv_m: dict[str, dict[str, int]] = {}
     idle_q: dict[tuple[str, str], int] = {}        # milli-GPUs idle now: a device each, or its share
     owner = by_slot(live)
+    eqs = resolver.config.equivalents() if resolver.config.has_equivalents else None
+    eq_m: dict[str, dict[str, int]] = {}           # milli-equivalents (each type's equivalent: thousandths)
     for al in live:
         key = (resolver.queue(al.queue, al.namespace), resolver.gpu_type(al.gpu_model, al.gpu_resource))
         _add(alloc_m, *key, al.counted_milli)
+        if eqs is not None:
+            _add(eq_m, *key, int(al.counted_milli * eqs.get(key[1], ONE)))
         if al.source == ADMISSION:
             _add(resv_m, *key, al.counted_milli)
     for dem in snap.pending:
@@ -102,7 +134,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
             idle_q[k] = idle_q.get(k, 0) + min(held.counted_milli, MILLI)
     config = resolver.config          # read after resolving: with the queues placement rules made
     kids = _tree(resolver, UNASSIGNED in alloc_m or UNASSIGNED in pend_m)
-    for m in (alloc_m, pend_m, resv_m):
+    for m in (alloc_m, pend_m, resv_m, eq_m):
         _roll(m, kids, ROOT)
     alloc, pend, resv = _as_gpus(alloc_m), _as_gpus(pend_m), _as_gpus(resv_m)
     idle_m: dict[str, dict[str, int]] = {}
@@ -122,19 +154,28 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
         cfg = config.queues.get(q) if q != ROOT else None
         a, p = alloc.get(q, {}), pend.get(q, {})
         denominators = {r: _denominator(cfg, q, r, resolver, capacity) for r in resources}
-        fair = dominant_share({r: a.get(r, 0.0) for r in resources}, denominators)
+        in_eq = cfg is not None and GPU_EQ in cfg.guaranteed and "gpu" not in cfg.guaranteed
+        if in_eq and cfg is not None and cfg.guaranteed[GPU_EQ] > 0:     # fair share in equivalents
+            fair = max(dominant_share({r: a.get(r, 0.0) for r in resources[1:]}, denominators),
+                       eq_m.get(q, {}).get("gpu", 0) / MILLI / float(cfg.guaranteed[GPU_EQ]))
+        else:
+            fair = dominant_share({r: a.get(r, 0.0) for r in resources}, denominators)
         for r in resources:
-            g = None if cfg is None else cfg.guaranteed.get(r, 0 if r == "gpu" else None)
+            g = None if cfg is None else _whole(cfg.guaranteed.get(r, None if in_eq or r != "gpu" else 0))
             if q == UNASSIGNED and r == "gpu":
                 g = 0
             used = a.get(r, 0)
+            eq = {} if eqs is None else {
+                "allocated_eq": as_gpus(eq_m.get(q, {}).get(r, 0)),
+                "guaranteed_eq": _eq_out(cfg.guaranteed.get(GPU_EQ)) if cfg is not None and r == "gpu" else None,
+                "max_eq": _eq_out(cfg.max.get(GPU_EQ)) if cfg is not None and r == "gpu" else None}
             rows.append(QueueRow(
                 queue=q, gpu_type="*" if r == "gpu" else r[4:], allocated=used, guaranteed=g,
-                max=None if cfg is None else cfg.max.get(r), effective_max=_effective_max(q, r, resolver),
+                max=None if cfg is None else _whole(cfg.max.get(r)), effective_max=_effective_max(q, r, resolver),
                 pending=p.get(r, 0), borrowed=None if g is None else max(0, used - g),
                 lent=None if g is None else max(0, g - used), fair_share=fair,
                 over_quota_share=oq.get(q, {}).get(r, capacity.get(r, 0.0) if q == ROOT else 0.0),
-                idle=idle_roll.get(q, {}).get(r, 0), reserved=resv.get(q, {}).get(r, 0)))
+                idle=idle_roll.get(q, {}).get(r, 0), reserved=resv.get(q, {}).get(r, 0), **eq))
     dist = distribution(cap, live, {k: as_gpus(v) for k, v in idle_q.items()}, resolver)
     return NowView(now, tuple(rows), cap, dist, starving(rows, snap.pending, resolver, now, starvation_s))
 
@@ -173,7 +214,7 @@ def _preorder(kids: Mapping[str, tuple[str, ...]]) -> list[str]:
 def _effective_max(q: str, r: str, resolver: Resolver) -> int | None:
     limits = [resolver.config.queues[c].max[r] for c in resolver.chain(q)
               if c in resolver.config.queues and r in resolver.config.queues[c].max]
-    return min(limits) if limits else None
+    return _whole(min(limits)) if limits else None
 
 
 def _denominator(cfg: object, q: str, r: str, resolver: Resolver, capacity: Mapping[str, float]) -> float | None:

@@ -17,14 +17,20 @@ from types import MappingProxyType
 from typing import Any
 
 from accounting.errors import QueueConfigError
-from accounting.queues import ROOT, GpuType, Queue, QueueConfig, QueueMapping, _unknown_keys
+import re
+from dataclasses import replace
+from decimal import ROUND_FLOOR, Decimal
+
+from accounting.queues import ROOT, Amount, GpuType, Queue, QueueConfig, QueueMapping, _unknown_keys, thousandths
 from gpuq.errors import shown
 
-_TYPE_KEYS = frozenset({"price_per_hour", "node_labels"})
+_TYPE_KEYS = frozenset({"price_per_hour", "node_labels", "equivalent"})
+# a MIG type's name: <TYPE>-mig-<profile> (accounting.queues, "GPU types")
+_MIG_TYPE = re.compile(r"^(.+)-(?:mig|MIG)-(\d+g\.\d+gb(?:[+-][a-z][a-z.]*)*)$")
 _MAPPING_KEYS = frozenset({"labels", "annotations", "namespaces", "default"})
 
 
-def _show(resource: str, amount: int) -> str:
+def _show(resource: str, amount: Amount) -> str:
     if resource == "cpu":
         return f"cpu {amount / 1000:g}" if amount % 1000 == 0 else f"cpu {amount}m"
     return f"{resource} {amount}"
@@ -38,7 +44,7 @@ def _preorder(config: QueueConfig) -> Iterator[Queue]:
         stack.extend(reversed(q.children))
 
 
-def _limit(config: QueueConfig, path: str, resource: str) -> tuple[str, int] | None:
+def _limit(config: QueueConfig, path: str, resource: str) -> tuple[str, Amount] | None:
     """The nearest ancestor (root excluded) whose max limits ``resource``, with that max."""
     for anc in config.ancestors(path):
         if anc != ROOT and resource in config.queues[anc].max:
@@ -68,7 +74,7 @@ def _check_ancestors(config: QueueConfig, q: Queue, where: str) -> None:
                                        f"{_show(res, amount)} is above the max {lim[1]} of {lim[0]}")
 
 
-def guarantee_cap(q: Queue, res: str) -> tuple[str, int] | None:
+def guarantee_cap(q: Queue, res: str) -> tuple[str, Amount] | None:
     """What bounds the guarantees of ``q``'s children for ``res``: its own guarantee, else its max
     (``(section, amount)``), or None when neither names ``res``."""
     if res in q.guaranteed:
@@ -112,8 +118,10 @@ def parse_gpu_types(raw: Any) -> Mapping[str, GpuType]:
     owner: dict[str, str] = {}
     for name, spec in raw.items():
         where = f"gpu_types.{name}"
-        if not isinstance(name, str) or not name or any(c in name for c in "/. "):
-            raise QueueConfigError(where, "invalid gpu type name (no '/', '.' or spaces)")
+        mig = _MIG_TYPE.match(name) if isinstance(name, str) else None
+        if not isinstance(name, str) or not name or any(c in name for c in "/ ") or ("." in name and not mig):
+            raise QueueConfigError(where, "invalid gpu type name (no '/', '.' or spaces; a '.' only in a MIG "
+                                          "type's profile, <TYPE>-mig-<profile>)")
         spec = {} if spec is None else spec
         if not isinstance(spec, Mapping):
             raise QueueConfigError(where, f"expected a mapping, got {type(spec).__name__}")
@@ -130,8 +138,38 @@ def parse_gpu_types(raw: Any) -> Mapping[str, GpuType]:
             if value in owner and owner[value] != name:
                 raise QueueConfigError(f"{where}.node_labels", f"{shown(value)} already means {owner[value]}")
             owner[value] = name
-        out[name] = GpuType(name=name, price_per_hour=float(price), node_labels=tuple(labels))
+        eq = thousandths(spec["equivalent"], f"{where}.equivalent", positive=True) if "equivalent" in spec else None
+        out[name] = GpuType(name=name, price_per_hour=float(price), node_labels=tuple(labels),
+                            equivalent=Decimal(eq) if eq is not None else Decimal(1),
+                            mig_of=mig.group(1) if mig else "", mig_profile=mig.group(2) if mig else "")
+        if mig and "equivalent" not in spec:
+            out[name] = replace(out[name], equivalent=Decimal(-1))      # filled below, once its GPU is known
+    for name, t in out.items():
+        if t.mig_of:
+            out[name] = _mig_type(t, out, f"gpu_types.{name}")
     return MappingProxyType(out)
+
+
+def _mig_type(t: GpuType, types: Mapping[str, GpuType], where: str) -> GpuType:
+    """A MIG type checked against the type it slices, its default ``equivalent`` filled: the
+    profile's fraction of that GPU times the GPU's equivalent, rounded down to thousandths."""
+    from gpuq.gpu_share import mig_fraction
+
+    base = types.get(t.mig_of)
+    if base is None or base.mig_of:
+        known = ", ".join(sorted(n for n, b in types.items() if not b.mig_of)) or "none"
+        raise QueueConfigError(where, f"a MIG type names the GPU type it slices (<TYPE>-mig-<profile>), and "
+                                      f"{shown(t.mig_of)} is not declared (declared: {known})")
+    product = base.node_labels[0] if base.node_labels else base.name
+    try:
+        fraction = mig_fraction(product, t.mig_profile)
+    except ValueError as exc:
+        raise QueueConfigError(where, str(exc)) from None
+    if t.equivalent >= 0:
+        return t
+    worth = (Decimal(fraction.numerator) / fraction.denominator * base.equivalent).quantize(
+        Decimal("0.001"), rounding=ROUND_FLOOR)
+    return replace(t, equivalent=max(worth, Decimal("0.001")))
 
 
 def _leaf(value: Any, where: str, queues: Mapping[str, Queue]) -> str:

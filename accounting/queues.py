@@ -7,7 +7,9 @@ the YAML path of the first problem (:mod:`accounting.queue_rules` holds the quot
 File layout (every section optional except ``queues``)::
 
     gpu_types:                      # when present, gpu/<TYPE> must name one of these
-      H100: {price_per_hour: 4.0, node_labels: [NVIDIA-H100-80GB-HBM3]}
+      H100: {price_per_hour: 4.0, node_labels: [NVIDIA-H100-80GB-HBM3], equivalent: 1}
+      A100: {price_per_hour: 1.8, node_labels: [NVIDIA-A100-SXM4-80GB], equivalent: 0.5}
+      A100-mig-1g.10gb: {}          # a MIG type: <TYPE>-mig-<profile> (see "GPU types" below)
     mapping:                        # how a pod finds its queue, tried in this order
       labels: [kueue.x-k8s.io/queue-name, queue]
       annotations: [yunikorn.apache.org/queue]
@@ -17,7 +19,7 @@ File layout (every section optional except ``queues``)::
     queues:
       research:
         guaranteed: {gpu: 24}
-        max: {gpu: 80, gpu/H100: 8, cpu: 512, memory: 4Ti}
+        max: {gpu: 80, gpu/H100: 8, gpu_eq: 40, cpu: 512, memory: 4Ti}
         priority: 0
         weight: 2                   # share of idle capacity (over-quota), > 0
         preemption: {fence: true}   # no preemption leaves or enters this subtree
@@ -37,16 +39,39 @@ A quota is a mapping from resource name to an integer amount:
 
 * ``gpu``        GPUs of any type;
 * ``gpu/<TYPE>`` GPUs of that type only (``TYPE`` must be declared in ``gpu_types`` when that
-  section is present);
+  section is present); for a MIG type, slices of that profile;
+* ``gpu_eq``     GPU-equivalents (issue 19): GPUs of any type, each weighed by its type's
+  ``equivalent``, so one quota spans models with their worth (8 H100 at 1.0 or 16 A100 at 0.5
+  are 8); thousandths allowed (``2.5``), kept exact (an int when whole, else a Decimal);
 * ``cpu`` in **millicores** (the file takes ``8`` cores or ``500m``) and ``memory`` in bytes (the
   file takes ``64Gi``, ``1G`` or a plain integer), optional.
 
 ``max``: a resource absent from ``max`` is not limited by this queue (its ancestors' max still
 apply). ``guaranteed``: a resource absent from ``guaranteed`` has a guarantee of 0 for ``gpu``
-(a queue without ``guaranteed`` is guaranteed nothing and does not inherit its parent's); typed
-``gpu/<TYPE>`` and ``cpu``/``memory`` guarantees constrain only where they are given.
+(a queue without ``guaranteed`` is guaranteed nothing and does not inherit its parent's), unless
+the queue's guarantee is given in ``gpu_eq`` (then that is its GPU guarantee, and its raw GPUs are
+bounded only by it); typed ``gpu/<TYPE>`` and ``cpu``/``memory`` guarantees constrain only where
+they are given.
 
-A usage vector uses the same keys: a pod holding 8 H100 counts as ``{"gpu": 8, "gpu/H100": 8}``.
+A usage vector uses the same keys: a pod holding 8 H100 counts as ``{"gpu": 8, "gpu/H100": 8}``,
+and, where some queue sets ``gpu_eq`` (:attr:`QueueConfig.uses_gpu_eq`), also ``"gpu_eq": 8``
+(8 x the H100's equivalent).
+
+GPU types
+---------
+``gpu_types.<TYPE>``: ``price_per_hour`` (the cost of one GPU-hour), ``node_labels`` (the
+``nvidia.com/gpu.product`` values, or MIG resources' profiles, that mean this type) and
+``equivalent``: what one GPU of the type is worth in GPU-equivalents, a positive number of at most
+three decimals (H100 1.0, A100 0.5); 1 when unset.
+
+A **MIG type** is declared by its name, ``<TYPE>-mig-<profile>`` (``A100-mig-1g.10gb``; ``MIG``
+in capitals too), ``<TYPE>`` a type declared in the same section and ``<profile>`` a MIG profile
+(``<N>g.<M>gb``, :mod:`gpuq.gpu_share`); it is the only kind of type name that may hold a ``.``.
+Its GPUs are slices: a MIG resource ``nvidia.com/mig-<profile>`` held on a node of ``<TYPE>``, and
+the nodes' ``<product>-MIG-<profile>`` capacity, resolve to it (:meth:`QueueConfig.type_of_label`),
+so ``gpu/A100-mig-1g.10gb`` counts slices of that profile, as the scheduler places them. Its
+``equivalent`` defaults to its fraction of the GPU (the profile's compute slices, ``1/7`` for a
+``1g``) times ``<TYPE>``'s, rounded down to thousandths (``0.5 / 7`` is 0.071).
 
 Policy: what a workload may ask
 -------------------------------
@@ -74,6 +99,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -83,10 +109,12 @@ from accounting.quantity import cpu_millicores, gpu_count, memory_bytes
 from gpuq.errors import shown
 
 ROOT = "root"
+GPU_EQ = "gpu_eq"                     # the quota resource in GPU-equivalents (module docstring)
 
-Resources = Mapping[str, int]
+Amount = int | Decimal                # ``gpu_eq`` may hold thousandths (an int when whole)
+Resources = Mapping[str, Amount]
 
-_EMPTY: Mapping[str, int] = MappingProxyType({})
+_EMPTY: Mapping[str, Amount] = MappingProxyType({})
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 QUEUE_KEYS = frozenset({"guaranteed", "max", "priority", "weight", "preemption", "strict_fifo", "policy", "queues"})
 TOP_KEYS = frozenset({"queues", "gpu_types", "mapping", "policy"})
@@ -149,12 +177,18 @@ class Queue:
         return not self.children and self.placement is None
 
 
+ONE = Decimal(1)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuType:
     name: str
     price_per_hour: float = 0.0
     # node label values (nvidia.com/gpu.product, MIG profiles) that mean this type
     node_labels: tuple[str, ...] = ()
+    equivalent: Decimal = ONE     # GPU-equivalents one GPU (a MIG type: one slice) of it is worth
+    mig_of: str = ""              # a MIG type: the type it slices ("" for a whole-GPU type)
+    mig_profile: str = ""         # a MIG type: its profile (``1g.10gb``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,20 +224,78 @@ class QueueConfig:
         return tuple(out)
 
     def type_of_label(self, label_value: str) -> str | None:
+        """The type a label value (a product, a MIG profile, a type's name) means. A MIG model
+        (``<product>-MIG-<profile>``, the nodes' MIG capacity) is the MIG type of its product's
+        type and that profile, when declared."""
         for t in self.gpu_types.values():
             if label_value == t.name or label_value in t.node_labels:
                 return t.name
+        from gpuq.gpu_share import base_model, mig_profile_of
+
+        profile = mig_profile_of(label_value)
+        if profile:
+            base = self.type_of_label(base_model(label_value))
+            return self.mig_type(base, profile) if base else None
         return None
 
+    def mig_type(self, base: str, profile: str) -> str | None:
+        """The declared MIG type slicing ``base`` with ``profile``, if any."""
+        for t in self.gpu_types.values():
+            if t.mig_of == base and t.mig_profile == profile:
+                return t.name
+        return None
 
-def _resources(raw: Any, where: str, gpu_types: Mapping[str, GpuType] | None) -> Mapping[str, int]:
+    @property
+    def uses_gpu_eq(self) -> bool:
+        """Whether some queue (or placement template) sets a ``gpu_eq`` guarantee or max: only then
+        do usage vectors carry ``gpu_eq`` (a configuration without it costs nothing more)."""
+        for q in self.queues.values():
+            if GPU_EQ in q.guaranteed or GPU_EQ in q.max:
+                return True
+            if q.placement is not None and (GPU_EQ in q.placement.guaranteed or GPU_EQ in q.placement.max):
+                return True
+        return False
+
+    @property
+    def has_equivalents(self) -> bool:
+        """Whether the views show GPU-equivalents beside raw GPUs: some queue sets ``gpu_eq``, or
+        some type is worth other than 1."""
+        return self.uses_gpu_eq or any(t.equivalent != ONE for t in self.gpu_types.values())
+
+    def equivalents(self) -> Mapping[str, Decimal]:
+        """GPU type -> its ``equivalent`` (a type not declared is worth 1)."""
+        return MappingProxyType({n: t.equivalent for n, t in self.gpu_types.items()})
+
+
+def thousandths(value: Any, where: str, *, positive: bool = False) -> Amount:
+    """A number of at most three decimals, exact: an int when whole, else a Decimal. Refused (naming
+    ``where``): a non-number, a negative one (or 0 when ``positive``), more than three decimals."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise QueueConfigError(where, f"expected a number, got {shown(value)}")
+    try:
+        d = Decimal(value) if isinstance(value, (int, str)) else Decimal(repr(value))
+    except InvalidOperation:
+        raise QueueConfigError(where, f"expected a number, got {shown(value)}") from None
+    if not d.is_finite():
+        raise QueueConfigError(where, f"expected a number, got {shown(value)}")
+    if d < 0 or (positive and d == 0):
+        raise QueueConfigError(where, f"must be {'positive' if positive else 'non-negative'}, got {shown(value)}")
+    if d * 1000 != (d * 1000).to_integral_value():
+        raise QueueConfigError(where, f"at most three decimals (thousandths), got {shown(value)}")
+    return int(d) if d == d.to_integral_value() else d.normalize()
+
+
+def _resources(raw: Any, where: str, gpu_types: Mapping[str, GpuType] | None) -> Resources:
     if raw is None:
         return _EMPTY
     if not isinstance(raw, Mapping):
         raise QueueConfigError(where, f"expected a mapping of resource to amount, got {type(raw).__name__}")
-    out: dict[str, int] = {}
+    out: dict[str, Amount] = {}
     for key, value in raw.items():
         key = str(key)
+        if key == GPU_EQ:
+            out[key] = thousandths(value, f"{where}.{key}")
+            continue
         if key == "gpu" or key.startswith("gpu/"):
             if key.startswith("gpu/") and gpu_types is not None and key[4:] not in gpu_types:
                 known = ", ".join(sorted(gpu_types)) or "none"
@@ -215,7 +307,7 @@ def _resources(raw: Any, where: str, gpu_types: Mapping[str, GpuType] | None) ->
             amount, err = memory_bytes(value)
         else:
             raise QueueConfigError(f"{where}.{key}",
-                                   "unknown resource (expected gpu, gpu/<TYPE>, cpu or memory)")
+                                   "unknown resource (expected gpu, gpu/<TYPE>, gpu_eq, cpu or memory)")
         if err is not None or amount is None:
             raise QueueConfigError(f"{where}.{key}", err or "invalid amount")
         out[key] = amount

@@ -11,7 +11,8 @@ not use is billed to the namespace's queue, never to the one it named. Otherwise
 under :data:`UNASSIGNED`, a pseudo-queue below the root, so nothing allocated goes uncounted.
 Without any configured queue (no queue file) the collected names are used as they are.
 
-GPU type: a MIG resource (``nvidia.com/mig-1g.10gb``) is looked up by its profile, then the
+GPU type: a MIG resource (``nvidia.com/mig-1g.10gb``) is looked up by its profile, then as the
+declared MIG type of the node's GPU type and that profile (``A100-mig-1g.10gb``), then the
 ``gpu_model`` product label via ``gpu_types.<T>.node_labels``; an unknown model keeps its own
 name, and an empty one becomes ``unknown``.
 """
@@ -88,7 +89,11 @@ class Resolver:
 
     def _gpu_type(self, gpu_model: str, gpu_resource: str) -> str:
         if gpu_resource.startswith(_MIG):
+            profile = gpu_resource[len(_MIG):].removesuffix(".shared")
             found = self.config.type_of_label(gpu_resource[len(_MIG):]) or self.config.type_of_label(gpu_resource)
+            if not found:                     # a declared MIG type of the node's GPU (<TYPE>-mig-<profile>)
+                base = self.config.type_of_label(gpu_model)
+                found = self.config.mig_type(base, profile) if base else None
             if found:
                 return found
         return self.config.type_of_label(gpu_model) or gpu_model or UNKNOWN_TYPE

@@ -46,8 +46,8 @@ def queue_series(allocs: Iterable[Allocation], resolver: Resolver, window: Windo
     out = []
     for q in sorted(queues):
         cfg = resolver.config.queues.get(q)
-        g = cfg.guaranteed.get("gpu", 0) if cfg else 0
-        m = cfg.max.get("gpu") if cfg else None
+        g = int(cfg.guaranteed.get("gpu", 0)) if cfg else 0      # gpu amounts are whole (gpu_eq may not be)
+        m = int(cfg.max["gpu"]) if cfg and "gpu" in cfg.max else None
         row = sums.get(q, [0.0] * n)
         for i in range(n):
             b0 = window.start_s + i * step_s

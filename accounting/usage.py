@@ -2,7 +2,11 @@
 
 Input is :class:`UsageAgg` rows (GPU-seconds from the store's aggregation or from
 :func:`accounting.intervals.to_aggs`, idle GPU-seconds from :mod:`accounting.idle` or the store).
-Cost is GPU-hours times the type's ``price_per_hour`` (0 for a type without a price).
+Cost is GPU-hours times the type's ``price_per_hour`` (0 for a type without a price). Where
+equivalents are set (:attr:`accounting.queues.QueueConfig.has_equivalents`), each row also has
+``eq_hours`` (GPU-hours times the type's ``equivalent``) and ``cost_per_eq_hour`` (its cost over
+them: what one H100-worth of GPU time cost, whatever the models), so queues on different models
+compare; without equivalents the rows are as before.
 ``idle_method`` names how the row's idle was measured (:func:`accounting.idle.idle_method`; the
 distinct methods of its allocations, ``,``-joined; empty for rows read from materialised hours,
 which do not keep it).
@@ -31,6 +35,7 @@ class UsageRow:
     cost: float
     idle_cost: float
     idle_method: str = ""                  # how idle was measured (accounting.idle.idle_method), "," joined
+    eq_seconds: float | None = None        # GPU-equivalent-seconds, where equivalents are set
 
     def as_dict(self) -> dict[str, Any]:
         return {**dict(self.keys), "gpu_seconds": round(self.gpu_seconds, 3),
@@ -38,7 +43,13 @@ class UsageRow:
                 "idle_gpu_seconds": round(self.idle_gpu_seconds, 3),
                 "idle_ratio": round(self.idle_gpu_seconds / self.gpu_seconds, 6) if self.gpu_seconds else 0.0,
                 "cost": round(self.cost, 6), "idle_cost": round(self.idle_cost, 6),
-                "idle_method": self.idle_method}
+                "idle_method": self.idle_method, **self._eq()}
+
+    def _eq(self) -> dict[str, Any]:
+        if self.eq_seconds is None:
+            return {}
+        return {"eq_hours": round(self.eq_seconds / 3600.0, 6),
+                "cost_per_eq_hour": round(self.cost / (self.eq_seconds / 3600.0), 6) if self.eq_seconds else None}
 
 
 def check_by(by: Sequence[str]) -> tuple[str, ...]:
@@ -54,23 +65,26 @@ def usage_rows(aggs: Iterable[UsageAgg], resolver: Resolver, by: Sequence[str],
     by = check_by(by)
     sums: dict[tuple[str, ...], list[float]] = {}
     methods: dict[tuple[str, ...], list[str]] = {}
+    eqs = resolver.config.equivalents() if resolver.config.has_equivalents else None
     for a in aggs:
         gtype = resolver.gpu_type(a.gpu_model, a.gpu_resource)
         queue = resolver.queue(a.queue, a.namespace)
         price = resolver.price_per_hour(gtype) / 3600.0
+        worth = float(eqs.get(gtype, 1)) if eqs is not None else 0.0
         values = {"cluster": a.cluster, "gpu_type": gtype, "namespace": a.namespace, "workload": a.workload}
         queues = resolver.chain(queue) if rollup else (queue,)
         for q in queues:
             values["queue"] = q
             key = tuple(values[k] for k in by)
-            acc = sums.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+            acc = sums.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0.0])
             acc[0] += a.gpu_seconds
             acc[1] += a.idle_gpu_seconds
             acc[2] += a.gpu_seconds * price
             acc[3] += a.idle_gpu_seconds * price
+            acc[4] += a.gpu_seconds * worth
             methods.setdefault(key, []).append(a.idle_method)
             if "queue" not in by:
                 break
     return tuple(UsageRow(tuple(zip(by, k)), gpu_seconds=g, idle_gpu_seconds=i, cost=c, idle_cost=ic,
-                          idle_method=join_methods(methods[k]))
-                 for k, (g, i, c, ic) in sorted(sums.items()))
+                          idle_method=join_methods(methods[k]), eq_seconds=None if eqs is None else e)
+                 for k, (g, i, c, ic, e) in sorted(sums.items()))

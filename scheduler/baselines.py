@@ -99,7 +99,7 @@ def _admit(cluster: Cluster, ledger: Ledger, index: FreeIndex, w: Workload,
         room = (t, w.gpus_per_pod, w.pods)
         if room in no_room:
             continue
-        vec = demand(w, t)
+        vec = demand(w, t, cluster.equivalents)
         if over_max(cluster, ledger, w.queue, vec) is not None:
             continue
         p = index.place(t, w.gpus_per_pod, w.pods)

@@ -33,7 +33,7 @@ the snapshot, kept because recomputing it would cost a pass over the backlog.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from types import MappingProxyType
 from typing import NamedTuple, final
@@ -67,7 +67,8 @@ from scheduler.ordering import QueueKey, grouped, queue_key
 from scheduler.placement import FreeIndex, node_slots
 from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
 from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_guarantee_pinned, over_max
-from scheduler.snapshot import PINNED, Cluster, Snapshot, demand
+from accounting.queues import GPU_EQ
+from scheduler.snapshot import PINNED, UNBOUNDED, Cluster, Snapshot, demand
 from scheduler.verdicts import (
     AllFull,
     AwaitingDelay,
@@ -137,7 +138,7 @@ class _Cycle:
             table = self.memo.queues = QueueTable(
                 frozenset(c.config.leaves()),
                 frozenset(q for q, cfg in c.config.queues.items() if cfg.strict_fifo),
-                {q: g["gpu"] for q, g in c.guarantee.items()})
+                dict(c.gpu_guarantee))
         self.leaves, self.strict, self.guarantees = table
         self.qchanges: QueueChanges = {}        # what this cycle's grouping changed (schedule sets it)
         self.fit_lists = self.memo.fit_lists
@@ -358,13 +359,13 @@ class _Cycle:
         pinned_only = fit.pinned
         for t in fit.types:
             if fit.pinned:
-                short = over_guarantee_pinned(cluster, ledger, w.queue, demand(w, t))
+                short = over_guarantee_pinned(cluster, ledger, w.queue, demand(w, t, cluster.equivalents))
                 if short is not None:
                     misses.append(reasons.pinned_over(short))
                     continue
             miss = self.no_room.get((t, k, pods))
             if miss is None:
-                vec = demand(w, t)
+                vec = demand(w, t, cluster.equivalents)
                 short = over_max(cluster, ledger, w.queue, vec)
                 if short is not None:
                     misses.append(reasons.quota_max(short))
@@ -405,15 +406,16 @@ class _Cycle:
         if code is ReasonCode.NON_PREEMPTIBLE_OVER_GUARANTEE:
             return miss                # its queue holds at least that much: above its guarantee too
         cluster, ledger = self.cluster, self.ledger
-        used, g = ledger.used(w.queue, "gpu"), cluster.guarantee[w.queue]["gpu"]
+        used, g = ledger.used(w.queue, "gpu"), cluster.gpu_guarantee[w.queue]
         if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no
             return Settled(code, f"{message}; {self._not_eligible(w.queue, used, w.gpus, g)}")
         types = fit.types
-        if len(cluster.guarantee[w.queue]) == 1:     # a gpu guarantee only: just checked, on every type
+        if len(cluster.guarantee[w.queue]) == 1 and g != UNBOUNDED:   # a gpu guarantee only: just checked
             return _MayPreempt(message, types, self.snap.settings.preemption_delay_s)
-        eligible = [t for t in types if over_guarantee(cluster, ledger, w.queue, demand(w, t)) is None]
+        eq = cluster.equivalents
+        eligible = [t for t in types if over_guarantee(cluster, ledger, w.queue, demand(w, t, eq)) is None]
         if not eligible:
-            short = over_guarantee(cluster, ledger, w.queue, demand(w, types[0]))
+            short = over_guarantee(cluster, ledger, w.queue, demand(w, types[0], eq))
             assert short is not None
             return Settled(code, f"{message}; {reasons.not_eligible(short)}")
         return _MayPreempt(message, tuple(eligible), self.snap.settings.preemption_delay_s)
@@ -428,16 +430,18 @@ class _Cycle:
             if result.fenced:
                 return Settled(ReasonCode.FENCED, f"{pre.message}; {reasons.fenced(result.fenced)}")
             return Settled(ReasonCode.NO_VICTIMS, f"{pre.message}; {reasons.no_victims(result.considered)}")
-        vec = demand(w, result.gpu_type)
+        vec = demand(w, result.gpu_type, cluster.equivalents)
         placement = self.index.place(result.gpu_type, w.gpus_per_pod, w.pods)
         assert placement is not None, "a preemption plan always leaves room for its preemptor"
-        holds, g = ledger.used(w.queue, "gpu"), cluster.guarantee[w.queue]["gpu"]
+        basis = "gpu" if cluster.gpu_guarantee[w.queue] != UNBOUNDED else GPU_EQ   # what its guarantee is in
+        holds, g = ledger.used(w.queue, basis), cluster.guarantee[w.queue][basis]
+        needed = w.gpus if basis == "gpu" else dict(vec)[GPU_EQ]
         ledger.add(cluster.chains[w.queue], vec)
         victims = tuple(r.workload.id for r in result.victims)
         self.no_room.clear()
         self.all_full = {}               # a new one: parts built earlier keep reading the old one
         self.preemptions.append(
-            Preemption(w.id, w.queue, victims, reasons.preempted(w.queue, holds, w.gpus, g))
+            Preemption(w.id, w.queue, victims, reasons.preempted(w.queue, holds, needed, g, basis))
         )
         admission = Admission(w, placement, victims)
         self.admissions.append(admission)
@@ -473,11 +477,11 @@ _SHAPE: Callable[[Workload], Shape] = attrgetter(
 def _facts(cluster: Cluster, queue: str) -> QueueFacts:
     facts = cluster.memo.facts.get(queue)
     if facts is None:
-        caps: dict[str, int] = {}
+        caps: dict[str, Gpus] = {}
         for q in cluster.chains[queue]:
             for key, m in cluster.config.queues[q].max.items():
                 caps[key] = min(m, caps.get(key, m))
-        why_not = reasons.above_guarantee_parts(queue, "gpu", cluster.guarantee[queue]["gpu"])
+        why_not = reasons.above_guarantee_parts(queue, "gpu", cluster.gpu_guarantee[queue])
         facts = cluster.memo.facts[queue] = QueueFacts({}, caps, why_not)
     return facts
 
@@ -590,7 +594,7 @@ class _Quiet(_Part):
             if rec is not None and rec.lst is lst and rec.preemption is pre and rec.used == used \
                     and rec.pinned == pinned and rec.rooms == rooms:
                 return rec.reasons
-        g = cluster.guarantee[q]["gpu"]
+        g = cluster.gpu_guarantee[q]
         vs: list[Verdict] = []
         v: Verdict | None
         for w in lst:
@@ -661,13 +665,13 @@ def never_fits(cluster: Cluster, w: Workload) -> str | None:
     return _never_fits(cluster, w, acceptable_types(cluster, w), _facts(cluster, w.queue).caps)
 
 
-def _never_fits(cluster: Cluster, w: Workload, types: tuple[str, ...], caps: dict[str, int]) -> str | None:
+def _never_fits(cluster: Cluster, w: Workload, types: tuple[str, ...], caps: Mapping[str, Gpus]) -> str | None:
     if not types:
         return reasons.no_type(w)
     why: list[str] = []
     floor = cluster.guarantee[w.queue] if not w.preemptible else None
     for t in types:
-        vec = demand(w, t)
+        vec = demand(w, t, cluster.equivalents)
         for key, amt in vec:
             cap = caps.get(key)
             if cap is not None and amt > cap:       # some max on the chain is below it: which one

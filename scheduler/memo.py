@@ -58,7 +58,7 @@ class QueueFacts(NamedTuple):
     :func:`scheduler.reasons.above_guarantee_parts` for its gpu guarantee."""
 
     fits: dict[Shape, Fit]
-    caps: dict[str, int]
+    caps: dict[str, Gpus]
     why_not: tuple[str, str]
 
 

@@ -24,9 +24,11 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from itertools import compress
 from typing import NamedTuple
 
+from accounting.queues import GPU_EQ
 from scheduler.memo import CandidateOrder, CycleMemo
 from scheduler.model import Running, Workload
 from scheduler.placement import FreeIndex
@@ -54,21 +56,24 @@ def candidates(cluster: Cluster, ledger: Ledger, running: Sequence[Running],
     its gpu guarantee), in candidate order. With ``memo`` (the cluster's), every preemptible
     running workload is kept in candidate order from one call to the next and only what started
     or stopped since is placed (:func:`_in_order`)."""
-    g = cluster.guarantee
-    over = {q for q in cluster.chains if ledger.used(q, "gpu") > g[q]["gpu"]}
+    g, eq = cluster.gpu_guarantee, cluster.equivalents
+    over = {q for q in cluster.chains if ledger.used(q, "gpu") > g[q]}
+    if eq is not None:                 # a queue above its gpu_eq guarantee lends too
+        ge = cluster.guarantee
+        over |= {q for q in cluster.chains if GPU_EQ in ge[q] and ledger.used(q, GPU_EQ) > ge[q][GPU_EQ]}
     if memo is not None:
-        return [c for c in _in_order(memo, running) if c.queue in over]
+        return [c for c in _in_order(memo, running, eq) if c.queue in over]
     rs = [r for r in running if r.workload.preemptible and r.workload.queue in over]
     rs.sort(key=candidate_key)
-    return [_candidate(r) for r in rs]
+    return [_candidate(r, eq) for r in rs]
 
 
-def _candidate(r: Running) -> Candidate:
+def _candidate(r: Running, eq: Mapping[str, Decimal] | None) -> Candidate:
     w = r.workload
-    return Candidate(w.id, w.queue, w.priority, r.placement.gpu_type, demand(w, r.placement.gpu_type), r)
+    return Candidate(w.id, w.queue, w.priority, r.placement.gpu_type, demand(w, r.placement.gpu_type, eq), r)
 
 
-def _in_order(memo: CycleMemo, running: Sequence[Running]) -> list[Candidate]:
+def _in_order(memo: CycleMemo, running: Sequence[Running], eq: Mapping[str, Decimal] | None) -> list[Candidate]:
     """Every preemptible one of ``running`` as a :class:`Candidate`, in candidate order, kept in
     ``memo.candidates`` (:class:`~scheduler.memo.CandidateOrder`) and updated by the ids that came and went (a set difference at C speed, then a
     bisection per change): the same list as sorting them all, at a cost that follows the change."""
@@ -88,13 +93,13 @@ def _in_order(memo: CycleMemo, running: Sequence[Running]) -> list[Candidate]:
                     key = candidate_key(r)
                     k = bisect_left(keys, key)
                     keys.insert(k, key)
-                    c = _candidate(r)
+                    c = _candidate(r, eq)
                     cands.insert(k, c)
                     by_id[id(r)] = c
             memo.candidates = CandidateOrder(running, ids, keys, cands, by_id)
             return cands
     rs = sorted((r for r in running if r.workload.preemptible), key=candidate_key)
-    cands = [_candidate(r) for r in rs]
+    cands = [_candidate(r, eq) for r in rs]
     if len(ids) == len(running):
         memo.candidates = CandidateOrder(running, ids, [candidate_key(r) for r in rs], cands,
                                          {id(c.running): c for c in cands})
@@ -212,7 +217,7 @@ def plan(
     ineligible: Shortfall | None = None
     considered = fenced = 0
     for t in types:
-        vec = demand(w, t)
+        vec = demand(w, t, cluster.equivalents)
         s = over_guarantee(cluster, ledger, w.queue, vec)
         if s is not None:
             ineligible = ineligible or s

@@ -23,7 +23,7 @@ _INF = float("inf")
 class Shortfall:
     queue: str
     resource: str
-    limit: int        # the max (or guarantee) that fails
+    limit: Gpus       # the max (or guarantee) that fails (gpu_eq may hold thousandths)
     used: Gpus        # the queue's usage of ``resource`` now
     needed: Gpus      # the amount asked for (or taken away)
 
@@ -140,11 +140,11 @@ def fair_share(cluster: Cluster, ledger: Ledger, queue: str) -> float:
     return share_of(cluster.guarantee[queue], ledger.of(queue))
 
 
-def share_of(guarantee: Mapping[str, int], used: Mapping[str, Gpus]) -> float:
+def share_of(guarantee: Mapping[str, Gpus], used: Mapping[str, Gpus]) -> float:
     """:func:`fair_share` of a queue with this guarantee and usage."""
     share = 0.0
     for key, g in guarantee.items():
         u = used.get(key, 0)
         if u > 0:
-            share = max(share, float(u) / g if g > 0 else _INF)
+            share = max(share, float(u) / (g if type(g) is int else float(g)) if g > 0 else _INF)
     return share

@@ -64,14 +64,14 @@ def not_eligible(s: Shortfall) -> str:
     return above_guarantee(s.queue, s.used + s.needed, s.resource, s.limit)
 
 
-def above_guarantee(queue: str, would_hold: Gpus, resource: str, guaranteed: int) -> str:
+def above_guarantee(queue: str, would_hold: Gpus, resource: str, guaranteed: Gpus) -> str:
     head, tail = above_guarantee_parts(queue, resource, guaranteed)
     return f"{head}{_n(would_hold)}{tail}"
 
 
-def above_guarantee_parts(queue: str, resource: str, guaranteed: int) -> tuple[str, str]:
+def above_guarantee_parts(queue: str, resource: str, guaranteed: Gpus) -> tuple[str, str]:
     """:func:`above_guarantee` as the text before and after ``would_hold``, for a loop over one queue."""
-    return f"no preemption: queue {queue} would hold ", f" {resource}, above its guaranteed {guaranteed}"
+    return f"no preemption: queue {queue} would hold ", f" {resource}, above its guaranteed {_n(guaranteed)}"
 
 
 def pinned_over(s: Shortfall) -> str:
@@ -100,6 +100,6 @@ def strict_fifo(head: Workload, queue: str) -> str:
     return f"behind {head.id} (priority {head.priority}) in strict FIFO queue {queue}"
 
 
-def preempted(queue: str, s_used: Gpus, needed: Gpus, guaranteed: int) -> str:
-    return (f"reclaim guaranteed for {queue}: holds {_n(s_used)} of guaranteed {guaranteed} gpu, "
+def preempted(queue: str, s_used: Gpus, needed: Gpus, guaranteed: Gpus, resource: str = "gpu") -> str:
+    return (f"reclaim guaranteed for {queue}: holds {_n(s_used)} of guaranteed {_n(guaranteed)} {resource}, "
             f"needs {_n(needed)}")

@@ -16,7 +16,7 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
 
-from accounting.queues import QueueConfig
+from accounting.queues import GPU_EQ, QueueConfig
 from scheduler.errors import SnapshotError
 from scheduler.memo import CycleMemo
 from scheduler.model import Gpus, Node, Running, Workload, exact
@@ -44,8 +44,13 @@ class Cluster:
     type_cap: Mapping[str, int]                  # most GPUs on one node of the type
     type_sizes: Mapping[str, tuple[tuple[int, int], ...]]   # (GPUs per node, nodes) per type
     chains: Mapping[str, tuple[str, ...]]        # queue -> (queue, parent, ..., root)
-    guarantee: Mapping[str, Mapping[str, int]]   # effective guarantees (gpu defaults to 0)
+    guarantee: Mapping[str, Mapping[str, Gpus]]  # effective guarantees (gpu defaults to 0, unless gpu_eq given)
     fences: Mapping[str, frozenset[str]]         # fenced queues on each queue's chain
+    # the raw gpu guarantee the cycle's quick checks read: the ``gpu`` guarantee, or UNBOUNDED for a
+    # queue guaranteed in ``gpu_eq`` only (its raw GPUs are bounded by gpu_eq, checked in full)
+    gpu_guarantee: Mapping[str, int]
+    # GPU type -> equivalent, only when some queue sets gpu_eq (then demand() carries gpu_eq)
+    equivalents: Mapping[str, Decimal] | None = None
     # what cycles keep across cycles (scheduler.cycle; every field named in scheduler.memo): pure
     # functions of the fields above (static fits per queue and gang shape), of the last snapshots
     # (updated from what changed) and each pending workload's last reason, reused only while
@@ -65,12 +70,15 @@ def build_cluster(config: QueueConfig, nodes: Iterable[Node]) -> Cluster:
         index[n.name] = i
         type_nodes.setdefault(n.gpu_type, []).append(i)
     chains: dict[str, tuple[str, ...]] = {}
-    guarantee: dict[str, Mapping[str, int]] = {}
+    guarantee: dict[str, Mapping[str, Gpus]] = {}
+    gpu_guarantee: dict[str, int] = {}
     fences: dict[str, frozenset[str]] = {}
     for path, q in config.queues.items():
         chain = (path, *config.ancestors(path))
         chains[path] = chain
-        guarantee[path] = MappingProxyType({"gpu": 0, **q.guaranteed})
+        in_eq = GPU_EQ in q.guaranteed and "gpu" not in q.guaranteed
+        guarantee[path] = MappingProxyType(dict(q.guaranteed) if in_eq else {"gpu": 0, **q.guaranteed})
+        gpu_guarantee[path] = UNBOUNDED if in_eq else int(q.guaranteed.get("gpu", 0))
         fences[path] = frozenset(c for c in chain if config.queues[c].preemption_fence)
     return Cluster(
         config=config,
@@ -85,6 +93,8 @@ def build_cluster(config: QueueConfig, nodes: Iterable[Node]) -> Cluster:
         chains=MappingProxyType(chains),
         guarantee=MappingProxyType(guarantee),
         fences=MappingProxyType(fences),
+        gpu_guarantee=MappingProxyType(gpu_guarantee),
+        equivalents=config.equivalents() if config.uses_gpu_eq else None,
     )
 
 
@@ -94,14 +104,20 @@ def build_cluster(config: QueueConfig, nodes: Iterable[Node]) -> Cluster:
 # lets the ledger, the occupancy and the simulator carry it as they carry any resource. No max
 # or guarantee names such a key, so the other checks never see it.
 PINNED = "non-preemptible:"
+UNBOUNDED = 2**62          # Cluster.gpu_guarantee of a queue guaranteed in gpu_eq only: never binds
+_ONE = Decimal(1)
 
 
-def demand(w: Workload, gpu_type: str) -> tuple[tuple[str, Gpus], ...]:
+def demand(w: Workload, gpu_type: str, eq: Mapping[str, Decimal] | None = None) -> tuple[tuple[str, Gpus], ...]:
     """The usage vector of ``w`` running on ``gpu_type``: ``gpu``, ``gpu/<type>``, cpu, memory;
     for a non-preemptible ``w`` each again under :data:`PINNED`. A gang of shares counts its
-    shares (``4 x 0.25`` is 1 GPU), exactly."""
+    shares (``4 x 0.25`` is 1 GPU), exactly. ``eq``: :attr:`Cluster.equivalents`, given only
+    where some queue sets ``gpu_eq``; then ``gpu_eq`` too, the GPUs times the type's equivalent
+    (a type not declared is worth 1), exact."""
     n = w.pods * w.gpus_per_pod
     vec: tuple[tuple[str, Gpus], ...] = (("gpu", n), ("gpu/" + gpu_type, n))
+    if eq is not None:
+        vec += ((GPU_EQ, exact(n * eq.get(gpu_type, _ONE))),)
     if w.cpu_millicores_per_pod:
         vec += (("cpu", w.cpu_millicores_per_pod * w.pods),)
     if w.memory_per_pod_bytes:
@@ -211,7 +227,7 @@ def occupancy_after(
             chain = cluster.chains.get(w.queue)
             if chain is None:
                 raise SnapshotError(f"workload {w.id}", f"unknown queue {w.queue}")
-            vec = demand(w, r.placement.gpu_type)
+            vec = demand(w, r.placement.gpu_type, cluster.equivalents)
             for q in chain:
                 d = copied.get(q)
                 if d is None:

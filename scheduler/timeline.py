@@ -59,7 +59,8 @@ from scheduler.model import Decisions, Gpus, Placement, Running, Workload
 from scheduler.ordering import QueueKey, queue_key
 from scheduler.placement import FreeIndex
 from scheduler.quota import Ledger, below_floor, over_guarantee, over_guarantee_pinned, over_max
-from scheduler.snapshot import Cluster, Snapshot, demand
+from accounting.queues import GPU_EQ
+from scheduler.snapshot import UNBOUNDED, Cluster, Snapshot, demand
 
 LOW, MID, HIGH = 0.1, 0.5, 0.9
 """The forecast's quantiles (p10, p50, p90): the paths' duration levels (:class:`_Quantiles`)."""
@@ -311,14 +312,15 @@ class _Run:
     def _track(self, q: str) -> None:
         """``q``'s usage changed: its place among the queues below and above their guarantee, and
         in the queue heap (its key)."""
-        used, g = self.ledger.used(q, "gpu"), self.cluster.guarantee[q].get("gpu", 0)
+        key = "gpu" if self.cluster.gpu_guarantee[q] != UNBOUNDED else GPU_EQ   # what its guarantee is in
+        used, g = self.ledger.used(q, key), self.cluster.guarantee[q].get(key, 0)
         (self.over.add if used > g else self.over.discard)(q)
         (self.below.add if used < g else self.below.discard)(q)
         self.keys.pop(q, None)
         self.push(q)
 
     def start(self, w: Workload, placement: Placement, t: float) -> None:
-        self.ledger.add(self.cluster.chains[w.queue], demand(w, placement.gpu_type))
+        self.ledger.add(self.cluster.chains[w.queue], demand(w, placement.gpu_type, self.cluster.equivalents))
         self._track(w.queue)
         self.fit.clear()
         self.slots.clear()
@@ -345,7 +347,7 @@ class _Run:
         r, end, _ = self.running.pop(wid)
         w = r.workload
         self.free.release(r.placement)
-        self.ledger.remove(self.cluster.chains[w.queue], demand(w, r.placement.gpu_type))
+        self.ledger.remove(self.cluster.chains[w.queue], demand(w, r.placement.gpu_type, self.cluster.equivalents))
         self._track(w.queue)
         self.own[w.queue] = self.own.get(w.queue, 0) + 1
         self.fit.clear()
@@ -400,7 +402,7 @@ class _Run:
         for t_ in types:
             if not self.free.fits(t_, w.gpus_per_pod, w.pods):
                 continue
-            vec = demand(w, t_)
+            vec = demand(w, t_, self.cluster.equivalents)
             if over_max(self.cluster, self.ledger, w.queue, vec) is not None:
                 continue
             # the core's rule of issue 17: non-preemptible work only within its queue's guarantee
@@ -420,7 +422,7 @@ class _Run:
         if not over:
             return None
         for t_ in acceptable_types(cluster, w):
-            vec = demand(w, t_)
+            vec = demand(w, t_, cluster.equivalents)
             if over_guarantee(cluster, ledger, w.queue, vec) is not None:
                 continue
             if not w.preemptible and over_guarantee_pinned(cluster, ledger, w.queue, vec) is not None:
@@ -438,7 +440,7 @@ class _Run:
                 g = guarantee[vq].get("gpu", 0)
                 if ledger.used(vq, "gpu") - r.workload.pods * r.workload.gpus_per_pod < g:
                     continue                  # its queue at its floor (below_floor's first test, quickly)
-                vv = demand(r.workload, t_)
+                vv = demand(r.workload, t_, cluster.equivalents)
                 if below_floor(cluster, ledger, vq, vv, shared) is not None:
                     continue
                 ledger.remove(chains[r.workload.queue], vv)
@@ -452,11 +454,11 @@ class _Run:
                     break
             if not ok:
                 for r in reversed(taken):
-                    ledger.add(chains[r.workload.queue], demand(r.workload, t_))
+                    ledger.add(chains[r.workload.queue], demand(r.workload, t_, cluster.equivalents))
                     free.take(r.placement)
                 continue
             for r in taken:                 # undo the trial; stop() applies it for real
-                ledger.add(chains[r.workload.queue], demand(r.workload, t_))
+                ledger.add(chains[r.workload.queue], demand(r.workload, t_, cluster.equivalents))
                 free.take(r.placement)
             for r in taken:
                 self.stop(r.workload.id, t, finished=False)

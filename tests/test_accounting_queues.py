@@ -55,7 +55,7 @@ INVALID = [
      "queues.prod.max.gpu/H200: unknown gpu type 'H200' (declared: A100, H100)"),
     ("unknown-resource",
      q({"prod": {"max": {"gpus": 8}}}),
-     "queues.prod.max.gpus: unknown resource (expected gpu, gpu/<TYPE>, cpu or memory)"),
+     "queues.prod.max.gpus: unknown resource (expected gpu, gpu/<TYPE>, gpu_eq, cpu or memory)"),
     ("unknown-queue-key",
      q({"prod": {"guarantee": {"gpu": 8}}}),
      ("queues.prod.guarantee: unknown key (expected one of guaranteed, max, namespaces, placement, "
@@ -87,7 +87,7 @@ INVALID = [
     ("negative-price", {"gpu_types": {"H100": {"price_per_hour": -1}}, "queues": {}},
      "gpu_types.H100.price_per_hour: must not be negative, got -1"),
     ("unknown-type-key", {"gpu_types": {"H100": {"price": 1}}, "queues": {}},
-     "gpu_types.H100.price: unknown key (expected one of node_labels, price_per_hour)"),
+     "gpu_types.H100.price: unknown key (expected one of equivalent, node_labels, price_per_hour)"),
     ("label-two-types", {"gpu_types": {"H100": {"node_labels": ["X"]}, "H200": {"node_labels": ["X"]}},
                          "queues": {}},
      "gpu_types.H200.node_labels: 'X' already means H100"),

@@ -276,3 +276,18 @@ def test_live_segments(window: tuple[int, int], done: list[int], stored: list, l
 
     s, lv = live_segments(Window(*window), [float(h) for h in done])
     assert [(w.start_s, w.end_s) for w in s] == stored and [(w.start_s, w.end_s) for w in lv] == live
+
+
+def test_queues_cli_shows_equivalents_beside_gpus(filled: str, tmp_path: Path) -> None:
+    """gpuq queues with gpu_eq set (issue 19): allocated_eq, guaranteed_eq and max_eq right after max."""
+    import copy
+
+    q = copy.deepcopy(BASE_QUEUES)
+    q["gpu_types"]["A100"]["equivalent"] = 0.5
+    q["queues"]["prod"] = {"guaranteed": {"gpu_eq": 28}, "max": {"gpu_eq": 40}, "weight": 3}
+    rows = run_json(queues_main, ["--format", "json"], settings_for(filled, tmp_path, q))
+    assert list(rows[0])[5:8] == ["allocated_eq", "guaranteed_eq", "max_eq"]
+    by = {(r["queue"], r["gpu_type"]): r for r in rows}
+    assert (by[("prod", "*")]["guaranteed_eq"], by[("prod", "*")]["max_eq"]) == (28, 40)
+    v = by[("research.vision", "*")]
+    assert v["allocated_eq"] == 8 and v["guaranteed_eq"] is None      # 8 H100, each worth 1

@@ -107,7 +107,7 @@ INVALID = [
     ("template-guarantee-above-its-max", with_("queues.tenants.placement.template.guaranteed", {"gpu": 9}),
      "queues.tenants.placement.template.max: gpu 8 is below guaranteed 9"),
     ("template-unknown-resource", with_("queues.tenants.placement.template.max", {"gpus": 8}),
-     "queues.tenants.placement.template.max.gpus: unknown resource (expected gpu, gpu/<TYPE>, cpu or memory)"),
+     "queues.tenants.placement.template.max.gpus: unknown resource (expected gpu, gpu/<TYPE>, gpu_eq, cpu or memory)"),
 ]
 
 

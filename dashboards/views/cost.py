@@ -16,12 +16,19 @@ def page() -> None:
     run("Cost", "Who used how many GPU-hours, how many of them idle, and what did it cost?", body)
 
 
+EQ_COLUMNS = ["eq_hours", "cost_per_eq_hour"]     # where the queue file sets GPU-equivalents
+
+
 def table(rows: list[dict]) -> pd.DataFrame:
-    """The usage rows as the CSV download has them (GPU-hours, %, $)."""
+    """The usage rows as the CSV download has them (GPU-hours, %, $; GPU-equivalent hours and $ per
+    equivalent hour beside them where equivalents are set)."""
+    eq = any("eq_hours" in r for r in rows)
     return pd.DataFrame([{
         "queue": r["queue"], "gpu_type": r["gpu_type"], "gpu_hours": round(r["gpu_seconds"] / 3600, 3),
         "idle_gpu_hours": round(r["idle_gpu_seconds"] / 3600, 3), "idle_pct": round(100 * r["idle_ratio"], 1),
-        "cost": round(r["cost"], 2), "idle_cost": round(r["idle_cost"], 2)} for r in rows], columns=COLUMNS)
+        "cost": round(r["cost"], 2), "idle_cost": round(r["idle_cost"], 2),
+        **({"eq_hours": round(r["eq_hours"], 3), "cost_per_eq_hour": r["cost_per_eq_hour"]} if eq else {})}
+        for r in rows], columns=COLUMNS + (EQ_COLUMNS if eq else []))
 
 
 def body(client: Client, rng: Range) -> None:
@@ -39,6 +46,8 @@ def body(client: Client, rng: Range) -> None:
         ("Idle share", f"{100 * idle_h / used if used else 0:.1f} %"),
         ("Cost", f"$ {cost:,.2f}", "gpu_types.*.price_per_hour in the queue file"),
         ("Idle cost", f"$ {df['idle_cost'].sum():,.2f}"),
+        *([("Cost per GPU-equivalent hour", f"$ {cost / df['eq_hours'].sum():,.2f}",
+            "cost over GPU-hours x gpu_types.*.equivalent")] if "eq_hours" in df and df["eq_hours"].sum() else []),
     ])
     left, right = st.columns(2)
     with left:
@@ -58,7 +67,9 @@ def body(client: Client, rng: Range) -> None:
         "idle_gpu_hours": st.column_config.NumberColumn("idle GPU-h", format="%.2f"),
         "idle_pct": st.column_config.NumberColumn("idle %", format="%.1f %%"),
         "cost": st.column_config.NumberColumn("cost", format="$ %.2f"),
-        "idle_cost": st.column_config.NumberColumn("idle cost", format="$ %.2f")})
+        "idle_cost": st.column_config.NumberColumn("idle cost", format="$ %.2f"),
+        "eq_hours": st.column_config.NumberColumn("GPU-eq h", format="%.2f"),
+        "cost_per_eq_hour": st.column_config.NumberColumn("$ / GPU-eq h", format="$ %.2f")})
     st.download_button("Download CSV", df.to_csv(index=False).encode(), file_name=f"gpuq-cost-{rng.key}.csv",
                        mime="text/csv")
 

@@ -15,11 +15,19 @@ def page() -> None:
     run("Queues", "Is each queue getting its guarantee, and who borrows or lends?", body)
 
 
+def _eq(r: dict) -> dict:
+    """GPU-equivalents beside the raw GPUs, where the queue file sets them (the API's ``*_eq``)."""
+    if "allocated_eq" not in r:
+        return {}
+    return {"allocated (GPU-eq)": r["allocated_eq"], "guaranteed (GPU-eq)": r["guaranteed_eq"],
+            "max (GPU-eq)": r["max_eq"]}
+
+
 def _now_table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{
         "queue": r["queue"], "allocated (GPUs)": r["allocated"], "reserved (GPUs)": r.get("reserved"),
         "guaranteed (GPUs)": r["guaranteed"], "max (GPUs)": "unlimited" if r["max"] is None else r["max"],
-        "pending (GPUs)": r["pending"],
+        **_eq(r), "pending (GPUs)": r["pending"],
         "borrowed (GPUs)": r["borrowed"], "lent (GPUs)": r["lent"], "idle (GPUs)": r["idle"],
         "fair share (%)": round(100 * r["fair_share"], 1), "source": r.get("source")} for r in rows])
 
