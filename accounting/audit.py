@@ -55,7 +55,7 @@ def audit(live: Iterable[Allocation], placed: Iterable[Placed], resolver: Resolv
     for q, a in rows:
         node = node_name(a)
         cell = books.setdefault((q if q in leaves else OTHER, type_of(node, a), node), [0, 0])
-        cell[0] += a.milli_gpus
+        cell[0] += a.counted_milli
     for p in placed:
         cell = books.setdefault((p.queue, p.gpu_type, p.node), [0, 0])
         cell[1] += milli(p.gpus)

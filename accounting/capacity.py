@@ -1,8 +1,11 @@
 """Free capacity, request shapes that still fit, fragmentation, and the GPU-type distribution.
 
-Per node: ``allocated`` is what running pods hold there, capped at the node's allocatable GPUs
-(``overcommitted`` keeps what is above, which only inconsistent data produces), and ``free`` is
-``capacity - allocated`` on a schedulable node (ready, not cordoned) and 0 on any other.
+Per node and GPU type: ``allocated`` is what running pods hold there (counted as
+:attr:`accounting.model.Allocation.counted_milli`: MIG slices as slices), capped at the node's
+capacity of that type (``overcommitted`` keeps what is above, which only inconsistent data
+produces), and ``free`` is ``capacity - allocated`` on a schedulable node (ready, not cordoned)
+and 0 on any other. A node split into MIG slices has a row per type (its whole GPUs, each
+profile): an allocation counts on the row of its own type there, else on the node's first row.
 
 **Fits**: for a shape of ``k`` GPUs on one node, ``sum over nodes of floor(free / k)``: how many
 such requests could still be placed at once, per type and over all types.
@@ -61,13 +64,20 @@ class CapacityView:
 
 
 def node_free(nodes: Iterable[NodeCapacity], running: Iterable[Allocation], resolver: Resolver) -> tuple[NodeFree, ...]:
-    """Per node, counted in milli-GPUs and shown in GPUs."""
-    held: dict[tuple[str, str], int] = {}
+    """Per node and type, counted in milli-GPUs and shown in GPUs."""
+    nodes = sorted(nodes, key=lambda n: (n.cluster, n.node))
+    types: dict[tuple[str, str], list[str]] = {}
+    for n in nodes:
+        types.setdefault((n.cluster, n.node), []).append(resolver.gpu_type(n.gpu_model))
+    held: dict[tuple[str, str, str], int] = {}
     for a in running:
-        held[(a.cluster, a.node)] = held.get((a.cluster, a.node), 0) + a.milli_gpus
+        here = types.get((a.cluster, a.node), [])
+        t = resolver.gpu_type(a.gpu_model, a.gpu_resource)
+        k = (a.cluster, a.node, t if t in here or not here else here[0])
+        held[k] = held.get(k, 0) + a.counted_milli
     out = []
-    for n in sorted(nodes, key=lambda n: (n.cluster, n.node)):
-        h = held.get((n.cluster, n.node), 0)
+    for n in nodes:
+        h = held.get((n.cluster, n.node, resolver.gpu_type(n.gpu_model)), 0)
         alloc = min(h, n.milli_gpus)
         free = n.milli_gpus - alloc if n.schedulable else 0
         out.append(NodeFree(n.cluster, n.node, resolver.gpu_type(n.gpu_model), as_gpus(n.milli_gpus), as_gpus(alloc),
@@ -119,7 +129,7 @@ def distribution(view: CapacityView, running: Iterable[Allocation], idle_gpus: M
     held_m: dict[tuple[str, str], int] = {}
     for a in running:
         k = (resolver.gpu_type(a.gpu_model, a.gpu_resource), resolver.queue(a.queue, a.namespace))
-        held_m[k] = held_m.get(k, 0) + a.milli_gpus
+        held_m[k] = held_m.get(k, 0) + a.counted_milli
     held = {k: as_gpus(v) for k, v in held_m.items()}
     rows = []
     for t in view.types:

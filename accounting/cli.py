@@ -25,7 +25,7 @@ from gpuq.output import render
 
 QUEUE_COLUMNS = ("queue", "gpu_type", "allocated", "guaranteed", "max", "pending", "fair_share",
                  "effective_max", "borrowed", "lent", "over_quota_share", "idle")
-USAGE_VALUES = ("gpu_seconds", "gpu_hours", "idle_gpu_seconds", "idle_ratio", "cost", "idle_cost")
+USAGE_VALUES = ("gpu_seconds", "gpu_hours", "idle_gpu_seconds", "idle_ratio", "cost", "idle_cost", "idle_method")
 
 
 class _Parser(argparse.ArgumentParser):

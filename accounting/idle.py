@@ -15,22 +15,40 @@ Definitions (the SQL in :mod:`accounting.store_adapter` computes the same, and a
 * an idle run is **open** when it reaches the last bucket seen for its (GPU, pod); a GPU is
   **idle now** when it has an open idle run ending at most ``max_gap_s`` before now.
 
+Shared devices (:func:`idle_method`, :func:`attribute_idle`): an idle run is one device (a GPU,
+or a MIG instance) idle; an allocation holding it counts ``device share x seconds`` idle, its share
+of that device (:func:`gpuq.gpu_share.device_share_milli`): 1 for a whole GPU, a MIG slice's
+fraction of its GPU, a time-sliced replica's or a KAI fraction's share. How its activity is known
+is its ``idle_method``:
+
+* ``device``: it holds whole devices (whole GPUs, MIG instances), and a device's activity is its;
+* ``per_process``: it shares a GPU, and dcgm-exporter's per-process fields (``--kubernetes-virtual-gpus``
+  with per-process metrics, dcgm-exporter #594; stored with source ``dcgm-process``) gave its own
+  activity: idle when its own processes are quiet;
+* ``device_split_by_share``: it shares a GPU and only the device's activity is known (dcgm-exporter
+  gives every pod sharing a GPU the device's value, #587): a quiet device is idle for each of its
+  holders, split by their shares; a busy one is busy for all of them.
+
 Counters (energy in mJ) reset when the exporter or the GPU restarts: :func:`counter_increase`
 counts a drop as a restart from zero, as Prometheus' ``increase()`` does.
 """
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from accounting.intervals import effective_ends
 from accounting.ledger import slot
-from accounting.model import ActivityPoint, Allocation, IdleRun, UsageAgg, Window
+from accounting.model import MILLI, ActivityPoint, Allocation, IdleRun, UsageAgg, Window
+from gpuq.gpu_share import device_share_milli, shares_a_device
 
 PROF_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 ACTIVITY_METRICS = (PROF_ACTIVE, GPU_UTIL)
+PER_PROCESS_SOURCE = "dcgm-process"      # collector.dcgm: samples from dcgm-exporter's per-process fields
+IDLE_METHODS = ("device", "per_process", "device_split_by_share")
+PodKey = tuple[str, str, str]            # (cluster, namespace, pod)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,28 +126,53 @@ def current(runs: Iterable[IdleRun], now_s: float, params: IdleParams = DEFAULT_
     return tuple(r for r in runs if r.open and r.end_s >= now_s - params.max_gap_s)
 
 
+def idle_method(a: Allocation, per_process: Collection[PodKey] = ()) -> str:
+    """How the allocation's activity is known (see the module docstring); ``per_process``: the
+    pods dcgm-exporter's per-process fields reported."""
+    if not shares_a_device(a.gpu_model, a.milli_gpus):
+        return "device"
+    return "per_process" if (a.cluster, a.namespace, a.pod) in per_process else "device_split_by_share"
+
+
+def join_methods(methods: Iterable[str]) -> str:
+    """Several allocations' methods as one value: the distinct ones, sorted, joined by ``,``."""
+    return ",".join(sorted({m for ms in methods for m in ms.split(",") if m}))
+
+
 def attribute_idle(runs: Iterable[IdleRun], allocs: Iterable[Allocation], window: Window,
-                   now_s: float) -> tuple[UsageAgg, ...]:
+                   now_s: float, per_process: Collection[PodKey] = ()) -> tuple[UsageAgg, ...]:
     """Idle GPU-seconds inside the window, grouped like :func:`accounting.intervals.to_aggs`.
 
     A run counts where it overlaps an allocation of the same (cluster, namespace, pod): a pod's
     wherever DCGM names its node (its ``Hostname`` need not be the Kubernetes node name), another
     source's on the run's node only (one row per node of a multi-node allocation: a gang's row on
-    another node is another GPU). A run of a pod with no allocation (DCGM saw it, Kubernetes did
-    not) is not counted."""
+    another node is another GPU), weighted by the allocation's share of the device. A run of a pod
+    with no allocation (DCGM saw it, Kubernetes did not) is not counted. Each group carries the
+    ``idle_method`` of its allocations overlapping the window."""
     spans: dict[tuple[str, str, str, str], list[tuple[Allocation, float]]] = {}
+    methods: dict[tuple[str, str, str, str, str, str], set[str]] = {}
     for a, end in effective_ends(allocs, now_s):
         spans.setdefault(slot(a), []).append((a, end))
-    sums: dict[tuple[str, str, str, str, str, str], float] = {}
+        if a.start_s < window.end_s and end > window.start_s:
+            k = (a.cluster, a.queue, a.namespace, a.billed_as, a.gpu_model, a.gpu_resource)
+            methods.setdefault(k, set()).add(idle_method(a, per_process))
+    idle: dict[int, tuple[Allocation, float, float]] = {}       # id -> (allocation, its end, idle seconds)
     for r in runs:
         for a, end in (*spans.get((r.cluster, r.namespace, r.pod, ""), ()),
                        *(spans.get((r.cluster, r.namespace, r.pod, r.node), ()) if r.node else ())):
             s = max(r.start_s, a.start_s, window.start_s)
             e = min(r.end_s, end, window.end_s)
             if e > s:
-                k = (a.cluster, a.queue, a.namespace, a.billed_as, a.gpu_model, a.gpu_resource)
-                sums[k] = sums.get(k, 0.0) + (e - s)
-    return tuple(UsageAgg(*k, idle_gpu_seconds=v) for k, v in sorted(sums.items()))
+                held = idle.get(id(a), (a, end, 0.0))
+                idle[id(a)] = (a, end, held[2] + (e - s) * device_share_milli(a.gpu_model, a.milli_gpus))
+    sums: dict[tuple[str, str, str, str, str, str], float] = {}
+    for a, end, device_ms in idle.values():
+        # never more than it holds: a share seen on several devices is still its share
+        span = max(0.0, min(end, window.end_s) - max(a.start_s, window.start_s))
+        k = (a.cluster, a.queue, a.namespace, a.billed_as, a.gpu_model, a.gpu_resource)
+        sums[k] = sums.get(k, 0.0) + min(device_ms, span * a.milli_gpus) / MILLI
+    return tuple(UsageAgg(*k, idle_gpu_seconds=v, idle_method=join_methods(methods.get(k, ())))
+                 for k, v in sorted(sums.items()))
 
 
 def counter_increase(values: Sequence[float]) -> float:

@@ -32,7 +32,7 @@ class Interval:
 
     @property
     def gpu_seconds(self) -> float:
-        return self.alloc.gpus * (self.end_s - self.start_s)
+        return self.alloc.billed_gpus * (self.end_s - self.start_s)
 
 
 def effective_ends(allocs: Iterable[Allocation], now_s: float) -> list[tuple[Allocation, float]]:

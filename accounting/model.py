@@ -3,7 +3,14 @@
 GPUs are counted in **milli-GPUs** (integer thousandths, as Kubernetes milli-units): allocations,
 nodes and demand hold ``milli_gpus``, sums are exact integers, and GPUs as people read them come
 from :func:`as_gpus` (whole GPUs stay integers: ``16``, not ``16.0``; a share is ``0.5``). Each value
-also has a ``gpus`` property in GPUs (float) for arithmetic over time (GPU-seconds).
+also has a ``gpus`` property in GPUs (float); an allocation's is what it counts (below), its
+``billed_gpus`` what GPU-seconds are computed with.
+
+An allocation's ``milli_gpus`` is what it is **billed**: its share of the GPUs (a MIG slice its
+fraction of the GPU, a time-sliced replica ``1/replicas``, a KAI fraction; :mod:`gpuq.gpu_share`).
+What it **counts** against capacity and quotas is :attr:`Allocation.counted_milli`: the same,
+except that MIG slices count as slices of their MIG type (1000 a slice), as the nodes'
+``<model>-MIG-<profile>`` capacity and the scheduler count them.
 
 The store adapter fills these from the public tables; the scheduler can build them directly
 (for example :class:`PendingDemand` for its own pending workloads).
@@ -11,6 +18,8 @@ The store adapter fills these from the public tables; the scheduler can build th
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gpuq.gpu_share import counted_milli
 
 MILLI = 1000
 
@@ -67,7 +76,20 @@ class Allocation:
 
     @property
     def gpus(self) -> float:
+        """GPUs it counts against capacity and quotas (:attr:`counted_milli`: MIG slices as slices),
+        as the scheduler counts the work it holds; what it is billed is :attr:`billed_gpus`."""
+        return self.counted_milli / MILLI
+
+    @property
+    def billed_gpus(self) -> float:
+        """Its share in GPUs, for GPU-seconds (``milli_gpus / 1000``)."""
         return self.milli_gpus / MILLI
+
+    @property
+    def counted_milli(self) -> int:
+        """Milli-GPUs it counts against capacity and quotas: MIG slices as slices (see the module
+        docstring). gpuq's own admission rows already count slices (the scheduler places them)."""
+        return self.milli_gpus if self.source == "admission" else counted_milli(self.gpu_model, self.milli_gpus)
 
     @property
     def workload(self) -> str:
@@ -152,3 +174,4 @@ class UsageAgg:
     gpu_resource: str
     gpu_seconds: float = 0.0
     idle_gpu_seconds: float = 0.0
+    idle_method: str = ""        # accounting.idle.idle_method of its allocations, distinct, joined by ","

@@ -21,7 +21,7 @@ from accounting.fairshare import Claim, dominant_share, water_fill
 from accounting.idle import DEFAULT_PARAMS, IdleParams, current
 from accounting.intervals import running
 from accounting.ledger import ADMISSION, by_slot, holder
-from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand, as_gpus
+from accounting.model import MILLI, Allocation, IdleRun, NodeCapacity, PendingDemand, as_gpus
 from accounting.queues import ROOT
 from accounting.resolve import UNASSIGNED, Resolver
 from accounting.starvation import Starvation, starving
@@ -85,13 +85,13 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
     alloc_m: dict[str, dict[str, int]] = {}       # milli-GPUs: exact sums, GPUs once rolled up
     pend_m: dict[str, dict[str, int]] = {}
     resv_m: dict[str, dict[str, int]] = {}
-    idle_q: dict[tuple[str, str], float] = {}
+    idle_q: dict[tuple[str, str], int] = {}        # milli-GPUs idle now: a device each, or its share
     owner = by_slot(live)
     for al in live:
         key = (resolver.queue(al.queue, al.namespace), resolver.gpu_type(al.gpu_model, al.gpu_resource))
-        _add(alloc_m, *key, al.milli_gpus)
+        _add(alloc_m, *key, al.counted_milli)
         if al.source == ADMISSION:
-            _add(resv_m, *key, al.milli_gpus)
+            _add(resv_m, *key, al.counted_milli)
     for dem in snap.pending:
         _add(pend_m, resolver.queue(dem.queue, dem.namespace),
              resolver.gpu_type(dem.gpu_model) if dem.gpu_model else None, dem.milli_gpus)
@@ -99,16 +99,17 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
         held = holder(owner, run.cluster, run.namespace, run.pod, run.node)
         if held is not None:
             k = (resolver.queue(held.queue, held.namespace), resolver.gpu_type(held.gpu_model, held.gpu_resource))
-            idle_q[k] = idle_q.get(k, 0) + 1
+            idle_q[k] = idle_q.get(k, 0) + min(held.counted_milli, MILLI)
     config = resolver.config          # read after resolving: with the queues placement rules made
     kids = _tree(resolver, UNASSIGNED in alloc_m or UNASSIGNED in pend_m)
     for m in (alloc_m, pend_m, resv_m):
         _roll(m, kids, ROOT)
     alloc, pend, resv = _as_gpus(alloc_m), _as_gpus(pend_m), _as_gpus(resv_m)
-    idle_roll: dict[str, dict[str, float]] = {}
+    idle_m: dict[str, dict[str, int]] = {}
     for (iq, it), v in idle_q.items():
-        _add(idle_roll, iq, it, v)
-    _roll(idle_roll, kids, ROOT)
+        _add(idle_m, iq, it, v)
+    _roll(idle_m, kids, ROOT)
+    idle_roll = _as_gpus(idle_m)
     types = sorted(set(config.gpu_types) | {t.gpu_type for t in cap.types}
                    | {r[4:] for d in (*alloc.values(), *pend.values()) for r in d if r != "gpu"})
     resources = ["gpu", *[f"gpu/{t}" for t in types]]
@@ -134,7 +135,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
                 lent=None if g is None else max(0, g - used), fair_share=fair,
                 over_quota_share=oq.get(q, {}).get(r, capacity.get(r, 0.0) if q == ROOT else 0.0),
                 idle=idle_roll.get(q, {}).get(r, 0), reserved=resv.get(q, {}).get(r, 0)))
-    dist = distribution(cap, live, idle_q, resolver)
+    dist = distribution(cap, live, {k: as_gpus(v) for k, v in idle_q.items()}, resolver)
     return NowView(now, tuple(rows), cap, dist, starving(rows, snap.pending, resolver, now, starvation_s))
 
 

@@ -200,27 +200,50 @@ SCAN = ("fromUnixTimestamp64Milli({scan:Int64}, 'UTC') AS wscan, "
 # (accounting.intervals.clip + to_aggs, accounting.idle.attribute_idle): each allocation, cut to
 # the window and to its effective end, takes the idle runs of its (cluster, namespace, pod) (joined
 # by POD_HASH), a pod's wherever DCGM names its node, another source's (one row per node of a
-# multi-node allocation) on its own node only (accounting.idle.attribute_idle), each clipped the same way. The runs come from a scan a window's worth
-# wider on each side ({scan}, {scan_end}), so that a run crossing an edge is idle by its whole
-# length.
+# multi-node allocation) on its own node only (accounting.idle.attribute_idle), each clipped the same
+# way and weighted by the allocation's share of the device (`dev_milli`: a MIG slice's fraction,
+# `SLICE_MILLI`, else its milli-GPUs up to one GPU; gpuq.gpu_share.device_share_milli), never more than
+# its own GPU-seconds there (a share seen on two devices is still its share). The runs come
+# from a scan a window's worth wider on each side ({scan}, {scan_end}), so that a run crossing an
+# edge is idle by its whole length. `idle_method` (accounting.idle.idle_method): the distinct methods
+# of the group's allocations; a pod that shares a GPU is `per_process` when dcgm-exporter's
+# per-process fields reported it in the scan (PER_PROCESS_PODS).
+# A MIG model's slice share, looked up in the arrays the store adapter computes with
+# gpuq.gpu_share.mig_slice_milli for the MIG models of the allocations (a lookup per row: evaluating
+# the profile table in SQL for every allocation cost a third of a month's usage query).
+SLICE_MILLI = "transform(toString(gpu_model), {mig_models:Array(String)}, {mig_milli:Array(UInt32)}, toUInt32(0))"
+MIG_MODELS = "SELECT DISTINCT toString(gpu_model) FROM {db}.@ALLOC@ WHERE position(gpu_model, '-MIG-') > 0"
+PER_PROCESS_PODS = f"""
+SELECT DISTINCT {POD_HASH.format(p='')} AS pp_hp FROM {{db}}.gpu_samples
+WHERE metric = '{UTIL}' AND source = 'dcgm-process' AND pod != '' AND ts >= wscan AND ts < wscan_end"""
 USAGE_IDLE = f"""
 WITH {_W}, {SCAN}
 SELECT a.cluster, a.queue, a.namespace, if({{by_workload:UInt8}}, {BILLED_AS.format(p='a.')}, '') AS workload,
        a.gpu_model, a.gpu_resource,
        sum(a.milli_gpus * greatest(0, toUnixTimestamp64Milli(least(a.eff_end, wt))
                                       - toUnixTimestamp64Milli(greatest(a.start, wf)))) / 1e6 AS gpu_seconds,
-       sum(if(a.source = 'pod',
+       sum(least(a.milli_gpus * greatest(0, toUnixTimestamp64Milli(least(a.eff_end, wt))
+                                            - toUnixTimestamp64Milli(greatest(a.start, wf))),
+           if(a.source = 'pod',
               arraySum((s, e) -> greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
                                           - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))),
                        r.ss, r.es),
               arraySum((s, e, nd) -> if(nd = cityHash64(a.node),
                        greatest(0, least(e * 1000, toUnixTimestamp64Milli(a.eff_end), toUnixTimestamp64Milli(wt))
                                    - greatest(s * 1000, toUnixTimestamp64Milli(a.start), toUnixTimestamp64Milli(wf))), 0),
-                       r.ss, r.es, r.ns))) / 1000 AS idle_gpu_seconds
-FROM ({ALLOC_SPANS}) AS a
+                       r.ss, r.es, r.ns)) * dev_milli)) / 1e6 AS idle_gpu_seconds,
+       arrayStringConcat(arraySort(groupUniqArrayIf(
+           multiIf(slice_milli > 0 OR a.milli_gpus % 1000 = 0, 'device', pp.pp_hp != 0, 'per_process',
+                   'device_split_by_share'),
+           a.eff_end > wf AND a.start < wt)), ',') AS idle_method
+FROM (SELECT *, {SLICE_MILLI} AS slice_milli,
+             if(slice_milli > 0, slice_milli, least(milli_gpus, 1000)) AS dev_milli
+      FROM ({ALLOC_SPANS})) AS a
 LEFT JOIN (SELECT hp, groupArray(s) AS ss, groupArray(e) AS es, groupArray(cityHash64(node)) AS ns FROM (@SUB@)
            GROUP BY hp) AS r
   ON {POD_HASH.format(p='a.')} = r.hp
+LEFT JOIN ({PER_PROCESS_PODS}) AS pp
+  ON {POD_HASH.format(p='a.')} = pp.pp_hp
 GROUP BY a.cluster, a.queue, a.namespace, workload, a.gpu_model, a.gpu_resource
 HAVING gpu_seconds > 0 OR idle_gpu_seconds > 0
 ORDER BY a.cluster, a.queue, a.namespace, workload, a.gpu_model, a.gpu_resource"""
@@ -229,9 +252,11 @@ IDLE_RUNS = f"""
 WITH {_W}, {SCAN}
 SELECT cluster, node, gpu_uuid, mig_instance, namespace, pod, s, e, is_open FROM (@SUB@)"""
 
+# The latest event of each node; of its labels only the device plugin's replicas (time-slicing, MPS).
 NODES = """
 SELECT cluster, node, argMax(gpu_model, ts), argMax(gpu_allocatable, ts), argMax(ready, ts),
-       argMax(unschedulable, ts), argMax(event, ts) AS last_event, argMax(mig_resources, ts)
+       argMax(unschedulable, ts), argMax(event, ts) AS last_event, argMax(mig_resources, ts),
+       mapFilter((k, v) -> endsWith(k, '.replicas'), argMax(labels, ts))
 FROM {db}.node_events
 WHERE ts <= fromUnixTimestamp64Milli({n:Int64}, 'UTC')
 GROUP BY cluster, node

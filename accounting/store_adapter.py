@@ -10,6 +10,7 @@ stretch shorter than its hours is missed: a lower bound of the exact figure, for
 from __future__ import annotations
 
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import Any, Literal
 
 from accounting import sql
@@ -18,6 +19,7 @@ from accounting.idle import IdleParams
 from accounting.ledger import ADMISSION, dedup
 from accounting.model import Allocation, IdleRun, NodeCapacity, PendingDemand, UsageAgg, Window, milli
 from gpuq.errors import StoreError
+from gpuq.gpu_share import GPU_RESOURCE, SHARED_SUFFIX, mig_slice_milli, milli_floor, replicas
 from gpuq.store import Store
 
 IdleSource = Literal["raw", "1m", "1h"]
@@ -120,11 +122,13 @@ def read_usage_idle(store: Store, window: Window, now_s: float, params: IdlePara
                     source: IdleSource = "1m", by_workload: bool = True) -> list[UsageAgg]:
     """GPU-seconds and idle GPU-seconds per UsageAgg key, in one query (one read of the allocations)."""
     runs, p = _runs_query(source, params, _scan(window, now_s, params, source))
+    models = sorted(str(m) for (m,) in _q(store, _alloc(store, sql.MIG_MODELS, window), {}))
     rows = _q(store, _alloc(store, sql.USAGE_IDLE, window).replace("@SUB@", runs),
-              {**_window(window, now_s), **p, "by_workload": int(by_workload)})
+              {**_window(window, now_s), **p, "by_workload": int(by_workload), "mig_models": models,
+               "mig_milli": [mig_slice_milli(m) for m in models]})
     return [UsageAgg(str(c), str(q), str(ns), str(w), str(m), str(r), gpu_seconds=float(g),
-                     idle_gpu_seconds=float(i))
-            for c, q, ns, w, m, r, g, i in rows]
+                     idle_gpu_seconds=float(i), idle_method=str(im))
+            for c, q, ns, w, m, r, g, i, im in rows]
 
 
 def read_idle(store: Store, window: Window, now_s: float, params: IdleParams,
@@ -132,7 +136,8 @@ def read_idle(store: Store, window: Window, now_s: float, params: IdleParams,
     """Idle GPU-seconds per UsageAgg key (the keys with some)."""
     aggs = read_usage_idle(store, window, now_s, params, source, by_workload)
     return [UsageAgg(a.cluster, a.queue, a.namespace, a.workload, a.gpu_model, a.gpu_resource,
-                     idle_gpu_seconds=a.idle_gpu_seconds) for a in aggs if a.idle_gpu_seconds > 0]
+                     idle_gpu_seconds=a.idle_gpu_seconds, idle_method=a.idle_method)
+            for a in aggs if a.idle_gpu_seconds > 0]
 
 
 def read_idle_runs(store: Store, window: Window, now_s: float, params: IdleParams,
@@ -144,16 +149,19 @@ def read_idle_runs(store: Store, window: Window, now_s: float, params: IdleParam
 
 
 def read_nodes(store: Store, now_s: float) -> list[NodeCapacity]:
-    """Kubernetes nodes (allocatable GPUs, MIG slices as their own model); for clusters that have
-    no node events, Ray's nodes from the State API (``ray_nodes``), else from the metrics pages."""
+    """Kubernetes nodes (allocatable GPUs, MIG slices as their own model, counted as slices); a
+    time-sliced (or MPS) node's devices over their replicas: a node of 4 GPUs advertising 16
+    replicas holds 4 GPUs. For clusters that have no node events, Ray's nodes from the State API
+    (``ray_nodes``), else from the metrics pages."""
     out: list[NodeCapacity] = []
-    for c, n, model, gpus, ready, cordoned, _, mig in _q(store, sql.NODES, {"n": _ms(now_s)}):
+    for c, n, model, gpus, ready, cordoned, _, mig, reps in _q(store, sql.NODES, {"n": _ms(now_s)}):
         ok = bool(ready) and not bool(cordoned)
+        labels = {str(k): str(v) for k, v in (reps or {}).items()}
         if gpus:
-            out.append(NodeCapacity(str(c), str(n), str(model), milli(float(gpus)), ok))
+            out.append(NodeCapacity(str(c), str(n), str(model), _devices(float(gpus), labels, GPU_RESOURCE), ok))
         for res, count in sorted((mig or {}).items()):
-            profile = str(res).removeprefix("nvidia.com/mig-")
-            out.append(NodeCapacity(str(c), str(n), f"{model}-MIG-{profile}", milli(float(count)), ok))
+            profile = str(res).removeprefix("nvidia.com/mig-").removesuffix(SHARED_SUFFIX)
+            out.append(NodeCapacity(str(c), str(n), f"{model}-MIG-{profile}", _devices(float(count), labels, str(res)), ok))
     k8s = {nc.cluster for nc in out}
     state = [NodeCapacity(str(c), str(n), str(model or ""), milli(float(gpus)), True)
              for c, n, model, gpus in _q(store, sql.RAY_STATE_NODES, {"n": _ms(now_s)}) if str(c) not in k8s]
@@ -163,6 +171,11 @@ def read_nodes(store: Store, now_s: float) -> list[NodeCapacity]:
         if str(c) not in seen:
             out.append(NodeCapacity(str(c), str(n), str(model or ""), milli(float(gpus)), True))
     return out
+
+
+def _devices(advertised: float, labels: dict[str, str], resource: str) -> int:
+    """Milli-GPUs (MIG: milli-slices) of ``advertised`` devices the plugin made ``replicas`` of each."""
+    return milli_floor(Fraction(str(advertised)) / replicas(labels, resource))
 
 
 def read_pending(store: Store, now_s: float, lookback_s: float = 7 * 86400) -> list[PendingDemand]:

@@ -3,6 +3,9 @@
 Input is :class:`UsageAgg` rows (GPU-seconds from the store's aggregation or from
 :func:`accounting.intervals.to_aggs`, idle GPU-seconds from :mod:`accounting.idle` or the store).
 Cost is GPU-hours times the type's ``price_per_hour`` (0 for a type without a price).
+``idle_method`` names how the row's idle was measured (:func:`accounting.idle.idle_method`; the
+distinct methods of its allocations, ``,``-joined; empty for rows read from materialised hours,
+which do not keep it).
 
 With ``rollup`` and ``queue`` among the keys, every parent queue gets a row carrying the sum of
 its subtree (its own rows and its children's); the root is not shown.
@@ -13,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from accounting.idle import join_methods
 from accounting.model import UsageAgg
 from accounting.resolve import Resolver
 
@@ -26,13 +30,15 @@ class UsageRow:
     idle_gpu_seconds: float
     cost: float
     idle_cost: float
+    idle_method: str = ""                  # how idle was measured (accounting.idle.idle_method), "," joined
 
     def as_dict(self) -> dict[str, Any]:
         return {**dict(self.keys), "gpu_seconds": round(self.gpu_seconds, 3),
                 "gpu_hours": round(self.gpu_seconds / 3600.0, 6),
                 "idle_gpu_seconds": round(self.idle_gpu_seconds, 3),
                 "idle_ratio": round(self.idle_gpu_seconds / self.gpu_seconds, 6) if self.gpu_seconds else 0.0,
-                "cost": round(self.cost, 6), "idle_cost": round(self.idle_cost, 6)}
+                "cost": round(self.cost, 6), "idle_cost": round(self.idle_cost, 6),
+                "idle_method": self.idle_method}
 
 
 def check_by(by: Sequence[str]) -> tuple[str, ...]:
@@ -47,6 +53,7 @@ def usage_rows(aggs: Iterable[UsageAgg], resolver: Resolver, by: Sequence[str],
     """Rows sorted by their key values."""
     by = check_by(by)
     sums: dict[tuple[str, ...], list[float]] = {}
+    methods: dict[tuple[str, ...], list[str]] = {}
     for a in aggs:
         gtype = resolver.gpu_type(a.gpu_model, a.gpu_resource)
         queue = resolver.queue(a.queue, a.namespace)
@@ -61,6 +68,9 @@ def usage_rows(aggs: Iterable[UsageAgg], resolver: Resolver, by: Sequence[str],
             acc[1] += a.idle_gpu_seconds
             acc[2] += a.gpu_seconds * price
             acc[3] += a.idle_gpu_seconds * price
+            methods.setdefault(key, []).append(a.idle_method)
             if "queue" not in by:
                 break
-    return tuple(UsageRow(tuple(zip(by, k)), *v) for k, v in sorted(sums.items()))
+    return tuple(UsageRow(tuple(zip(by, k)), gpu_seconds=g, idle_gpu_seconds=i, cost=c, idle_cost=ic,
+                          idle_method=join_methods(methods[k]))
+                 for k, (g, i, c, ic) in sorted(sums.items()))

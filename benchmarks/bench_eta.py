@@ -156,17 +156,20 @@ def synthetic(n: int, kind: str, seed: int, declared: float = 0.0, load: float =
     return {"name": name, "nodes": nodes, "queues": queues, "workloads": work}
 
 
-def alibaba(limit: int | None, time_scale: float, shrink: int = 8) -> dict[str, Any]:
+def alibaba(limit: int | None, time_scale: float, shrink: int = 8, round_fractions: bool = False) -> dict[str, Any]:
     """The Alibaba GPU trace v2023 (``openb_pod_list_default``, queues ``hash:8``), its arrivals
     compressed by ``time_scale`` and its cluster cut to 1/``shrink`` of each node group (each
     queue's guarantee with it, every max the whole cluster), so that work waits: the trace keeps
     its 6,212 GPUs about 0.3 % busy, and compressing arrivals alone until the full cluster is
     saturated (docs/PERFORMANCE.md: 333x and copies of pods) makes each forecast's forward runs
     step through thousands of running pods. At 1/8 and 125x (``time_scale`` 0.008) about one pod
-    in eight waits a minute or more, some for hours behind the trace's month-long pods."""
+    in eight waits a minute or more, some for hours behind the trace's month-long pods. The pods
+    keep the trace's shares of one GPU (issue 19) unless ``round_fractions`` (``--round-fractions``:
+    each a whole GPU, as the figures of docs/PERFORMANCE.md were measured)."""
     from scheduler.traces import load_alibaba_v2023
 
-    sc = load_alibaba_v2023(TRACE, limit=limit, assignment="hash:8", time_scale=time_scale).scenario
+    sc = load_alibaba_v2023(TRACE, limit=limit, assignment="hash:8", time_scale=time_scale,
+                            round_fractions=round_fractions).scenario
     sc["nodes"] = [dict(n, count=max(1, n["count"] // shrink)) for n in sc["nodes"]]
     total = sum(n["gpus"] * n["count"] for n in sc["nodes"])
     sc["queues"] = {q: dict(v, guaranteed={"gpu": v["guaranteed"]["gpu"] // shrink}, max={"gpu": total})
@@ -378,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alibaba-limit", type=int)
     p.add_argument("--alibaba-scale", type=float, help="time scale of the trace's arrivals (default 0.008; "
                    "--quick 0.005)")
+    p.add_argument("--round-fractions", action="store_true",
+                   help="the trace's shares of one GPU rounded up to whole GPUs (as before issue 19)")
     p.add_argument("--alibaba-shrink", type=int, help="keep 1/N of each node group (default 8; --quick 16)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--scale-sizes", default="", metavar="N[,N]",
@@ -402,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "alibaba":
             backtest(label, alibaba(args.alibaba_limit or (1000 if args.quick else None),
                                     args.alibaba_scale or (0.005 if args.quick else 0.008),
-                                    args.alibaba_shrink or (16 if args.quick else 8)),
+                                    args.alibaba_shrink or (16 if args.quick else 8), args.round_fractions),
                      args.runs, ms, variants=tuple(v for v in variants if v != "oracle"), **kw)
             continue
         truth = Truth()

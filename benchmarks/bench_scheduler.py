@@ -338,7 +338,7 @@ def before_main(quick: bool, before: Path, repeat: int, shares: float = 0.0) -> 
     Path(log.name).unlink()
 
 
-def service_main(quick: bool) -> None:
+def service_main(quick: bool, shares: float = 0.0) -> None:
     """(e): a service's cycle at depth, today's service against its frozen cycle from before it kept
     its snapshot (:mod:`benchmarks._service_baseline`), both with today's core, in lockstep."""
     import scheduler.service.core as service_core
@@ -351,7 +351,9 @@ def service_main(quick: bool) -> None:
           f"submits, 10 cancels, 5 finishes between cycles), each side in turn (the first alternating)")
     config = parse_queue_config({"queues": backlog_queues(n_nodes * 8), "policy": BACKLOG_POLICY})
     c = make_cluster(n_nodes)
-    backlog = make_backlog(c, n)
+    backlog = make_backlog(c, n, shares=shares)          # --shares: part of the one-GPU work asks shares
+    if shares:
+        print(f"    with {shares:.0%} of the one-GPU workloads asking 0.25 or 0.5 GPU (issue 19)")
     core = [0.0]
 
     def timed_core(snap: Snapshot, now: float) -> Decisions:
@@ -420,7 +422,7 @@ def service_main(quick: bool) -> None:
     alone = {}
     for name in sides:                    # each side alone, in a process of its own, for its peak RSS
         cmd = [sys.executable, "-m", "benchmarks.bench_scheduler", "--service-child", name,
-               *(["--quick"] if quick else [])]
+               *(["--quick"] if quick else []), "--shares", str(shares)]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parents[1]).stdout
         alone[name] = float(out.split("peak_rss_mib=")[1].split()[0])
@@ -428,7 +430,7 @@ def service_main(quick: bool) -> None:
           f"now={alone['now']:.0f} (each side's backlog, first cycle and {reps} steady cycles, in a process of its own)")
 
 
-def service_child(quick: bool, name: str) -> None:
+def service_child(quick: bool, name: str, shares: float = 0.0) -> None:
     """One side of (e) alone: its backlog, its first cycle and the steady cycles; its peak RSS."""
     from benchmarks._service_baseline import RebuildingService
     from scheduler.actuators.base import DryRunActuator, Target
@@ -438,7 +440,7 @@ def service_child(quick: bool, name: str) -> None:
     cls = RebuildingService if name == "before" else SchedulerService
     svc = cls(parse_queue_config({"queues": backlog_queues(n_nodes * 8), "policy": BACKLOG_POLICY}),
               DryRunActuator(), nodes=list(c.nodes), settings=Settings(True, 30.0))
-    for w in make_backlog(c, n):
+    for w in make_backlog(c, n, shares=shares):
         svc.submit(w, Target(), w.submit_s)
     for k in range(reps + 1):
         svc.cycle(61.0 + k)
@@ -586,7 +588,8 @@ def main() -> None:
                     help="with --backlog, (f): the drain in lockstep with the gpuq checkout at PATH and with this one")
     ap.add_argument("--repeat", type=int, default=3, help="(f): lockstep drains (default 3)")
     ap.add_argument("--shares", type=float, default=0.0, metavar="P",
-                    help="(f): this checkout's backlog has part P of its one-GPU workloads ask shares (issue 19)")
+                    help="(f): this checkout's backlog has part P of its one-GPU workloads ask shares (the code before: "
+                         "none); (e): both services' backlog (issue 19)")
     ap.add_argument("--drain-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--service-child", choices=("before", "now"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -594,7 +597,7 @@ def main() -> None:
         drain_child(args.quick)
         return
     if args.service_child:
-        service_child(args.quick, args.service_child)
+        service_child(args.quick, args.service_child, args.shares)
         return
     if args.before is not None:
         if not args.backlog:
@@ -605,7 +608,7 @@ def main() -> None:
         backlog_main(args.quick)
         return
     if args.service:
-        service_main(args.quick)
+        service_main(args.quick, args.shares)
         return
     n_work, n_nodes, n_pending, reps = (5_000, 500, 1_000, 10) if args.quick else (50_000, 5_000, 10_000, 30)
     n_base = n_work // 5

@@ -1,6 +1,7 @@
 """The Alibaba GPU trace v2023 replayed end to end through the simulator.
 
     .venv/bin/python -m benchmarks.bench_trace_replay [--limit N] [--time-scale X] [--queues hash:8]
+        [--round-fractions]
 
 Steps, each timed: import the trace (``scheduler.traces``), replay it with ``run_scenario`` (the
 production core on a simulated clock), and replay it again with preemption disabled. A peer is
@@ -13,7 +14,10 @@ starting ``RESULT`` are the figures:
 ``RESULT <name> <value> [unit]``.
 
 ``--time-scale`` compresses arrivals (0.01 = 100x the load; the real trace keeps a 6,212-GPU
-cluster about 0.3% busy, so at 1.0 every pod starts at once).
+cluster about 0.3% busy, so at 1.0 every pod starts at once). The import keeps the trace's shares
+of one GPU (``gpus_per_pod: 0.46``); ``--round-fractions`` rounds them up to whole GPUs as the
+import did before issue 19. The FIFO peer knows whole GPUs only: a share takes a whole GPU there.
+benchmarks/bench_trace_shares.py sets the two side by side on a cluster where GPUs run short.
 """
 from __future__ import annotations
 
@@ -54,7 +58,7 @@ def fifo_replay(scenario: dict[str, Any]) -> dict[str, float]:
     nxt, now, admitted, wait_sum, seq, makespan = 0, 0.0, 0, 0.0, 0, 0.0
 
     def place(w: dict[str, Any]) -> list[tuple[int, int]] | None:
-        per_pod, pods = w.get("gpus_per_pod", 1), w.get("pods", 1)
+        per_pod, pods = max(w.get("gpus_per_pod", 1), 1), w.get("pods", 1)     # a share: a whole GPU
         for t in w.get("gpu_types") or order:
             taken: list[tuple[int, int]] = []
             left = pods
@@ -115,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queues", default="hash:8")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply submit times")
     p.add_argument("--duration-scale", type=float, default=1.0, help="multiply running times")
+    p.add_argument("--round-fractions", action="store_true", help="round shares of one GPU up to whole GPUs")
     args = p.parse_args(argv)
 
     from scheduler.simulate import run_scenario
@@ -123,11 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     imp = load_alibaba_v2023(args.trace_dir, pods_file=args.pods_file, limit=args.limit,
                              assignment=args.queues, time_scale=args.time_scale,
-                             duration_scale=args.duration_scale)
+                             duration_scale=args.duration_scale, round_fractions=args.round_fractions)
     import_s = time.perf_counter() - t0
     sc = imp.scenario
-    print(f"# {args.pods_file}, queues {args.queues}, time scale {args.time_scale}, duration scale {args.duration_scale}: "
-          f"{imp.stats.imported} workloads, {sum(n['count'] for n in sc['nodes'])} nodes, "
+    print(f"# {args.pods_file}, queues {args.queues}, time scale {args.time_scale}, duration scale {args.duration_scale}, "
+          f"shares {'rounded up' if args.round_fractions else 'kept'}: {imp.stats.imported} workloads, {sum(n['count'] for n in sc['nodes'])} nodes, "
           f"{sum(n['gpus'] * n['count'] for n in sc['nodes'])} GPUs", flush=True)
     result("workloads", imp.stats.imported)
     result("import_wall_s", import_s, "s")

@@ -24,6 +24,20 @@ counted in :attr:`DcgmRows.skipped`, not reported as errors:
 * non-finite values (NaN, +-Inf): they carry no reading and would poison sums in the rollups.
 
 A sample's own timestamp is used when the page has one (dcgm-exporter writes none), else ``now``.
+
+Per-process fields (dcgm-exporter #594, with ``--kubernetes-virtual-gpus``): on a GPU that pods
+share, ``DCGM_FI_DEV_GPU_UTIL`` and ``DCGM_FI_DEV_FB_USED`` come once for the device (no pod) and once
+per pod with the pod's own processes' SM utilization and memory (0 for a pod with no process);
+every other field is the device's value copied to each pod. A device whose page has both a
+device-level and per-pod series of one of those two fields is read in that mode
+(:func:`per_process_devices`): the per-pod series are stored with source ``dcgm-process`` (the
+accounting's ``idle_method`` ``per_process``), and the per-pod copies of
+``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` become one device-level row (no pod), the others dropped
+(counted in :attr:`DcgmRows.copies`): they are the device's activity, and would otherwise stand
+for each pod's own (the accounting prefers that field to ``DCGM_FI_DEV_GPU_UTIL``). On a MIG
+instance NVML has no per-process utilization, so dcgm-exporter writes 0 for every pod there: those
+``DCGM_FI_DEV_GPU_UTIL`` series are dropped too (they measure nothing, and would make every pod
+look idle), and the instance's own fields stay each pod's.
 """
 from __future__ import annotations
 
@@ -52,8 +66,13 @@ __all__ = [
 ]
 
 SOURCE = "dcgm"
+PER_PROCESS_SOURCE = "dcgm-process"
+PER_PROCESS_METRICS = frozenset({"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"})
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+PROF_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 KEEP_PREFIXES = ("DCGM_FI_", "DCGM_EXP_")
 Row = tuple[Any, ...]
+Device = tuple[str, str, str]          # (UUID, gpu index, GPU_I_ID)
 
 
 def keep_metric(name: str) -> bool:
@@ -76,14 +95,38 @@ def _index(text: str) -> int:
 class DcgmRows:
     rows: list[Row]
     skipped: int          # series with no GPU identity or a non-finite value
+    copies: int = 0       # per-pod copies of device values dropped on per-process devices (see above)
+
+
+def _device(labels: Mapping[str, str]) -> Device:
+    return (_first(labels, "UUID", "uuid"), labels.get("gpu", ""), labels.get("GPU_I_ID", ""))
+
+
+def _pod(labels: Mapping[str, str]) -> str:
+    return _first(labels, "pod", "pod_name")
+
+
+def per_process_devices(samples: Iterable[Sample]) -> frozenset[Device]:
+    """The devices a page reports with dcgm-exporter's per-process fields: a device-level and a
+    per-pod series of ``DCGM_FI_DEV_GPU_UTIL`` or ``DCGM_FI_DEV_FB_USED`` both on the page (without
+    per-process fields, pod series replace the device's)."""
+    device_level: set[tuple[str, Device]] = set()
+    per_pod: set[tuple[str, Device]] = set()
+    for s in samples:
+        if s.name in PER_PROCESS_METRICS:
+            (per_pod if _pod(s.labels) else device_level).add((s.name, _device(s.labels)))
+    return frozenset(d for _, d in device_level & per_pod)
 
 
 def gpu_sample_rows(samples: Iterable[Sample], *, cluster: str, default_node: str,
                     now: dt.datetime) -> DcgmRows:
     """Pure: dcgm-exporter samples -> gpu_samples tuples in ``COLUMNS['gpu_samples']`` order."""
     now = utc(now)
+    samples = list(samples)
+    per_process = per_process_devices(samples)
     rows: list[Row] = []
-    skipped = 0
+    skipped = copies = 0
+    device_rows: set[tuple[str, Device]] = set()       # device-level rows made of per-pod copies
     for s in samples:
         lab = s.labels
         uuid = _first(lab, "UUID", "uuid")
@@ -91,16 +134,30 @@ def gpu_sample_rows(samples: Iterable[Sample], *, cluster: str, default_node: st
         if not (uuid or gpu) or not math.isfinite(s.value):
             skipped += 1
             continue
+        pod, namespace, container, source = _pod(lab), _first(lab, "namespace", "pod_namespace"), \
+            _first(lab, "container", "container_name"), SOURCE
+        if pod and per_process and (device := _device(lab)) in per_process:
+            mig = bool(lab.get("GPU_I_ID"))
+            if s.name == PROF_ACTIVE and not mig:
+                if (s.name, device) in device_rows:
+                    copies += 1
+                    continue
+                device_rows.add((s.name, device))
+                pod = namespace = container = ""
+            elif s.name == GPU_UTIL and mig:
+                copies += 1
+                continue
+            elif s.name in PER_PROCESS_METRICS:
+                source = PER_PROCESS_SOURCE
         rows.append((
             sample_time(s.timestamp_ms, now), cluster,
             _first(lab, "Hostname", "hostname") or default_node,
             uuid, _index(gpu), lab.get("modelName", ""),
             lab.get("GPU_I_PROFILE", ""), lab.get("GPU_I_ID", ""),
-            _first(lab, "pod", "pod_name"), _first(lab, "namespace", "pod_namespace"),
-            _first(lab, "container", "container_name"),
-            s.name, s.value, SOURCE,
+            pod, namespace, container,
+            s.name, s.value, source,
         ))
-    return DcgmRows(rows, skipped)
+    return DcgmRows(rows, skipped, copies)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,13 @@ When it ends
     whose pod a relist no longer shows (deleted while the collector was away) ends at the relist
     time. ``end`` is never before ``start``.
 
+GPUs
+    ``gpus`` is the pod's share of its node's GPUs in GPUs (whole thousandths: the store derives
+    ``milli_gpus`` from it): :func:`collector.k8s_extract.pod_share_milli`, from the pod and its
+    node (a MIG slice its fraction of the GPU, a time-sliced replica ``1/replicas``, a KAI pod its
+    fraction). A pod whose node is not known yet is re-emitted when the node arrives (see
+    :mod:`collector.k8s_state`), with the share the node gives.
+
 Queue, owner, workload id
     From :meth:`collector.k8s_owners.OwnerIndex.attribute` (the pod, then its top owner), passed
     in as an ``Attribution``; without one, the pod's own queue and no owner.
@@ -46,7 +53,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from collector.k8s_extract import NodeInfo, PodInfo
+from collector.k8s_extract import NodeInfo, PodInfo, pod_share_milli
+from gpuq.gpu_share import MILLI
 from collector.k8s_owners import Attribution
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -111,9 +119,14 @@ def allocation_start(pod: PodInfo) -> dt.datetime | None:
 
 
 def allocation_for(pod: PodInfo, gpu_model: str, cluster: str, event: str,
-                   seen_at: dt.datetime, attribution: Attribution | None = None) -> Allocation | None:
-    """The allocation row this pod state implies, or None when the pod holds no GPU."""
-    if pod.gpus <= 0 or not pod.node:
+                   seen_at: dt.datetime, attribution: Attribution | None = None,
+                   node: NodeInfo | None = None) -> Allocation | None:
+    """The allocation row this pod state implies, or None when the pod holds no GPU. ``node``:
+    the pod's node as last seen (None: not seen yet), for the pod's share."""
+    if not pod.asks_gpus or not pod.node:
+        return None
+    share = pod_share_milli(pod, node)
+    if share <= 0:
         return None
     start = allocation_start(pod) or seen_at
     end: dt.datetime | None = None
@@ -123,7 +136,7 @@ def allocation_for(pod: PodInfo, gpu_model: str, cluster: str, event: str,
         version = version_of(end, ENDED)
     att = attribution or Attribution(pod.queue)
     return Allocation(cluster, pod.namespace, pod.name, pod.uid, att.queue, pod.node, gpu_model,
-                      pod.gpu_resource, pod.gpus, pod.priority, pod.ray_cluster, start, end, version,
+                      pod.gpu_resource, share / MILLI, pod.priority, pod.ray_cluster, start, end, version,
                       "pod", att.workload_id, att.owner_kind, att.owner)
 
 

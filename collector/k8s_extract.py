@@ -9,8 +9,22 @@ GPU count of a pod
     max over init containers i of (init_i + sidecars started before i))``, where a sidecar is an
     init container with ``restartPolicy: Always``. A container's amount is its request, or its
     limit when no request is given (for extended resources the two must be equal). ``gpus`` is
-    the sum over the GPU resources (a MIG slice counts as one); ``gpu_resource`` names the
-    resource, or the sorted resources joined by ``,`` when a pod asks for several.
+    the sum over the GPU resources, as Kubernetes counts them (devices, time-sliced replicas, MIG
+    slices); ``gpu_resource`` names the resource, or the sorted resources joined by ``,`` when a
+    pod asks for several. ``nvidia.com/gpu.shared`` (time-slicing with ``renameByDefault``) is a
+    GPU resource too. A pod of KAI-Scheduler asks through annotations instead (``gpu-fraction``,
+    ``gpu-memory``): its ``gpu_resource`` is the annotation's name and its ``gpus`` the fraction
+    (0 for ``gpu-memory`` until a node says how much memory its GPUs have).
+
+GPU share of a pod (:func:`pod_share_milli`)
+    What the pod holds of its node's GPUs, in milli-GPUs, rounded down (:mod:`gpuq.gpu_share`):
+    each resource's count times what one unit of it is (a GPU; a MIG slice's fraction of its GPU,
+    for ``nvidia.com/mig-<profile>`` and for ``nvidia.com/gpu`` on a single-strategy node) over the
+    node's replicas of it (time-slicing or MPS); a KAI pod its fraction. This is what the pod is
+    billed. KAI's reservation pods (label ``app: kai-resource-reservation``, or run:ai's
+    ``runai-reservation``, with a ``runai-gpu-group``) hold a whole GPU through the device plugin
+    for the fractional pods that share it: they hold nothing of their own (``gpus`` 0), so the GPU
+    is billed once, by share.
 
 GPU model of a node
     The ``nvidia.com/gpu.product`` label as gpu-feature-discovery publishes it. With the MIG
@@ -29,10 +43,14 @@ import datetime as dt
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from gpuq import gpu_share
+
 GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
@@ -44,6 +62,8 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_LOCAL_QUEUE_LABEL = "kueue.x-k8s.io/local-queue-name"      # Kueue's pod labels
 KUEUE_CLUSTER_QUEUE_LABEL = "kueue.x-k8s.io/cluster-queue-name"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+RESERVATION_APPS = frozenset({"kai-resource-reservation", "runai-reservation"})   # label app
+GPU_GROUP_LABEL = "runai-gpu-group"
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _MIG_SUFFIX = re.compile(r"-MIG-(\d+g\.\d+gb(?:\+me)?)$")
@@ -90,6 +110,7 @@ class OwnerRef:
 class GpuRequest:
     gpus: float = 0.0
     resource: str = ""                    # "" when the pod holds no GPU
+    per_resource: tuple[tuple[str, float], ...] = ()    # effective request per GPU resource, sorted
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +136,16 @@ class PodInfo:
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     owner_refs: tuple[OwnerRef, ...] = ()  # controller first
+    gpu_requests: tuple[tuple[str, float], ...] = ()    # effective request per GPU resource
 
     @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
+
+    @property
+    def asks_gpus(self) -> bool:
+        """Holds GPUs once bound: GPU resources, or a KAI fraction (``gpu-memory`` included)."""
+        return self.gpus > 0 or self.gpu_resource in (gpu_share.KAI_FRACTION, gpu_share.KAI_MEMORY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +195,7 @@ def parse_time(value: Any) -> dt.datetime | None:
 
 
 def is_gpu_resource(name: str) -> bool:
-    return name == GPU_RESOURCE or name.startswith(MIG_PREFIX)
+    return name in (GPU_RESOURCE, SHARED_GPU_RESOURCE) or name.startswith(MIG_PREFIX)
 
 
 # -- pods -----------------------------------------------------------------------------------
@@ -210,11 +237,49 @@ def effective_gpus(spec: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def pod_gpu_request(spec: Mapping[str, Any]) -> GpuRequest:
-    per = effective_gpus(spec)
-    if not per:
+def pod_gpu_request(spec: Mapping[str, Any], annotations: Mapping[str, str] | None = None,
+                    labels: Mapping[str, str] | None = None) -> GpuRequest:
+    """The pod's GPU resources; else its KAI annotations; nothing for a KAI reservation pod."""
+    if labels is not None and is_reservation_pod(labels):
         return GpuRequest()
-    return GpuRequest(gpus=sum(per.values()), resource=",".join(sorted(per)))
+    per = effective_gpus(spec)
+    if per:
+        return GpuRequest(gpus=sum(per.values()), resource=",".join(sorted(per)),
+                          per_resource=tuple(sorted(per.items())))
+    ann = annotations or {}
+    for key in (gpu_share.KAI_FRACTION, gpu_share.KAI_MEMORY):
+        if ann.get(key):
+            milli = gpu_share.kai_fraction_milli(ann) if key == gpu_share.KAI_FRACTION else None
+            return GpuRequest(gpus=(milli or 0) / gpu_share.MILLI, resource=key)
+    return GpuRequest()
+
+
+def is_reservation_pod(labels: Mapping[str, str]) -> bool:
+    """KAI's (or run:ai's) pod that holds a GPU for the fractional pods sharing it."""
+    return labels.get("app", "") in RESERVATION_APPS and GPU_GROUP_LABEL in labels
+
+
+def pod_share_milli(pod: PodInfo, node: NodeInfo | None) -> int:
+    """Milli-GPUs the pod holds of its node's GPUs (see the module docstring); ``node`` None (not
+    seen yet): MIG slices of a GPU of 7 compute slices, no replicas, no ``gpu-memory`` share."""
+    labels: Mapping[str, str] = node.labels if node is not None else _EMPTY
+    if pod.gpu_resource in (gpu_share.KAI_FRACTION, gpu_share.KAI_MEMORY):
+        return gpu_share.kai_fraction_milli(pod.annotations, labels) or 0
+    model = node.gpu_model if node is not None else ""
+    total = Fraction(0)
+    for resource, count in pod.gpu_requests:
+        unit = Fraction(1)
+        if resource.startswith(MIG_PREFIX):
+            profile = resource[len(MIG_PREFIX):].removesuffix(gpu_share.SHARED_SUFFIX)
+        else:
+            profile = gpu_share.mig_profile_of(model)        # a single-strategy node's slices
+        if profile:
+            try:
+                unit = gpu_share.mig_fraction(gpu_share.base_model(model), profile)
+            except ValueError:
+                unit = Fraction(1)                           # not a profile gpuq can read: a GPU
+        total += Fraction(count) * unit / gpu_share.replicas(labels, resource)
+    return gpu_share.milli_floor(total)
 
 
 def pod_queue(labels: Mapping[str, str], annotations: Mapping[str, str], namespace: str,
@@ -288,7 +353,7 @@ def pod_info(obj: Mapping[str, Any], lookup: QueueLookup | None = None) -> PodIn
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     namespace = meta.get("namespace") or ""
-    req = pod_gpu_request(spec)
+    req = pod_gpu_request(spec, annotations, labels)
     return PodInfo(
         namespace=namespace,
         name=meta.get("name") or "",
@@ -311,16 +376,17 @@ def pod_info(obj: Mapping[str, Any], lookup: QueueLookup | None = None) -> PodIn
         labels=MappingProxyType({str(k): str(v) for k, v in labels.items()}),
         annotations=MappingProxyType({str(k): str(v) for k, v in annotations.items()}),
         owner_refs=owner_refs(meta),
+        gpu_requests=req.per_resource,
     )
 
 
 def pod_gpu_model(pod: PodInfo, node_model: str) -> str:
     """The model of what the pod holds: its node's, with the MIG profile for mixed-strategy slices."""
-    if pod.gpus <= 0 or not node_model:
+    if not pod.asks_gpus or not node_model:
         return ""
     migs = [r for r in pod.gpu_resource.split(",") if r.startswith(MIG_PREFIX)]
-    if len(migs) == 1 and pod.gpu_resource == migs[0] and not _MIG_SUFFIX.search(node_model):
-        return f"{node_model}-MIG-{migs[0][len(MIG_PREFIX):]}"
+    if len(migs) == 1 and pod.gpu_resource == migs[0] and not gpu_share.mig_profile_of(node_model):
+        return f"{node_model}-MIG-{migs[0][len(MIG_PREFIX):].removesuffix(gpu_share.SHARED_SUFFIX)}"
     return node_model
 
 
@@ -349,6 +415,7 @@ def node_info(obj: Mapping[str, Any]) -> NodeInfo:
     capacity = status.get("capacity") or {}
     allocatable = status.get("allocatable") or {}
     migs = {r: parse_quantity(v) for r, v in (allocatable or capacity).items() if r.startswith(MIG_PREFIX)}
+    gpus = (GPU_RESOURCE, SHARED_GPU_RESOURCE)
     ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                 for c in status.get("conditions") or ())
     return NodeInfo(
@@ -360,8 +427,8 @@ def node_info(obj: Mapping[str, Any]) -> NodeInfo:
         gpu_model=labels.get(PRODUCT_LABEL, ""),
         mig_strategy=mig_strategy(labels, migs),
         mig_config=labels.get(MIG_CONFIG_LABEL, ""),
-        gpu_capacity=parse_quantity(capacity.get(GPU_RESOURCE, 0)),
-        gpu_allocatable=parse_quantity(allocatable.get(GPU_RESOURCE, 0)),
+        gpu_capacity=sum(parse_quantity(capacity.get(r, 0)) for r in gpus),
+        gpu_allocatable=sum(parse_quantity(allocatable.get(r, 0)) for r in gpus),
         mig_resources=MappingProxyType(dict(sorted(migs.items()))),
         labels=MappingProxyType(labels),
     )

@@ -119,7 +119,7 @@ class ClusterTracker:
             row = waiting.row[:_MODEL_COL] + (model,) + waiting.row[_MODEL_COL + 1:]
             _add(rows, "pod_events", row)
             alloc = allocation_for(waiting.pod, model, self.cluster, waiting.event, row[0],
-                                   self._attribute(waiting.pod))
+                                   self._attribute(waiting.pod), node)
             if alloc is not None:
                 self._offer(alloc, rows, waiting.pod)
 
@@ -132,11 +132,11 @@ class ClusterTracker:
         model = pod_gpu_model(pod, node.gpu_model if node else "")
         row = pod_event_row(now, self.cluster, event, replace(pod, queue=att.queue), model)
         _add(rows, "pod_events", row)
-        if pod.gpus > 0 and pod.node and node is None and event != "DELETED":
+        if pod.asks_gpus and pod.node and node is None and event != "DELETED":
             self._awaiting[pod.uid] = _Awaiting(row, pod, event)
         else:
             self._awaiting.pop(pod.uid, None)
-        alloc = allocation_for(pod, model, self.cluster, event, now, att)
+        alloc = allocation_for(pod, model, self.cluster, event, now, att, node)
         if alloc is not None:
             self._offer(alloc, rows, pod)
         if event == "DELETED":

@@ -13,11 +13,12 @@ Where shares sit
     page's caption says so; nothing here invents a split the data does not have.
 
 MIG slices
-    A ``<model>-MIG-<profile>`` row counts slices. A profile ``<N>g.<M>gb`` holds ``N`` of the
-    GPU's compute slices (7 on the A100, H100, H200 and Blackwell data-centre GPUs, 4 on the A30
-    and the RTX PRO 6000, 2 on the RTX PRO 5000/4500: NVIDIA's MIG User Guide, "Supported MIG
-    Profiles"), so a slice is drawn ``N/S`` of a cell wide and ``floor(S/N)`` slices share a
-    cell; which GPU holds which slice the API does not say either, so they are packed in order.
+    A ``<model>-MIG-<profile>`` row counts slices. A profile ``<N>g.<M>gb`` is ``N/S`` of its GPU,
+    ``S`` the GPU's compute slices (7 on the A100 and H100, 4 on the A30: the table of
+    :mod:`gpuq.gpu_share`, which the accounting bills slices by), so a slice is drawn ``N/S`` of a
+    cell wide and ``floor(S/N)`` slices share a cell; which GPU holds which slice the API does not
+    say either, so they are packed in order. A MIG type the queue file renamed to a name without
+    ``-MIG-<profile>`` (case aside) cannot be told from a GPU and is drawn as whole cells.
 """
 from __future__ import annotations
 
@@ -27,11 +28,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuq.gpu_share import mig_fraction
+
 STATES = ("busy", "idle", "free", "unavailable")
-_MIG = re.compile(r"^(?P<model>.*)-MIG-(?P<n>\d+)g\.\d+gb")
-# compute slices per GPU where not 7 (NVIDIA's MIG User Guide, "Supported GPUs")
-_SLICES = (("RTX-PRO-6000", 4), ("RTX-PRO-5000", 2), ("RTX-PRO-4500", 2), ("A30", 4))
-DEFAULT_SLICES = 7
+_MIG = re.compile(r"^(?P<model>.*)-MIG-(?P<profile>\d+g\.\d+gb\S*?)(?:-SHARED)?$", re.IGNORECASE)
 _EPS = 1e-9
 
 
@@ -45,14 +45,16 @@ class Unit:
 
 
 def unit_of(gpu_type: str) -> Unit:
-    """A GPU, or for ``<model>-MIG-<N>g.<M>gb`` a slice ``N/S`` of a GPU wide."""
+    """A GPU, or for ``<model>-MIG-<N>g.<M>gb`` a slice ``N/S`` of a GPU wide (a profile the
+    table cannot read: a GPU)."""
     m = _MIG.match(gpu_type)
     if m is None:
         return Unit("GPU", 1.0, 1)
-    model = m.group("model").upper().replace(" ", "-")
-    s = next((k for name, k in _SLICES if name in model), DEFAULT_SLICES)
-    n = min(int(m.group("n")), s) or 1
-    return Unit("slice", n / s, max(1, s // n))
+    try:
+        share = mig_fraction(m.group("model"), m.group("profile").lower())
+    except ValueError:
+        return Unit("GPU", 1.0, 1)
+    return Unit("slice", float(share), int(1 / share))
 
 
 def amounts(node: Mapping[str, Any], idle: float) -> dict[str, float]:
@@ -94,7 +96,8 @@ def cells(nodes: Iterable[Mapping[str, Any]], idle_on: Mapping[tuple[str, str], 
         by_state = amounts(n, idle_on.get((n["cluster"], n["node"]), 0.0))
         count = math.ceil(sum(by_state.values()) - _EPS)
         line = layout(by_state)
-        profile = str(n["gpu_type"]).split("-MIG-", 1)[-1]
+        mig = _MIG.match(str(n["gpu_type"]))
+        profile = mig.group("profile") if mig else ""
         for u in range(count):
             cell, j = divmod(u, unit.per_cell)
             x0 = cell + j * unit.width

@@ -54,7 +54,7 @@ def fifo(snap: Snapshot, now: float) -> Decisions:
     """Plain FIFO over all queues with best-fit packing; the head blocks the line; no preemption."""
     cluster = snap.cluster
     occ = snap.occupancy
-    index = FreeIndex(cluster, occ.node_free, occ.levels)
+    index = FreeIndex(cluster, occ.node_free, occ.levels, occ.partial)
     admissions: list[Admission] = []
     # sorted() is stable: equal submit times keep the simulator's order (file order)
     for w in sorted(snap.pending, key=lambda w: w.submit_s):
@@ -69,7 +69,7 @@ def per_queue(snap: Snapshot, now: float) -> Decisions:
     """At most one admission per queue per cycle, within max; no preemption (see the module)."""
     cluster = snap.cluster
     occ = snap.occupancy
-    index = FreeIndex(cluster, occ.node_free, occ.levels)
+    index = FreeIndex(cluster, occ.node_free, occ.levels, occ.partial)
     ledger = Ledger(occ.usage)
     groups = by_queue(snap.pending)
     heap = [(queue_key(cluster, ledger, q), q) for q in groups]

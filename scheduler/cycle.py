@@ -220,6 +220,9 @@ class _Cycle:
         start, n = i, len(lst)
         seen: dict[int, Settled | _MayPreempt] = {}      # Fit.key -> what the shape found in this walk
         pinned = self.ledger.used(q, PINNED_GPU)
+        # what the queue may still take within its guarantee, found once: a workload's test is one
+        # compare (``used + gpus > g`` as ``gpus > left``: the same for ints, and for exact shares)
+        left, pinned_left = g - used, g - pinned
         v: Verdict | None
         while i < n:
             fit = fits[i]
@@ -227,7 +230,7 @@ class _Cycle:
             v = fit.never_fits
             if v is None:
                 room = fit.room
-                if fit.pinned and pinned + fit.gpus > g:     # non-preemptible, over its guarantee
+                if fit.pinned and fit.gpus > pinned_left:    # non-preemptible, over its guarantee
                     vs.append(pinned_verdict(q, pinned, fit.gpus, g))
                     if strict:
                         break
@@ -238,7 +241,7 @@ class _Cycle:
                         if strict:
                             break
                         continue
-                    if used + fit.gpus > g:      # as in _pre_class: the quick no
+                    if fit.gpus > left:          # as in _pre_class: the quick no
                         vs.append(fit.no_room_above)
                         if strict:
                             break
@@ -521,7 +524,7 @@ class _Part:
                     code, msg = no_fit, all_full[v.room].message
                 elif type(v) is NoRoomAboveGuarantee:
                     code = no_fit
-                    msg = f"{all_full[v.room].message}; {head}{used + w.pods * w.gpus_per_pod}{tail}"
+                    msg = f"{all_full[v.room].message}; {head}{reasons.amount(used + w.pods * w.gpus_per_pod)}{tail}"
                 else:
                     code = ReasonCode.WAITING_PREEMPTION_DELAY
                     at = w.submit_s + delay_s

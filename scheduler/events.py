@@ -51,7 +51,10 @@ def to_row(ev: Mapping[str, Any], seq: int, cluster: str, spec: str = "",
     shares = ev.get("shares")
     # a gang of shares (issue 19) leaves the whole-GPU column empty; placement_milli holds every
     # admit exactly, and shares its device slots
-    placement = {} if shares else {str(k): int(v) for k, v in given.items()}
+    devices = ev.get("devices") or {}
+    of_shares = bool(shares) or any(float(v) != int(v) for v in given.values()) or any(
+        x != 1 for on in devices.values() for x in on.values())
+    placement = {} if of_shares else {str(k): int(v) for k, v in given.items()}
     milli = {str(k): round(float(v) * 1000) for k, v in given.items()}
     return (ts, cluster, float(ev["t"]), int(seq), str(ev["event"]), str(ev["workload"]),
             str(ev["queue"]), str(ev.get("gpu_type", "")), placement, str(ev.get("by", "")),

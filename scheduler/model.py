@@ -48,6 +48,14 @@ def share_of_gpus(value: object) -> Gpus | None:
     return Decimal(int(milli)) / MILLI
 
 
+def exact(g: Gpus) -> Gpus:
+    """An amount as the core keeps it: an int when whole (a sum of shares that came out whole, or a
+    share given back), so sums of whole work stay ints and a whole sum reads ``24``, not ``24.00``."""
+    if isinstance(g, int) or g != g.to_integral_value():
+        return g
+    return int(g)
+
+
 def is_share(gpus_per_pod: Gpus) -> bool:
     """A share of one device (below 1), not whole devices."""
     return type(gpus_per_pod) is not int
@@ -64,18 +72,13 @@ def gpus_out(x: Gpus | float) -> int | float:
 
 
 def whole(x: Gpus) -> int:
-    """``x`` where only whole GPUs may be (the live service, until it carries shares: its API
-    takes whole ``gpus_per_pod`` only); a share there is a bug, said loudly."""
+    """``x`` where only whole GPUs may be (fixed load in a scenario holds whole GPUs); a share
+    there is a bug, said loudly."""
     if type(x) is int:
         return x
     if x == int(x):
         return int(x)
     raise ValueError(f"{gpus_text(x)} GPUs where only whole GPUs are taken")
-
-
-def whole_nodes(p: Placement) -> tuple[tuple[str, int], ...]:
-    """:attr:`Placement.nodes` where only whole GPUs may be (:func:`whole`)."""
-    return tuple([(n, whole(g)) for n, g in p.nodes])
 
 
 def gpus_in(x: int | float | str) -> Gpus:

@@ -30,7 +30,7 @@ from bisect import bisect_left, insort
 from collections import Counter
 from decimal import Decimal
 
-from scheduler.model import Gpus, Placement
+from scheduler.model import Gpus, Placement, exact
 from scheduler.snapshot import NO_PARTIAL, Cluster, Levels, Partial
 
 _LOW = -1     # below every node index and slot: bisect keys (share, _LOW, _LOW)
@@ -199,7 +199,7 @@ class FreeIndex:
         per: dict[int, Decimal] = {}
         for (i, _), a in held.items():
             per[i] = per.get(i, Decimal(0)) + a
-        return Placement(gpu_type, tuple((nodes[i].name, _exact(g)) for i, g in sorted(per.items())),
+        return Placement(gpu_type, tuple((nodes[i].name, exact(g)) for i, g in sorted(per.items())),
                          tuple((nodes[i].name, slot, a) for (i, slot), a in sorted(held.items())))
 
     def _shift_shares(self, placement: Placement, sign: int) -> None:
@@ -256,11 +256,6 @@ class FreeIndex:
             st.append(i)
         elif self._levels is not None:
             self._arrived.setdefault((gpu_type, new), []).append(i)
-
-
-def _exact(g: Decimal) -> Gpus:
-    """A sum of shares as the core keeps amounts: an int when whole."""
-    return int(g) if g == g.to_integral_value() else g
 
 
 def node_slots(cluster: Cluster, gpu_type: str, gpus_per_pod: Gpus) -> int:

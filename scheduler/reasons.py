@@ -15,9 +15,13 @@ def num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.6g}"
 
 
-def _n(x: Gpus) -> str:
-    """An amount: an int as always, a share as a decimal (``0.5``, never ``1/2``)."""
+def amount(x: Gpus) -> str:
+    """An amount: an int as always, a share as a decimal (``0.5``; a whole sum of shares ``24``,
+    never ``24.00``)."""
     return str(x) if type(x) is int else gpus_text(x)
+
+
+_n = amount
 
 
 def quota_max(s: Shortfall) -> str:

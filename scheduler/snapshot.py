@@ -19,7 +19,7 @@ from typing import Any
 from accounting.queues import QueueConfig
 from scheduler.errors import SnapshotError
 from scheduler.memo import CycleMemo
-from scheduler.model import Gpus, Node, Running, Workload
+from scheduler.model import Gpus, Node, Running, Workload, exact
 
 _NONE: Mapping[str, Gpus] = MappingProxyType({})
 # node index -> device slot -> the share of that device in use (0 < used <= 1): the devices that
@@ -218,7 +218,8 @@ def occupancy_after(
                     d = copied[q] = dict_copy(usage.get(q, _NONE))
                     usage[q] = d
                 for key, amt in vec:
-                    d[key] = d.get(key, 0) - sign * amt
+                    v = d.get(key, 0) - sign * amt
+                    d[key] = v if type(v) is int else exact(v)
     for q, d in copied.items():
         usage[q] = MappingProxyType(d)
     kept = occ.partial if partial is None else MappingProxyType(

@@ -58,7 +58,7 @@ from scheduler.memo import CycleMemo
 from scheduler.model import Decisions, Gpus, Placement, Running, Workload
 from scheduler.ordering import QueueKey, queue_key
 from scheduler.placement import FreeIndex
-from scheduler.quota import Ledger, below_floor, over_guarantee, over_max
+from scheduler.quota import Ledger, below_floor, over_guarantee, over_guarantee_pinned, over_max
 from scheduler.snapshot import Cluster, Snapshot, demand
 
 LOW, MID, HIGH = 0.1, 0.5, 0.9
@@ -400,7 +400,11 @@ class _Run:
         for t_ in types:
             if not self.free.fits(t_, w.gpus_per_pod, w.pods):
                 continue
-            if over_max(self.cluster, self.ledger, w.queue, demand(w, t_)) is not None:
+            vec = demand(w, t_)
+            if over_max(self.cluster, self.ledger, w.queue, vec) is not None:
+                continue
+            # the core's rule of issue 17: non-preemptible work only within its queue's guarantee
+            if not w.preemptible and over_guarantee_pinned(self.cluster, self.ledger, w.queue, vec) is not None:
                 continue
             return self.free.place(t_, w.gpus_per_pod, w.pods)
         return None
@@ -419,6 +423,8 @@ class _Run:
             vec = demand(w, t_)
             if over_guarantee(cluster, ledger, w.queue, vec) is not None:
                 continue
+            if not w.preemptible and over_guarantee_pinned(cluster, ledger, w.queue, vec) is not None:
+                continue                        # as the core: non-preemptible only within the guarantee
             taken: list[Running] = []
             budget = 4 * w.pods * w.gpus_per_pod          # GPUs a search may free before giving up
             ok = False

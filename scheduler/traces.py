@@ -9,10 +9,17 @@ trace. In short:
   ``<model lower>-<gpus>g`` with its ``count`` (``t4-2g`` x 387 expands to ``t4-2g-0`` ..). The
   models become ``gpu_types``. CPU and memory are not carried (FORMAT.md has no field for them).
 * **Pods**: only GPU pods (``num_gpu >= 1``). Each pod is a gang of one pod with ``num_gpu``
-  GPUs (the trace has no gangs). A fractional pod (``num_gpu == 1``, ``gpu_milli < 1000``) is
-  **rounded up to one whole GPU**, because the scheduler allocates whole GPUs; the import counts
-  them. ``gpu_spec`` ``A|B`` becomes ``gpu_types: [A, B]`` (that order, duplicates dropped,
-  types without nodes dropped); empty means any type.
+  GPUs (the trace has no gangs). A fractional pod (``num_gpu == 1``, ``0 < gpu_milli < 1000``)
+  **keeps its share** of one GPU: ``gpu_milli`` 460 becomes ``gpus_per_pod: 0.46`` (thousandths,
+  as the trace gives them and the scheduler keeps them exactly: :func:`scheduler.model.share_of_gpus`;
+  issue 19). ``round_fractions=True`` (``--round-fractions``) rounds each up to one whole GPU
+  instead, as the import did before the scheduler took shares, to compare the two replays. Pods of
+  ``num_gpu >= 2`` (``gpu_milli`` 1000 in the shipped lists) and ``num_gpu == 1`` with ``gpu_milli``
+  1000 stay whole; a ``gpu_milli`` of 0 or none on a one-GPU pod asks no share to keep and takes
+  one whole GPU, and a multi-GPU pod below 1000 keeps its ``num_gpu`` whole GPUs (neither is in
+  the shipped lists; both are counted). The import counts each kind. ``gpu_spec`` ``A|B`` becomes
+  ``gpu_types: [A, B]`` (that order, duplicates dropped, types without nodes dropped); empty means
+  any type.
 * **Times**: ``submit = (creation_time - first creation_time) * time_scale``; ``duration =
   (deletion_time - scheduled_time) * duration_scale``. ``time_scale < 1`` packs arrivals closer,
   which raises the load. A pod never scheduled in the trace (the 861 GPU pods still ``Pending``
@@ -47,6 +54,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -55,11 +63,12 @@ import yaml
 
 from gpuq.yamlsafe import safe_load
 
+from scheduler.model import Gpus, gpus_out, gpus_text
 from scheduler.progress import Progress
 from scheduler.traces_queues import Assignment, TraceError, default_quotas, parse_assignment
 
 __all__ = ["ImportStats", "TraceError", "TraceImport", "dump_scenario", "import_alibaba_v2023",
-           "import_trace_main", "load_alibaba_v2023", "offered_load", "write_scenario"]
+           "import_trace_main", "load_alibaba_v2023", "offered_load", "round_up_shares", "write_scenario"]
 
 NODES_FILE = "openb_node_list_gpu_node.csv"
 PODS_FILE = "openb_pod_list_default.csv"
@@ -84,13 +93,19 @@ class ImportStats:
     rows_read: int = 0
     imported: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
-    rounded_fractional: int = 0          # num_gpu == 1, gpu_milli < 1000 -> 1 whole GPU
+    round_fractions: bool = False        # --round-fractions: shares rounded up to 1 whole GPU
+    fractional: int = 0                  # num_gpu == 1, 0 < gpu_milli < 1000: a share of one GPU ...
+    fractional_gpus: Decimal = Decimal(0)        # ... the sum of those shares
+    rounded_fractional: int = 0          # of them, rounded up to 1 whole GPU (--round-fractions)
+    kept_fractional: int = 0             # of them, kept as a share (the default)
+    whole_no_milli: int = 0              # num_gpu == 1, gpu_milli 0 or empty: 1 whole GPU
+    whole_multi_below: int = 0           # num_gpu >= 2, gpu_milli < 1000: num_gpu whole GPUs
     pending_given_duration: int = 0      # never scheduled, kept with pending_duration_s
     never_fits: int = 0                  # more GPUs than any node of an acceptable type has
     by_qos: Counter[str] = field(default_factory=Counter)
     nodes_by_type: dict[str, int] = field(default_factory=dict)
     cluster_gpus_by_type: dict[str, int] = field(default_factory=dict)
-    requested_gpus_by_type: Counter[str] = field(default_factory=Counter)   # first choice or "any"
+    requested_gpus_by_type: dict[str, Gpus] = field(default_factory=dict)  # first choice or "any"
     demand_gpu_s: dict[str, float] = field(default_factory=dict)            # per queue
     inflate: float | None = None         # the target offered load, when inflating
     load_before: float | None = None     # offered load before inflating
@@ -104,15 +119,19 @@ class ImportStats:
         lines = [
             f"imported {self.imported} workloads from {self.rows_read} rows of {self.pods_file}",
             f"skipped {skipped}: {why}",
-            f"fractional GPUs rounded up to 1 whole GPU: {self.rounded_fractional}",
+            self._fractions_line(),
             "qos: " + ", ".join(f"{k} {v}" for k, v in sorted(self.by_qos.items())),
             f"cluster: {sum(self.nodes_by_type.values())} nodes, {gpus} GPUs: "
             + ", ".join(f"{t} {n}" for t, n in sorted(self.cluster_gpus_by_type.items())),
-            "requested GPUs by first choice: "
-            + ", ".join(f"{t} {n}" for t, n in sorted(self.requested_gpus_by_type.items())),
+            f"requested GPUs ({gpus_text(sum(self.requested_gpus_by_type.values()))}) by first choice: "
+            + ", ".join(f"{t} {gpus_text(n)}" for t, n in sorted(self.requested_gpus_by_type.items())),
             f"queues ({self.rule}), GPU-hours demanded: "
             + ", ".join(f"{q} {d / 3600:.0f}" for q, d in self.demand_gpu_s.items()),
         ]
+        if self.whole_no_milli:
+            lines.append(f"one-GPU pods with gpu_milli 0 or empty, given 1 whole GPU: {self.whole_no_milli}")
+        if self.whole_multi_below:
+            lines.append(f"multi-GPU pods with gpu_milli below 1000, kept whole: {self.whole_multi_below}")
         if self.pending_given_duration:
             lines.append(f"never-scheduled pods kept with the default duration: {self.pending_given_duration}")
         if self.inflate is not None:
@@ -125,6 +144,13 @@ class ImportStats:
                          f"{self.never_fits}")
         return lines
 
+    def _fractions_line(self) -> str:
+        if self.round_fractions:
+            return (f"fractional GPUs rounded up to 1 whole GPU: {self.rounded_fractional} "
+                    f"(--round-fractions; their shares add up to {gpus_text(self.fractional_gpus)} GPUs)")
+        return (f"fractional pods kept as shares of one GPU: {self.kept_fractional} "
+                f"({gpus_text(self.fractional_gpus)} GPUs; rounded up they would take {self.kept_fractional})")
+
 
 @dataclass(frozen=True, slots=True)
 class TraceImport:
@@ -135,7 +161,7 @@ class TraceImport:
 @dataclass(frozen=True, slots=True)
 class _Pod:
     name: str
-    gpus: int
+    gpus: Gpus                   # whole GPUs, or a Decimal of thousandths below 1 (a share)
     gpu_types: tuple[str, ...]
     qos: str
     creation_s: int
@@ -189,6 +215,27 @@ def _seconds(x: float) -> int | float:
     return int(r) if float(r).is_integer() else r
 
 
+def _gpus(num_gpu: int, milli: int | None, stats: ImportStats) -> Gpus:
+    """The GPUs one imported pod asks (module docstring), counted in ``stats``."""
+    if num_gpu >= 2:
+        if milli is not None and milli < 1000:
+            stats.whole_multi_below += 1
+        return num_gpu
+    if milli is None or milli <= 0:
+        stats.whole_no_milli += 1
+        return 1
+    if milli >= 1000:
+        return 1
+    share = Decimal(milli) / 1000
+    stats.fractional += 1
+    stats.fractional_gpus += share
+    if stats.round_fractions:
+        stats.rounded_fractional += 1
+        return 1
+    stats.kept_fractional += 1
+    return share
+
+
 def _read_pods(path: Path, types: Mapping[str, int], stats: ImportStats, *, limit: int | None,
                pending_duration_s: float | None, progress: Progress | None = None) -> list[_Pod]:
     pods: list[_Pod] = []
@@ -239,10 +286,8 @@ def _read_pods(path: Path, types: Mapping[str, int], stats: ImportStats, *, limi
             stats.pending_given_duration += 1
         else:
             duration = deleted - scheduled
-        if num_gpu == 1 and milli is not None and milli < 1000:
-            stats.rounded_fractional += 1
         assert created is not None
-        pods.append(_Pod(row["name"].strip(), num_gpu, wanted, qos, created, duration))
+        pods.append(_Pod(row["name"].strip(), _gpus(num_gpu, milli, stats), wanted, qos, created, duration))
     return pods
 
 
@@ -251,14 +296,16 @@ def load_alibaba_v2023(trace_dir: str | Path, *, pods_file: str = PODS_FILE, ass
                        time_scale: float = 1.0, duration_scale: float = 1.0,
                        pending_duration_s: float | None = None, name: str | None = None,
                        scheduler: Mapping[str, Any] | None = None, inflate: float | None = None,
-                       seed: int = 0, progress: Progress | None = None) -> TraceImport:
+                       seed: int = 0, round_fractions: bool = False,
+                       progress: Progress | None = None) -> TraceImport:
     """Read the trace and build the scenario and the import statistics (see the module docstring).
 
     ``assignment`` is a rule of :mod:`scheduler.traces_queues`; ``queues`` a parsed queue file
     (``{"queues": ..., "gpu_types": ...}``) whose quotas are used unchanged; ``limit`` stops after
     that many imported workloads; ``scheduler`` is copied to the scenario's ``scheduler:``;
     ``inflate`` the offered load to reach by adding sampled pod copies (``seed``; see the module
-    docstring); ``progress`` shows how far the reading is.
+    docstring); ``round_fractions`` rounds each share of one GPU up to a whole GPU (as the import
+    did before issue 19); ``progress`` shows how far the reading is.
     """
     if time_scale <= 0 or duration_scale <= 0:
         raise TraceError("--time-scale", "time_scale and duration_scale must be positive")
@@ -272,7 +319,7 @@ def load_alibaba_v2023(trace_dir: str | Path, *, pods_file: str = PODS_FILE, ass
     rule: Assignment = parse_assignment(assignment, queues)
     nodes, nodes_by_type, gpus_by_type = _read_nodes(trace / NODES_FILE)
     stats = ImportStats(pods_file=pods_file, rule=assignment, nodes_by_type=nodes_by_type,
-                        cluster_gpus_by_type=gpus_by_type)
+                        cluster_gpus_by_type=gpus_by_type, round_fractions=round_fractions)
     pods = _read_pods(trace / pods_file, gpus_by_type, stats, limit=limit,
                       pending_duration_s=pending_duration_s, progress=progress)
     biggest: dict[str, int] = {}
@@ -288,9 +335,9 @@ def load_alibaba_v2023(trace_dir: str | Path, *, pods_file: str = PODS_FILE, ass
         queue = rule.queue_of(pod.name, pod.qos)
         submit = _seconds((pod.creation_s - start) * time_scale)
         duration = max(_seconds(pod.duration_s * duration_scale), 0.001)
-        demand[queue] = demand.get(queue, 0.0) + pod.gpus * duration
+        demand[queue] = demand.get(queue, 0.0) + float(pod.gpus) * duration
         w: dict[str, Any] = {"id": pod.name, "queue": queue, "submit": submit, "duration": duration,
-                             "pods": 1, "gpus_per_pod": pod.gpus}
+                             "pods": 1, "gpus_per_pod": gpus_out(pod.gpus)}
         if pod.gpu_types:
             w["gpu_types"] = list(pod.gpu_types)
         w["priority"] = QOS_PRIORITY[pod.qos]
@@ -299,7 +346,8 @@ def load_alibaba_v2023(trace_dir: str | Path, *, pods_file: str = PODS_FILE, ass
         asks[queue] = (max(top, w["priority"]), pinned or not w["preemptible"])
         workloads.append((submit, i, w))
         stats.by_qos[pod.qos] += 1
-        stats.requested_gpus_by_type[pod.gpu_types[0] if pod.gpu_types else "any"] += pod.gpus
+        first = pod.gpu_types[0] if pod.gpu_types else "any"
+        stats.requested_gpus_by_type[first] = stats.requested_gpus_by_type.get(first, 0) + pod.gpus
         if pod.gpus > max(biggest[t] for t in (pod.gpu_types or tuple(biggest))):
             stats.never_fits += 1
     workloads.sort(key=lambda x: (x[0], x[1]))
@@ -352,7 +400,7 @@ def _inflate(pods: list[_Pod], start: int, time_scale: float, duration_scale: fl
         raise TraceError("--inflate", "all imported pods are submitted at the same instant: the offered "
                                       "load (over the span of submit times) is undefined")
     capacity = total_gpus * span
-    demand = sum(p.gpus * d for p, (_, d) in zip(pods, scaled, strict=True))
+    demand = sum(float(p.gpus) * d for p, (_, d) in zip(pods, scaled, strict=True))
     stats.load_before = demand / capacity
     rng = random.Random(seed)
     out = list(pods)
@@ -362,9 +410,19 @@ def _inflate(pods: list[_Pod], start: int, time_scale: float, duration_scale: fl
         p = pods[i]
         stats.copies += 1
         out.append(_Pod(f"{p.name}-x{stats.copies}", p.gpus, p.gpu_types, p.qos, p.creation_s, p.duration_s))
-        demand += p.gpus * scaled[i][1]
+        demand += float(p.gpus) * scaled[i][1]
     stats.load_after = demand / capacity
     return out
+
+
+def round_up_shares(scenario: Mapping[str, Any]) -> dict[str, Any]:
+    """``scenario`` with every workload's share of one GPU (``gpus_per_pod`` below 1) rounded up
+    to one whole GPU and all else the same: the same pods, times, queues and quotas. Replaying both
+    measures what shares alone change (docs/TRACES.md, benchmarks/bench_trace_shares.py); an
+    import with ``round_fractions`` differs in its default quotas too, which follow the demand."""
+    work = [dict(w, gpus_per_pod=1) if w.get("gpus_per_pod", 1) < 1 else dict(w)
+            for w in scenario.get("workloads") or ()]
+    return {**scenario, "workloads": work}
 
 
 def import_alibaba_v2023(trace_dir: str | Path, **options: Any) -> dict[str, Any]:
@@ -432,6 +490,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inflate", type=float, metavar="K", help="add sampled copies of pods until the offered "
                    "load (GPU-seconds over GPUs x span of submit times) is K (docs/TRACES.md)")
     p.add_argument("--seed", type=int, default=0, help="seed of --inflate's sampling (default 0)")
+    p.add_argument("--round-fractions", action="store_true",
+                   help="round each pod's share of one GPU (gpu_milli < 1000) up to a whole GPU, as "
+                   "before gpuq took shares; default: keep it (gpu_milli 460 -> gpus_per_pod: 0.46)")
     p.add_argument("--workloads-file", nargs="?", const="", metavar="FILE.jsonl",
                    help="write the workloads as JSON lines to FILE.jsonl (default: next to --out, "
                    f"<out>.workloads.jsonl); automatic above {JSONL_THRESHOLD:,} workloads")
@@ -457,7 +518,7 @@ def import_trace_main(argv: list[str], settings: object = None) -> int:
                                     duration_scale=args.duration_scale,
                                     pending_duration_s=args.pending_duration, name=args.name,
                                     scheduler=sched or None, inflate=args.inflate, seed=args.seed,
-                                    progress=progress)
+                                    round_fractions=args.round_fractions, progress=progress)
         lines = result.stats.summary_lines()
         comment = [f"gpuq import-trace {' '.join(argv)}", *lines]
         n = len(result.scenario["workloads"])

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -47,6 +48,7 @@ from typing import Any
 
 from scheduler.errors import ScenarioError, WhatifError
 from scheduler.history import FINISHED, FIXED, WORKLOAD, History
+from scheduler.model import gpus_out
 
 # what a production queue file without a top-level ``policy:`` means (accounting.queues.DEFAULT_POLICY)
 PRODUCTION_POLICY = {"max_priority": 0, "non_preemptible": False}
@@ -193,7 +195,7 @@ def scenario_of(h: History, queues: Mapping[str, Any], scheduler: Mapping[str, A
         if e.submit_s < zero:
             plan.carried.add(e.id)
         w: dict[str, Any] = {"id": e.id, "queue": e.queue, "submit": round(max(e.submit_s, zero) - zero, 6),
-                             "duration": round(duration, 6), "pods": e.pods, "gpus_per_pod": e.gpus_per_pod,
+                             "duration": round(duration, 6), "pods": e.pods, "gpus_per_pod": gpus_out(e.gpus_per_pod),
                              "priority": e.priority, "preemptible": e.preemptible, "checkpoint": e.checkpoint,
                              "originator": e.originator}
         if e.gpu_types:
@@ -215,7 +217,9 @@ def scenario_of(h: History, queues: Mapping[str, Any], scheduler: Mapping[str, A
                 if n is None:
                     plan.notes.append(f"fixed load {e.id} on node {node}, which is in no inventory: left out")
                     continue
-                item: dict[str, Any] = {"id": _fixed_id(e.id, k, node, r), "node": node, "gpus": min(g, n["gpus"]),
+                # fixed load holds whole devices: a foreign share holds its device (rounded up)
+                item: dict[str, Any] = {"id": _fixed_id(e.id, k, node, r), "node": node,
+                                        "gpus": min(math.ceil(g), n["gpus"]),
                                         "start": round(max(r.start_s, zero) - zero, 6)}
                 if r.end_s is not None:
                     item["end"] = round(r.end_s - zero, 6)
@@ -242,7 +246,7 @@ def _observe(plan: Plan, e: Any, zero: float, end: float, inside: list[float]) -
     """The history's own figures per queue, over the same window: GPU-hours of its runs, waits of
     the workloads submitted inside it (submit to first run), preemptions."""
     q = plan.observed.setdefault(e.queue, {"gpu_seconds": 0.0, "waits": [], "preemptions": 0})
-    q["gpu_seconds"] += sum(s * r.gpus for s, r in zip(inside, e.runs))
+    q["gpu_seconds"] += sum(s * float(r.gpus) for s, r in zip(inside, e.runs))
     if e.submit_s >= zero and e.runs:
         q["waits"].append(e.runs[0].start_s - e.submit_s)
     q["preemptions"] += e.preemptions
@@ -348,7 +352,7 @@ def view(r: Replay, plan: Plan) -> dict[str, dict[str, Any]]:
             if wid in submit:
                 waits[e["queue"]].append(e["t"] - submit.pop(wid))
         elif kind == "preempt" and not by_id[wid].checkpoint:
-            lost[e["queue"]] += by_id[wid].gpus * (e["t"] - started[wid])
+            lost[e["queue"]] += float(by_id[wid].gpus) * (e["t"] - started[wid])
     out: dict[str, dict[str, Any]] = {}
     for name, s in summary["queues"].items():
         out[name] = _row(waits[name], s["gpu_seconds"], lost[name], capacity, s["preempted"],

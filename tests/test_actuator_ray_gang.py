@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,36 @@ def test_gang_is_a_pinned_placement_group_held_while_the_job_runs(cluster: Local
         flag.touch()                                           # the job finishes: its group goes
         wait_until(lambda: pgs(cluster)[pg2["placement_group_id"]]["state"] == "REMOVED", "removed on finish")
         assert wait_until(lambda: (s := act.status(wl)) and s.finished and s, "finished").status == "SUCCEEDED"
+    finally:
+        act.cancel(wl, target)
+        act.close()
+
+
+@pytest.mark.ray
+def test_a_gang_of_shares_is_a_placement_group_of_fractional_bundles(cluster: LocalCluster, tmp_path: Path) -> None:
+    """Three pods of 0.25 GPU placed on one node (issue 19): three bundles of GPU 0.25 pinned there,
+    billed by the collector at 0.75 GPU on that node."""
+    w1 = cluster.node_name("w1")
+    wl = Workload(f"test/shares-{uuid.uuid4().hex[:6]}", "research.nlp", pods=3, gpus_per_pod=Decimal("0.25"))
+    name = placement_group_name(wl.id)
+    target, flag = waiting_target(tmp_path / "done"), tmp_path / "done"
+    act = RayActuator(Settings(), dashboard=cluster.dashboard_url, python=sys.executable, attempts=8,
+                      backoff_s=0.5, pin_accelerator_type=False, placement_timeout_s=30)
+    state = RayStateTarget("local", cluster.dashboard_url,
+                           ledger=RayDiscoverer(RayTarget(cluster="local", dashboard_url=cluster.dashboard_url)).ledger)
+    try:
+        res = act.admit(wl, target, Placement("H100", ((w1, Decimal("0.75")),), ((w1, 0, Decimal("0.75")),)))
+        assert res.ok and res.detail["submitted"], res.message
+
+        def created() -> dict[str, Any] | None:
+            return next((p for p in pgs(cluster).values() if p["name"] == name and p["state"] == "CREATED"), None)
+        pg = wait_until(created, "placed")
+        assert sorted((ray_node_name(b["node_id"]), b["unit_resources"]) for b in pg["bundles"]) == \
+            [(w1, {"GPU": 0.25})] * 3
+        rows = scrape(state, dt.datetime.now(dt.UTC)).rows["gpu_allocations"]
+        assert [(r[5], r[8]) for r in rows] == [(w1, 0.75)]
+        flag.touch()
+        wait_until(lambda: pgs(cluster)[pg["placement_group_id"]]["state"] == "REMOVED", "removed on finish")
     finally:
         act.cancel(wl, target)
         act.close()

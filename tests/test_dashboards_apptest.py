@@ -191,6 +191,10 @@ def test_idle_page_names_the_idle_workloads(api_url: str, monkeypatch: pytest.Mo
     idle = at.dataframe[0].value
     assert dict(zip(idle["workload"], idle["idle (GPUs)"])) == {"ml/n1": 2.0, "ml/v1": 1.0}
     assert set(idle["queue"]) == {"research.nlp", "research.vision"}
+    # the range's idle GPU-hours by workload, with how they were measured (whole GPUs: the device)
+    hours = at.dataframe[-1].value
+    assert dict(zip(hours["workload"], hours["idle (GPU-h)"])) == {"v1": 2.0, "n1": 3.0}
+    assert set(hours["idle_method"]) == {"device"}
 
 
 def test_cost_csv_totals_match_the_seed(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -80,7 +80,7 @@ def test_a_share_is_a_partly_filled_cell() -> None:
 
 def test_mig_slices_are_sub_cells() -> None:
     """14 slices of 1g.10gb on an A100 (1/7 of a GPU each): two GPU cells of seven sub-cells; 3g
-    slices two to a GPU (3/7 each); an A30's 1g slices a quarter of a GPU."""
+    slices two to a GPU (3/7 each); an A30's 1g slices a quarter of a GPU (gpuq.gpu_share's table)."""
     segments, outlines = nodemap.cells([node("m0", "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", 14, 3, 11)], {})
     row = spans(segments, "m0 (NVIDIA-A100-SXM4-80GB-MIG-1g.10gb)")
     assert len(row) == 14 and [r[2] for r in row] == ["busy"] * 3 + ["free"] * 11
@@ -88,6 +88,9 @@ def test_mig_slices_are_sub_cells() -> None:
     assert sum(o["kind"] == "GPU" for o in outlines) == 2 and sum(o["kind"] == "slice" for o in outlines) == 14
     assert nodemap.unit_of("A100-MIG-3g.40gb") == nodemap.Unit("slice", 3 / 7, 2)
     assert nodemap.unit_of("NVIDIA-A30-MIG-1g.6gb") == nodemap.Unit("slice", 1 / 4, 4)
+    assert nodemap.unit_of("A100-mig-1g.10gb") == nodemap.Unit("slice", 1 / 7, 7)   # a quota's spelling
+    assert nodemap.unit_of("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb+me-SHARED") == nodemap.Unit("slice", 1 / 7, 7)
+    assert nodemap.unit_of("A100-MIG-9g.99gb") == nodemap.Unit("GPU", 1.0, 1)           # no such profile
     assert nodemap.unit_of("H100") == nodemap.Unit("GPU", 1.0, 1)
 
 

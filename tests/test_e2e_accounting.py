@@ -46,14 +46,24 @@ def ts(text: str) -> dt.datetime:
 
 
 def expected_gpu_seconds() -> dict[str, float]:
-    """From the recorded pods: GPUs x the part of [FROM, TO) between scheduling and the end."""
+    """From the recorded pods: GPUs x the part of [FROM, TO) between scheduling and the end. A MIG
+    slice ``<N>g.*`` of these A100/H100 nodes is N/7 of a GPU (a pod's slices rounded down to the
+    thousandth); on the single-strategy node ``nvidia.com/gpu`` is a slice of its product's profile."""
     queue_of = {"team-vision": "vision", "team-speech": "speech"}
     pods = json.loads((REPO / "tests" / "data" / "k8s" / "pods.json").read_text())["items"]
+    nodes = json.loads((REPO / "tests" / "data" / "k8s" / "nodes.json").read_text())["items"]
+    product = {n["metadata"]["name"]: n["metadata"].get("labels", {}).get("nvidia.com/gpu.product", "") for n in nodes}
     out: dict[str, float] = {}
     for p in pods:
-        gpus = sum(float(v) for c in p["spec"]["containers"]
-                   for k, v in c.get("resources", {}).get("limits", {}).items()
-                   if k == "nvidia.com/gpu" or k.startswith("nvidia.com/mig-"))
+        sevenths = 0
+        for c in p["spec"]["containers"]:
+            for k, v in c.get("resources", {}).get("limits", {}).items():
+                single = product.get(p["spec"].get("nodeName", ""), "").partition("-MIG-")[2]
+                if k.startswith("nvidia.com/mig-"):
+                    sevenths += int(v) * int(k.removeprefix("nvidia.com/mig-").split("g.")[0])
+                elif k == "nvidia.com/gpu":
+                    sevenths += int(v) * (int(single.split("g.")[0]) if single else 7)
+        gpus = (sevenths * 1000 // 7) / 1000
         if not gpus or not p["spec"].get("nodeName"):
             continue
         start = ts(next(c["lastTransitionTime"] for c in p["status"]["conditions"] if c["type"] == "PodScheduled"))
@@ -129,3 +139,5 @@ def test_usage_and_idle_from_collector_rows(long_store: Any, store_dsn: str, tmp
     vision = now[("vision", "*")]
     assert (vision["allocated"], vision["idle"]) == (4, 0)
     assert now[("nlp", "*")]["allocated"] == 3                  # parent = sum of its children (2 MIG + 1)
+    # the 3 MIG slices count as slices, and are billed their fraction: 2/7 + 1/7 of a GPU
+    assert rows["nlp.interactive"]["gpu_seconds"] == pytest.approx(0.285 * 3600)

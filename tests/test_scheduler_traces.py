@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 import zlib
 from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from scheduler.model import share_of_gpus
 from scheduler.traces import (
     QOS_PREEMPTIBLE,
     QOS_PRIORITY,
@@ -60,7 +62,7 @@ def test_structure_matches_the_scenario_format(spec33: Any, trace: Path) -> None
     for w in work:
         assert all(k in w for k in REQUIRED), w
         assert w["queue"] in leaves
-        assert w["duration"] > 0 and w["pods"] == 1 and w["gpus_per_pod"] >= 1
+        assert w["duration"] > 0 and w["pods"] == 1 and share_of_gpus(w["gpus_per_pod"]) is not None
         assert set(w.get("gpu_types", [])) <= node_types
         assert len(set(w.get("gpu_types", []))) == len(w.get("gpu_types", []))
     assert any("gpu_types" in w for w in work), "gpuspec33 should carry some type constraints"
@@ -94,11 +96,16 @@ def test_counts_match_an_independent_reading_of_the_csv(spec33: Any, trace: Path
     assert stats.skipped == Counter({k: v for k, v in {"cpu_only": len(rows) - len(gpu),
                                                         "never_scheduled": len(gpu) - len(kept)}.items() if v})
     fractional = sum(1 for r in kept if r["num_gpu"] == "1" and int(r["gpu_milli"]) < 1000)
-    assert fractional > 0 and stats.rounded_fractional == fractional
+    assert fractional > 0 and stats.kept_fractional == stats.fractional == fractional
+    assert stats.rounded_fractional == 0 and not stats.whole_no_milli and not stats.whole_multi_below
     by_id = {w["id"]: w for w in spec33.scenario["workloads"]}
     for r in kept:
         w = by_id[r["name"]]
-        assert w["gpus_per_pod"] == int(r["num_gpu"])                    # fractions -> 1 whole GPU
+        num, milli = int(r["num_gpu"]), int(r["gpu_milli"])
+        if num == 1 and milli < 1000:                                    # a share, written as a decimal
+            assert type(w["gpus_per_pod"]) is float and w["gpus_per_pod"] == float(Fraction(milli, 1000))
+        else:                                                            # whole pods stay whole
+            assert w["gpus_per_pod"] == num and type(w["gpus_per_pod"]) is int
         assert w["duration"] == int(r["deletion_time"]) - int(r["scheduled_time"])
         assert w["priority"] == QOS_PRIORITY[r["qos"]] and w["preemptible"] == QOS_PREEMPTIBLE[r["qos"]]
         spec = [t for t in r["gpu_spec"].split("|") if t]
@@ -197,7 +204,54 @@ def test_options_pending_and_scales(trace: Path) -> None:
     kept = load_alibaba_v2023(trace, pending_duration_s=600)
     assert full.stats.skipped["never_scheduled"] == 861 and full.stats.imported == 6203
     assert kept.stats.pending_given_duration == 861 and kept.stats.imported == 6203 + 861
-    assert full.stats.rounded_fractional == 2573
+    assert full.stats.kept_fractional == 2573 and full.stats.rounded_fractional == 0
+
+
+def test_shares_kept_by_default_and_rounded_with_the_flag(trace: Path) -> None:
+    """openb-pod-0001 asks gpu_milli 460: gpus_per_pod 0.46 (exactly 23/50 once parsed); with
+    round_fractions it takes 1 GPU as before. Whole pods (1 GPU at 1000, and the 2-, 4- and 8-GPU
+    pods) are the same both ways, and so is everything but the shares."""
+    kept = load_alibaba_v2023(trace)
+    rounded = load_alibaba_v2023(trace, round_fractions=True)
+    k = {w["id"]: w for w in kept.scenario["workloads"]}
+    r = {w["id"]: w for w in rounded.scenario["workloads"]}
+    assert k["openb-pod-0001"]["gpus_per_pod"] == 0.46 and r["openb-pod-0001"]["gpus_per_pod"] == 1
+    assert share_of_gpus(k["openb-pod-0001"]["gpus_per_pod"]) == Fraction(23, 50)
+    assert "0.46" in dump_scenario(kept.scenario).split("openb-pod-0001,", 1)[1].split("\n", 1)[0]
+    assert list(k) == list(r)
+    shares = {i for i, w in k.items() if w["gpus_per_pod"] < 1}
+    assert len(shares) == kept.stats.kept_fractional == rounded.stats.rounded_fractional == 2573
+    assert rounded.stats.kept_fractional == 0
+    sizes = Counter(w["gpus_per_pod"] for i, w in k.items() if i not in shares)
+    assert sizes == {1: 6129 - 2573, 2: 15, 4: 15, 8: 44}                # docs/TRACES.md
+    for i in k:
+        a, b = dict(k[i]), dict(r[i])
+        assert b["gpus_per_pod"] == (1 if i in shares else a["gpus_per_pod"])
+        a.pop("gpus_per_pod"), b.pop("gpus_per_pod")
+        assert a == b
+    # the shares add up exactly (thousandths, no float drift), and the stats say so
+    total = sum(share_of_gpus(k[i]["gpus_per_pod"]) or 0 for i in shares)
+    assert total == kept.stats.fractional_gpus == rounded.stats.fractional_gpus
+    assert sum(kept.stats.requested_gpus_by_type.values()) == 6571 - 2573 + total
+    assert sum(rounded.stats.requested_gpus_by_type.values()) == 6571
+    assert any(f"kept as shares of one GPU: 2573 ({float(total):g} GPUs" in x for x in kept.stats.summary_lines())
+    assert any("rounded up to 1 whole GPU: 2573 (--round-fractions" in x for x in rounded.stats.summary_lines())
+
+
+def test_odd_gpu_milli_stays_whole_and_is_counted(tmp_path: Path, trace: Path) -> None:
+    """Not in the shipped lists: a one-GPU pod with gpu_milli 0 has no share to keep, and a
+    multi-GPU pod below 1000 keeps its whole GPUs; each is counted and said."""
+    (tmp_path / "openb_node_list_gpu_node.csv").write_text((trace / "openb_node_list_gpu_node.csv").read_text())
+    head = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+    (tmp_path / "pods.csv").write_text("\n".join([
+        head, "p0,1,1,1,0,,BE,Succeeded,0,10,0", "p1,1,1,2,500,,BE,Succeeded,0,10,0",
+        "p2,1,1,1,1,,BE,Succeeded,0,10,0", "p3,1,1,1,999,,BE,Succeeded,0,10,0"]) + "\n")
+    got = load_alibaba_v2023(tmp_path, pods_file="pods.csv")
+    assert [w["gpus_per_pod"] for w in got.scenario["workloads"]] == [1, 2, 0.001, 0.999]
+    assert (got.stats.whole_no_milli, got.stats.whole_multi_below, got.stats.kept_fractional) == (1, 1, 2)
+    lines = got.stats.summary_lines()
+    assert "one-GPU pods with gpu_milli 0 or empty, given 1 whole GPU: 1" in lines
+    assert "multi-GPU pods with gpu_milli below 1000, kept whole: 1" in lines
 
 
 def test_deterministic_yaml(trace: Path, tmp_path: Path) -> None:
@@ -231,9 +285,14 @@ def test_cli_writes_the_scenario_and_a_summary(trace: Path, tmp_path: Path,
                             "--queues", str(qfile), "--assign", "qos:LS=a,*=b", "--no-preemption"], None)
     assert rc == 0
     text = capsys.readouterr().out
-    assert "imported 40 workloads" in text and "rounded up to 1 whole GPU" in text
+    assert "imported 40 workloads" in text and "kept as shares of one GPU: " in text
     sc = yaml.safe_load(out.read_text())
     assert sc["scheduler"] == {"preemption": False} and len(sc["workloads"]) == 40
     assert out.read_text().startswith("# gpuq import-trace")
+    assert any(w["gpus_per_pod"] < 1 for w in sc["workloads"])
+    rc = import_trace_main(["alibaba-v2023", str(trace), "--out", str(out), "--limit", "40",
+                            "--round-fractions"], None)
+    assert rc == 0 and "rounded up to 1 whole GPU: " in capsys.readouterr().out
+    assert all(type(w["gpus_per_pod"]) is int for w in yaml.safe_load(out.read_text())["workloads"])
     rc = import_trace_main(["alibaba-v2023", str(trace), "--out", str(out), "--queues", "hash:0"], None)
     assert rc == 2 and "hash:N" in capsys.readouterr().err

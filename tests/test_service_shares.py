@@ -127,3 +127,25 @@ def test_the_api_takes_whole_gpus_or_a_share(value: float, ok: bool) -> None:
     dry = api("POST", "/dry-run", json={"queue": "b", "gpus_per_pod": 0.25, "pods": 2})
     assert dry.status_code == 200, dry.text
     assert dry.json()["outcome"] == "admit" and sum(dry.json()["placement"].values()) == 0.5
+
+
+def test_every_view_of_the_service_answers_with_shares_running() -> None:
+    """A share running and shares pending: the service's routes answer (nothing there chokes on an
+    exact decimal), with fractions as fractions."""
+    from gpuq.settings import load_settings
+    from tests.test_api import Api
+
+    svc = make()
+    api = Api(create_app(svc, None, load_settings(None), clock=lambda: T0 + 5))
+    history(svc)
+    svc.submit(share("s4", "a", "0.75"), Target(), T0 + 4)
+    svc.cycle(T0 + 5)
+    for path in ("/workloads", "/workloads/s2", "/nodes", "/preemptions", "/scheduler/status", "/metrics",
+                 "/forecasts/accuracy", "/healthz"):
+        r = api("GET", path)
+        assert r.status_code == 200, (path, r.text)
+    nodes = {n["name"]: n for n in api("GET", "/nodes").json()}
+    assert nodes["a10-0"]["used"] + nodes["a10-1"]["used"] == 0.5 + 0.75 + 2 + 0.75
+    assert "gpuq_" in api("GET", "/metrics").text
+    dry = api("POST", "/dry-run", json={"queue": "b", "gpus_per_pod": 0.5}).json()
+    assert dry["outcome"] in ("admit", "pending", "preempt") and "24.00" not in str(dry)

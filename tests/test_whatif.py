@@ -88,6 +88,30 @@ def test_no_change_replays_the_history(store: Any, tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out/whatif.json").read_text())["queues"] == r["queues"]
 
 
+SHARES_SCENARIO: dict[str, Any] = {
+    "name": "shares", "scheduler": {"cycle_interval_s": 10},
+    "nodes": [{"name": "a10", "gpu_type": "A10", "gpus": 2, "count": 2}],
+    "queues": {"a": {"guaranteed": {"gpu": 2}, "max": {"gpu": 4}}, "b": {"guaranteed": {"gpu": 2}, "max": {"gpu": 4}}},
+    "workloads": [{"id": "s1", "queue": "a", "submit": 0, "duration": 100, "gpus_per_pod": 0.5},
+                  {"id": "s2", "queue": "a", "submit": 0, "duration": 50, "gpus_per_pod": 0.25, "pods": 3},
+                  {"id": "w1", "queue": "b", "submit": 0, "duration": 80, "gpus_per_pod": 2},
+                  {"id": "s3", "queue": "b", "submit": 5, "duration": 60, "gpus_per_pod": 0.5, "pods": 2},
+                  {"id": "w2", "queue": "a", "submit": 10, "duration": 30, "gpus_per_pod": 1}],
+}
+
+
+def test_a_history_of_shares_replays_as_it_happened(store: Any, tmp_path: Path) -> None:
+    """Shares of one GPU (issue 19) go into the store (placement_milli) and come back out as shares:
+    the replay as it happened is the original, event for event (devices included)."""
+    sc, original, _ = fill(store, SHARES_SCENARIO)
+    r = report(store, settings(tmp_path, store, SHARES_SCENARIO["queues"]), "--from", "-1d", "--out", str(tmp_path / "out"))
+    assert r["workloads"]["replayed"] == 5
+    assert (tmp_path / "out/before/events.jsonl").read_text() == original.events_jsonl()
+    assert '"devices": {"a10-0": {"0": 0.5, "1": 0.25}}' in original.events_jsonl()
+    for q in ("a", "b"):
+        assert r["queues"][q]["gpu_hours"]["before"] == pytest.approx(original.summary["queues"][q]["gpu_seconds"] / 3600, abs=1e-6)
+
+
 def test_added_nodes_shorten_waits_and_keep_the_work(store: Any, tmp_path: Path) -> None:
     fill(store, SCENARIOS / "classic-60-40.yaml")
     s = settings(tmp_path, store, yaml.safe_load((SCENARIOS / "classic-60-40.yaml").read_text())["queues"])

@@ -1,5 +1,6 @@
 """Idle GPUs: allocated but unused (by queue and workload, for how long), free GPUs by type and
-node, and a node-by-GPU map showing what fragmentation strands."""
+node, a node-by-GPU map showing what fragmentation strands, and the idle GPU-hours of the range by
+workload with how they were measured (``idle_method``: a share of a GPU is idle by its share)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -67,6 +68,31 @@ def body(client: Client, rng: Range) -> None:
         else:
             st.success("No allocated GPU has been idle for the whole idle window.")
     _nodes(cap, idle)
+    _methods(client, rng)
+
+
+METHODS = {
+    "device": "whole GPUs and MIG slices: the device's own activity",
+    "per_process": "a share of a GPU: its own processes' activity (dcgm-exporter's per-process fields)",
+    "device_split_by_share": "a share of a GPU: the device's activity, a quiet device idle for each holder "
+                             "by its share",
+}
+
+
+def _methods(client: Client, rng: Range) -> None:
+    rows = fetch(client, "/accounting/usage", **{"from": rng.since, "to": "now", "by": "queue,workload"})
+    idle = [r for r in rows or () if r["idle_gpu_seconds"] > 0]
+    if not idle:
+        return
+    st.subheader(f"Idle GPU-hours ({rng.key}) and how they were measured")
+    st.caption("A share of a GPU (a time-sliced replica, a KAI fraction) or a MIG slice is idle for its share of "
+               "the device, not for a whole GPU. idle_method: " + "; ".join(f"{k}: {v}" for k, v in METHODS.items())
+               + ".")
+    table(pd.DataFrame([{"queue": r["queue"], "workload": r["workload"],
+                         "idle (GPU-h)": round(r["idle_gpu_seconds"] / 3600, 3),
+                         "used (GPU-h)": round(r["gpu_seconds"] / 3600, 3), "idle share": pct(r["idle_ratio"]),
+                         "idle_method": r["idle_method"] or "–"}
+                        for r in sorted(idle, key=lambda r: -r["idle_gpu_seconds"])]))
 
 
 def _nodes(cap: dict, idle: dict) -> None:

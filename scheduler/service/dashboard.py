@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from accounting import service as acc
-from accounting.idle import current
+from accounting.idle import current, idle_method, join_methods
 from accounting.ledger import by_slot, holder
 from accounting.queues import ROOT
 from accounting.resolve import Resolver
@@ -52,7 +52,9 @@ def capacity(live: Any) -> dict[str, Any]:
 def idle(live: Any, now_s: float) -> dict[str, Any]:
     """GPUs idle now (an open idle run, :func:`accounting.idle.current`) joined to the pods that
     hold them: per workload (idle GPUs, since when; ``name`` as people know it, see
-    :func:`workload_name`) and per node."""
+    :func:`workload_name`) and per node. An idle device counts for its holder by the holder's
+    share of it (issue 19: a pod of 0.25 of an idle GPU is 0.25 idle GPUs, a MIG slice its
+    fraction), and each workload says how its activity is known (``idle_method``)."""
     snap = acc.now_snapshot(live.store, now_s, live.params, pending=())
     resolver = Resolver(live.config)
     owner = by_slot(a for a in snap.allocations if a.start_s <= now_s and (a.end_s is None or a.end_s > now_s))
@@ -66,11 +68,13 @@ def idle(live: Any, now_s: float) -> dict[str, Any]:
         w = work.setdefault(key, {"cluster": key[0], "queue": key[1], "namespace": key[2], "workload": key[3],
                                   "workload_id": a.workload_id, "name": workload_name(a),
                                   "gpu_type": resolver.gpu_type(a.gpu_model, a.gpu_resource), "nodes": set(),
-                                  "idle_gpus": 0.0, "idle_since": run.start_s})
-        w["idle_gpus"] += 1.0
+                                  "idle_gpus": 0.0, "idle_since": run.start_s, "idle_method": ""})
+        share = min(a.milli_gpus, 1000) / 1000      # a run is one device: the holder's share of it
+        w["idle_gpus"] += share
+        w["idle_method"] = join_methods((w["idle_method"], idle_method(a)))
         w["idle_since"] = min(w["idle_since"], run.start_s)
         w["nodes"].add(a.node)
-        nodes[(a.cluster, a.node)] = nodes.get((a.cluster, a.node), 0.0) + 1.0
+        nodes[(a.cluster, a.node)] = nodes.get((a.cluster, a.node), 0.0) + share
     held = _held(snap.allocations, resolver, now_s)
     rows = []
     for key, w in sorted(work.items()):

@@ -21,7 +21,7 @@ from typing import Any
 from accounting.ledger import ADMISSION
 from accounting.model import Allocation
 from scheduler.actuators.base import Target
-from scheduler.model import Placement, Running, Workload, whole_nodes
+from scheduler.model import Placement, Running, Workload, gpus_out
 
 FOREIGN_PREFIX = "foreign:"
 DRIFT, MISPLACED, FOREIGN = "actuator_drift", "misplaced", "foreign"
@@ -87,7 +87,10 @@ def foreign(observed: Iterable[Allocation], known: Callable[[str], bool],
     for (cluster, ns, owner, queue, gpu_type), members in sorted(groups.items()):
         per_node: dict[str, int] = {}
         for node, a in members:
-            per_node[node] = per_node.get(node, 0) + int(round(a.gpus))
+            # a foreign share holds a device gpuq cannot place whole work on, and gpuq does not
+            # know which device: each row counts its GPUs rounded up (0.25 -> 1; issue 19; before,
+            # rounded to nearest, a foreign 0.5 counted 0 and its device looked free)
+            per_node[node] = per_node.get(node, 0) + -(-a.milli_gpus // 1000)
         if queue not in leaves:
             for node, n in per_node.items():
                 t, held = occupied.get(node, (gpu_type, 0))
@@ -125,7 +128,7 @@ def reconcile(observed: Sequence[Allocation], running: Mapping[str, tuple[Runnin
             nodes[node_name(a)] = nodes.get(node_name(a), 0.0) + a.gpus
     out = []
     for wid, (r, _target) in sorted(running.items()):
-        chosen = dict(whole_nodes(r.placement))
+        chosen = r.placement.as_output()
         got = seen.get(wid)
         if got is None:
             if now_s - r.start_s >= grace_s:
@@ -133,7 +136,7 @@ def reconcile(observed: Sequence[Allocation], running: Mapping[str, tuple[Runnin
                                     f"{_fmt(chosen)} but not seen running by any collector"))
         elif not set(got) <= set(chosen):
             out.append(Mismatch(MISPLACED, wid, f"gpuq chose {_fmt(chosen)}, the cluster placed it on "
-                                f"{_fmt({k: int(v) for k, v in got.items()})}"))
+                                f"{_fmt({k: gpus_out(v) for k, v in got.items()})}"))
     owners: dict[tuple[str, str], float] = {}
     for a in foreign_rows:
         if a.namespace in managed:
@@ -145,5 +148,5 @@ def reconcile(observed: Sequence[Allocation], running: Mapping[str, tuple[Runnin
     return out
 
 
-def _fmt(nodes: Mapping[str, int]) -> str:
+def _fmt(nodes: Mapping[str, int | float]) -> str:
     return ", ".join(f"{n}:{g}" for n, g in sorted(nodes.items())) or "no node"
