@@ -18,7 +18,7 @@ VIEWS = Path(__file__).resolve().parent / "views"
 st.set_page_config(page_title="gpuq", page_icon=":material/memory:", layout="wide")
 settings = conf()
 st.session_state["gpuq_client"] = Client(settings)
-st.markdown("<style>[data-testid='stMetricValue'] {font-size: 1.9rem;} "
+st.markdown("<style>[data-testid='stMetricValue'] {font-size: 1.6rem;} "
             "[data-testid='stMainBlockContainer'] {padding-top: 2.5rem;}</style>", unsafe_allow_html=True)
 pages = [
     st.Page(VIEWS / "overview.py", title="Overview", url_path="overview", icon=":material/dashboard:"),

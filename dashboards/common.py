@@ -154,10 +154,24 @@ def unreachable(exc: ApiError) -> None:
         st.error(f"API error: {exc.url}: {exc.why}")
 
 
+def amount(v: float) -> str:
+    """A GPU amount as people read it: whole ones as integers ("12"), a share with the decimals it
+    has ("0.5", "1.25", "0.125": the API's amounts are thousandths), never rounded to a whole
+    number it is not (0.9996 is "0.9996", 0.0004 "0.0004"); past 6 decimals, six significant
+    digits (float noise in a sum: 2.0000001 is "2", 1e-09 "1e-09")."""
+    v = float(v)
+    if v.is_integer():
+        return f"{v:,.0f}"
+    for places in range(3, 7):
+        text = f"{v:,.{places}f}".rstrip("0").rstrip(".")
+        if "." in text:
+            return text
+    return f"{v:,.6g}"
+
+
 def gpus(v: float | None) -> str:
-    if v is None:
-        return "–"
-    return f"{v:,.0f} GPUs" if float(v).is_integer() else f"{v:,.1f} GPUs"
+    """"12 GPUs", "1.25 GPUs", "0.5 GPUs"; "–" for none (:func:`amount`)."""
+    return "–" if v is None else f"{amount(v)} GPUs"
 
 
 def pct(v: float | None) -> str:

@@ -2,7 +2,8 @@
 tests/test_dashboards_apptest.py, seeded by a process of its own since chDB lets one process open a
 path) and `gpuq dashboard` as subprocesses, every page loaded in headless Chromium (Playwright,
 the system's /usr/bin/chromium; `make test` installs it). A page fails on an exception box or an
-error message; screenshots go to the test's tmp_path.
+error message; screenshots go to the test's tmp_path. A share of one GPU (0.75 of an A100) is
+admitted too: the idle page shows its decimals and names the partly filled cell of its node map.
 """
 from __future__ import annotations
 
@@ -108,10 +109,12 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _submit(api: str) -> None:
-    """One workload admitted and one waiting, so the scheduler page has something to show."""
+    """One workload admitted and one waiting, so the scheduler page has something to show, and a
+    share of one A100 (0.75, admitted next to n1's 2 GPUs on a0: a0 holds 2.75)."""
     h = {"Authorization": f"Bearer {OPERATOR}"}
     for body in ({"id": "train-a", "queue": "prod", "gpus_per_pod": 8, "gpu_types": ["H100"]},
-                 {"id": "train-b", "queue": "prod", "pods": 3, "gpus_per_pod": 8, "gpu_types": ["H100"]}):
+                 {"id": "train-b", "queue": "prod", "pods": 3, "gpus_per_pod": 8, "gpu_types": ["H100"]},
+                 {"id": "share-a", "queue": "research.nlp", "gpus_per_pod": 0.75, "gpu_types": ["A100"]}):
         assert httpx.post(api + "/workloads", json=body, headers=h, timeout=10).status_code == 201
         time.sleep(1.2)
 
@@ -133,6 +136,11 @@ def test_every_page_in_chromium(dashboard: str, tmp_path: Path) -> None:
                 page.wait_for_function(DRAWN, timeout=20_000)      # every chart and table has drawn
                 page.wait_for_timeout(500)
                 page.screenshot(path=str(tmp_path / f"dashboard-{path}.png"))
+                if path == "idle":          # the share: a partly filled cell, and its decimals
+                    page.get_by_text("a0 (A100) GPU 2: 0.75 busy").wait_for(timeout=5_000)
+                    page.locator(".vega-embed").last.screenshot(path=str(tmp_path / "dashboard-idle-node-map.png"))
+                    shown = page.locator('[data-testid="stMetric"]').all_inner_texts()
+                    assert any("9.25 GPUs" in m for m in shown), shown       # free: 18 - 8 (train-a) - 0.75
                 exceptions = page.locator('[data-testid="stException"]').all_inner_texts()
                 errors = page.locator('[data-testid="stAlertContentError"]').all_inner_texts()
                 if exceptions or errors:

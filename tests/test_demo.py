@@ -1,11 +1,13 @@
-"""`gpuq demo --story quick` end to end with a real local Ray cluster (a head and three worker
-nodes of logical GPUs), `gpuq serve` with the ray actuator and the served DCGM page: SIGTERM once
+"""`gpuq demo --story quick` end to end with a real local Ray cluster (a head with two L4 and three
+worker nodes of logical GPUs), `gpuq serve` with the ray actuator and the served DCGM page: SIGTERM once
 the gang is admitted stops everything the demo started (exit 0, no process left that carries the
 run's temp dir), and the store it leaves holds the story: prod got its guarantee back by
 preemption, the 2 x 4 GPU gang was admitted across two nodes after waiting for its shape, the
 idle notebook's GPUs read 0 % in the DCGM samples, and the books balance: every workload whose run
 ended (the gang among them) is billed by ``gpuq usage`` the GPU-seconds its runs held by the
-scheduler's events.
+scheduler's events. The shares: a Ray job submitted straight to Ray with two tasks of
+``num_gpus=0.5`` and an actor of 0.25 is in the ledger as one ``ray_job`` row of 1.25 GPUs in its
+queue, and billed share x time, as its driver recorded it, within a collection interval.
 
 chDB lets one process open a path, so the store is read by `gpuq query` in processes of its own."""
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pytest
 import yaml
 
 from gpuq.demo.session import marked
+from gpuq.demo.story import STORIES, billed_as_run
 from tests.conftest import die_with_parent
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +104,7 @@ def test_demo_tells_the_story_and_sigterm_stops_everything(tmp_path: Path) -> No
          "--dir", str(root)], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, preexec_fn=die_with_parent)
     lines: list[str] = []
-    gang, gang_done = threading.Event(), threading.Event()
+    gang, gang_done, shares_done = threading.Event(), threading.Event(), threading.Event()
 
     def read() -> None:
         assert proc.stdout is not None
@@ -111,12 +114,15 @@ def test_demo_tells_the_story_and_sigterm_stops_everything(tmp_path: Path) -> No
                 gang.set()
             if "finished  gang-1" in line:
                 gang_done.set()
+            if "ray job  shares-1 succeeded" in line:
+                shares_done.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
         assert gang.wait(240), "the gang was not admitted:\n" + "".join(lines[-60:])
         assert gang_done.wait(90), "the gang did not finish:\n" + "".join(lines[-60:])
+        assert shares_done.wait(60), "the shares' Ray job did not succeed:\n" + "".join(lines[-60:])
         time.sleep(3)                       # a collector round sees its placement group removed
         stop_s = time.time()
         proc.send_signal(signal.SIGTERM)
@@ -178,3 +184,19 @@ def test_demo_tells_the_story_and_sigterm_stops_everything(tmp_path: Path) -> No
     wrong = {w: (round(seconds[w], 1), round(billed.get(w, 0.0), 1)) for w in sorted(ended) if off(w)}
     assert not wrong, f"GPU-seconds (scheduler events, billed) per workload: {wrong}; all billed: {billed}"
     assert re.search(r"gang-1 \d+ / \d+", out), out
+
+    # the shares: Ray tasks of half a GPU and an actor of a quarter, outside gpuq's scheduler, are one
+    # ray_job row of 1.25 GPUs at most (rows end and open as the sum changes) in the job's queue, and
+    # billed share x time as the driver recorded it: every row's start and end are a collector round's
+    # (each late by less than an interval), and Ray frees a task's GPU shortly after it returns
+    shares = STORIES["quick"].shares
+    assert shares is not None
+    rows = query(cfg, "SELECT queue, workload_id, max(milli_gpus) AS milli FROM gpu_allocations FINAL "
+                      "WHERE source = 'ray_job' AND pod = 'shares-1' GROUP BY queue, workload_id")
+    assert rows == [{"queue": "inference", "workload_id": "", "milli": 1250}], rows
+    record = json.loads((root / "shares.json").read_text())
+    held_s = billed_as_run(record)
+    assert held_s >= 0.5 * 2 * shares.hold_s
+    assert abs(billed["shares-1"] - held_s) <= shares.gpus * (interval_s + 1.0), (billed["shares-1"], held_s)
+    assert re.search(r"ray job shares-1 \(inference; 2 tasks x 0\.5 \+ 1 actor x 0\.25 GPU\): head-l4\(\w+\) "
+                     r"up to 1\.25 GPUs at once, billed as shares: \d+ GPU-seconds", out), out

@@ -3,14 +3,19 @@ node, a node-by-GPU map showing what fragmentation strands, and the idle GPU-hou
 workload with how they were measured (``idle_method``: a share of a GPU is idle by its share)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import altair as alt
 import pandas as pd
 import streamlit as st
 
+from dashboards import nodemap
 from dashboards.client import Client
 from dashboards.common import (
     STATE_COLOURS,
     Range,
+    amount,
     bar_height,
     fetch,
     gpus,
@@ -96,21 +101,16 @@ def _nodes(cap: dict, idle: dict) -> None:
         return
     idle_on = {(n["cluster"], n["node"]): n["idle_gpus"] for n in idle["nodes"]}
     st.subheader("Node by GPU map")
+    segments, outlines = nodemap.cells(nodes, idle_on)
+    shared = nodemap.partial(segments)
     st.caption("Each cell is one GPU: busy, idle (allocated, unused), free, or unavailable (node not ready or "
-               "cordoned). Free cells on a partly used node are stranded for whole-node requests.")
-    cells = []
-    for n in nodes:
-        cap_n = int(n["capacity"])
-        i = int(min(idle_on.get((n["cluster"], n["node"]), 0.0), n["allocated"]))
-        states = (["busy"] * int(n["allocated"] - i) + ["idle"] * i + ["free"] * int(n["free"]))
-        states += ["unavailable"] * (cap_n - len(states))
-        label = f"{n['node']} ({n['gpu_type']})"
-        cells += [{"node": label, "GPU": g, "state": s} for g, s in enumerate(states[:cap_n])]
-    df = pd.DataFrame(cells)
-    st.altair_chart(alt.Chart(df).mark_rect(stroke="white", strokeWidth=1).encode(
-        x=alt.X("GPU:O"), y=alt.Y("node:N", sort=None, title=None),
-        color=alt.Color("state:N", scale=alt.Scale(domain=list(STATE_COLOURS), range=list(STATE_COLOURS.values()))),
-        tooltip=["node", "GPU", "state"]).properties(height=bar_height(len(nodes), 30)), width="stretch")
+               "cordoned); a GPU held in part (a share: a Ray task's num_gpus=0.5, a pod's fraction) is filled "
+               "in part, and a MIG slice is a sub-cell as wide as its share of the GPU. Free cells on a partly "
+               "used node are stranded for whole-node requests. The API gives each node's amounts, not which "
+               "device holds which share, so a node's GPUs are filled in order: whole GPUs first, what is "
+               "left of its shares one partly filled cell (the shares may sit on more devices than drawn)."
+               + (f" Partly held now: {', '.join(_held(s) for s in shared)}." if shared else ""))
+    st.altair_chart(_map(segments, outlines, len(nodes)), width="stretch")
     st.subheader("Free GPUs by type and node")
     free = [n for n in nodes if n["free"] > 0]
     if not free:
@@ -119,6 +119,28 @@ def _nodes(cap: dict, idle: dict) -> None:
     table(pd.DataFrame([{"GPU type": n["gpu_type"], "node": n["node"], "cluster": n["cluster"],
                                 "free (GPUs)": n["free"], "capacity (GPUs)": n["capacity"],
                                 "stranded": 0 < n["free"] < n["capacity"]} for n in free]))
+
+
+def _map(segments: list[dict], outlines: list[dict], rows: int) -> alt.LayerChart:
+    """Cells as rectangles on a GPU axis: the states' segments, then each GPU's and slice's outline
+    over them (white), so a partly filled cell reads as one cell."""
+    width = max((o["x2"] for o in outlines), default=1.0)
+    x = alt.X("x:Q", title="GPUs", scale=alt.Scale(domain=[0, width], nice=False),
+              axis=alt.Axis(tickMinStep=1, format="d", grid=False))
+    y = alt.Y("node:N", sort=None, title=None, axis=alt.Axis(labelLimit=320))
+    fill = alt.Chart(pd.DataFrame(segments)).mark_rect().encode(
+        x=x, x2="x2:Q", y=y,
+        color=alt.Color("state:N", scale=alt.Scale(domain=list(STATE_COLOURS), range=list(STATE_COLOURS.values()))),
+        tooltip=["node", "unit", "state", alt.Tooltip("share:Q", title="of it")])
+    lines = alt.Chart(pd.DataFrame(outlines)).mark_rect(filled=False, color="white").encode(
+        x=x, x2="x2:Q", y=y,
+        strokeWidth=alt.StrokeWidth("kind:N", scale=alt.Scale(domain=["GPU", "slice"], range=[3, 1]), legend=None))
+    return alt.LayerChart(layer=[fill, lines], height=bar_height(rows, 30))
+
+
+def _held(segment: Mapping[str, Any]) -> str:
+    """ "a100-0 (A100) GPU 2: 0.25 busy" for the caption."""
+    return f"{segment['node']} {segment['unit']}: {amount(segment['share'])} {segment['state']}"
 
 
 if __name__ == "__main__":      # run by st.navigation as a page script

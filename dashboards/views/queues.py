@@ -7,7 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import Client
-from dashboards.common import Range, fetch, fetch_queues, fit, gpus, leaves, metrics_row, queue_scale, table, when
+from dashboards.common import (Range, amount, fetch, fetch_queues, fit, gpus, leaves, metrics_row, queue_scale, table,
+                               when)
 from dashboards.views import run
 
 
@@ -61,7 +62,7 @@ def body(client: Client, rng: Range) -> None:
         st.subheader(f"All leaf queues against capacity, {rng.label}")
         stacked = alt.Chart(df[df["queue"].isin(leaf)]).mark_area(opacity=0.85, interpolate="step-after").encode(
             x=alt.X("time:T", title=None), y=alt.Y("allocated:Q", stack="zero", title="allocated GPUs"),
-            color=colour, tooltip=["queue", "time:T", alt.Tooltip("allocated:Q", format=".1f")])
+            color=colour, tooltip=["queue", "time:T", alt.Tooltip("allocated:Q", format=",.3~f")])
         if cap and cap.get("total"):
             rule = alt.Chart(pd.DataFrame([{"capacity": cap["total"]["capacity"]}])).mark_rule(
                 strokeDash=[6, 3], color="black").encode(y="capacity:Q", tooltip=["capacity:Q"])
@@ -73,7 +74,7 @@ def body(client: Client, rng: Range) -> None:
         area = alt.Chart().mark_area(opacity=0.6, interpolate="step-after").encode(
             x=alt.X("time:T", title=None), y=alt.Y("GPUs:Q", title="GPUs"),
             color=alt.Color("queue:N", scale=queue_scale(client), legend=None),
-            tooltip=["queue", "time:T", alt.Tooltip("GPUs:Q", format=".1f")],
+            tooltip=["queue", "time:T", alt.Tooltip("GPUs:Q", format=",.3~f")],
         ).transform_filter("datum.kind == 'allocated'")
         lim = alt.Chart().mark_line(color="#333", interpolate="step-after").encode(
             x="time:T", y="GPUs:Q", detail="kind:N",
@@ -88,6 +89,11 @@ def body(client: Client, rng: Range) -> None:
     st.subheader("Now")
     table(_now_table(now).dropna(axis=1, how="all"))
     _drill(client, now, names)
+
+
+def placement(p: dict[str, float] | None) -> str | None:
+    """Where a running workload holds its GPUs: "a10-0: 0.75, a10-1: 1" (a share as its decimals)."""
+    return ", ".join(f"{node}: {amount(g)}" for node, g in p.items()) if p else None
 
 
 def _drill(client: Client, now: list[dict], names: list[str]) -> None:
@@ -107,6 +113,7 @@ def _drill(client: Client, now: list[dict], names: list[str]) -> None:
         return
     table(pd.DataFrame([{
         "id": w["id"], "queue": w["queue"], "state": w["state"], "GPUs": w["gpus"], "GPU type": w["gpu_type"],
+        "placement": placement(w["placement"]),
         "priority": w["priority"], "submitted": when(w["submit_s"]), "reason": w["reason_code"],
         "message": w["message"], "idle": w["idle"]} for w in active]))
 

@@ -13,8 +13,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.client import ApiError, Client
-from dashboards.common import (Range, bar_height, duration, fetch, fetch_queues, fit, gpus, leaves, metrics_row, pct,
-                               table, when)
+from dashboards.common import (Range, amount, bar_height, duration, fetch, fetch_queues, fit, gpus, leaves,
+                               metrics_row, pct, table, when)
 from dashboards.views import run
 
 EVENT_COLOURS = {"admit": "#54a24b", "preempt": "#e45756", "finish": "#4c78a8", "cancel": "#bab0ac",
@@ -129,7 +129,8 @@ def _what_if(client: Client) -> None:
         c1, c2, c3, c4 = st.columns(4)
         queue = c1.selectbox("Queue", qs)
         pods = c2.number_input("Pods", min_value=1, value=1, step=1)
-        per_pod = c3.number_input("GPUs per pod", min_value=1, value=8, step=1)
+        per_pod = c3.number_input("GPUs per pod (below 1: a share of one GPU)", min_value=0.001, value=8.0,
+                                  step=0.25, format="%g")
         priority = c4.number_input("Priority", value=0, step=1)
         wanted = st.multiselect("GPU types (in order of preference; none: any)", types)
         preemptible = st.checkbox("Preemptible", value=True)
@@ -138,7 +139,7 @@ def _what_if(client: Client) -> None:
         go = st.form_submit_button("Dry run")
     if not go:
         return
-    body = {"queue": queue, "pods": int(pods), "gpus_per_pod": int(per_pod), "priority": int(priority),
+    body = {"queue": queue, "pods": int(pods), "gpus_per_pod": per_pod_json(per_pod), "priority": int(priority),
             "gpu_types": wanted, "preemptible": preemptible}
     try:
         d = client.post("/dry-run", body, token or None)
@@ -148,9 +149,15 @@ def _what_if(client: Client) -> None:
     _answer(d)
 
 
+def per_pod_json(v: float) -> int | float:
+    """The form's GPUs per pod as the API takes it: whole GPUs an int, a share its thousandths
+    (0.5, 0.125; the API refuses anything finer, or a fraction above 1, naming the field)."""
+    return int(v) if float(v).is_integer() else round(float(v), 3)
+
+
 def _answer(d: dict) -> None:
     outcome = d["outcome"]
-    where = ", ".join(f"{n}: {g} GPUs" for n, g in (d.get("placement") or {}).items())
+    where = ", ".join(f"{n}: {gpus(g)}" for n, g in (d.get("placement") or {}).items())
     text = {"admit": f"Admitted now on {d.get('gpu_type')}: {where}",
             "preempt": f"Admitted once {len(d.get('victims') or [])} workload(s) stop",
             "pending": f"Pending: {d.get('reason_code')}: {d.get('message')}"
@@ -238,6 +245,10 @@ def report_frame(report: dict) -> pd.DataFrame:
                           "delta": v["delta"]} for q, metrics in report["queues"].items() for m, v in metrics.items()])
 
 
+def _signed(v: float) -> str:
+    return ("+" if v >= 0 else "") + amount(v)
+
+
 def _report(r: dict) -> None:
     w, change = r["workloads"], r["change"]
     what = "; ".join(x for x in (
@@ -247,7 +258,7 @@ def _report(r: dict) -> None:
     totals = r["queues"]["(all)"]
     metrics_row([
         ("Workloads replayed", f"{w['replayed']}", f"{w['carried_in']} carried in"),
-        ("GPUs", f"{r['gpus']['after']}", f"{r['gpus']['after'] - r['gpus']['before']:+d} GPUs"),
+        ("GPUs", amount(r["gpus"]["after"]), f"{_signed(r['gpus']['after'] - r['gpus']['before'])} GPUs"),
         ("Wait p90 after", f"{totals['wait_p90_s']['after'] or 0:.0f} s")
         if totals["wait_p90_s"]["delta"] is None else
         ("Wait p90 after", f"{totals['wait_p90_s']['after']:.0f} s", f"{totals['wait_p90_s']['delta']:+.0f} s"),

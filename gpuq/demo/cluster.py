@@ -1,5 +1,6 @@
-"""A small local Ray cluster for the demo: a head without GPUs and worker nodes with logical GPUs of
-a type (``--num-gpus 4 --resources '{"accelerator_type:H100": 4}'``), all on this machine.
+"""A small local Ray cluster for the demo: a head (without GPUs unless asked: the demo's has two L4
+that Ray tasks share) and worker nodes with logical GPUs of a type (``--num-gpus 4 --resources
+'{"accelerator_type:H100": 4}'``), all on this machine.
 
 Each worker gets a loopback address of its own (``127.0.0.2``, ``127.0.0.3``, ...): Ray names a
 node by its IP on its metrics page (``NodeAddress``), so distinct addresses give the collector, the
@@ -104,27 +105,38 @@ def _ports(*flags: str) -> list[str]:
     return [f"--{flag}={free_port()}" for flag in flags]
 
 
-def start_local_cluster(nodes: list[LocalNode], temp_dir: Path, timeout_s: float = 120.0) -> LocalCluster:
+def _gpus(node: LocalNode) -> list[str]:
+    resources = {f"accelerator_type:{node.gpu_type}": node.gpus} if node.gpu_type else {}
+    return [f"--num-gpus={node.gpus}", f"--resources={json.dumps(resources)}"]
+
+
+def start_local_cluster(nodes: list[LocalNode], temp_dir: Path, timeout_s: float = 120.0,
+                        head: LocalNode = LocalNode("head")) -> LocalCluster:
     """Start the head and ``nodes`` as workers, one at a time (raylets started together on two busy
     cores miss Ray's 30 s registration); return once each is ALIVE and its metrics page shows its
-    GPUs. On failure what was started is stopped and RuntimeError says why."""
+    GPUs. A head with GPUs (``head.gpus``) is a node of the cluster like the workers (its node id
+    and metrics page recorded under ``head.name``); it costs no start of its own. On failure what
+    was started is stopped and RuntimeError says why."""
     temp_dir.mkdir(parents=True, exist_ok=True)
-    gcs, dash = free_port(), free_port()
+    gcs, dash, head_metrics = free_port(), free_port(), free_port()
     cluster = LocalCluster(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", temp_dir)
     node_ports = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
                   "dashboard-agent-grpc-port", "runtime-env-agent-port")
     try:
         cluster.procs.append(_ray(temp_dir, "head", [
-            "--head", f"--port={gcs}", "--num-cpus=1", "--num-gpus=0", "--include-dashboard=true",
+            "--head", f"--port={gcs}", "--num-cpus=1", *_gpus(head), "--include-dashboard=true",
             "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={temp_dir}",
-            *_ports("ray-client-server-port", "metrics-export-port", *node_ports)]))
+            f"--metrics-export-port={head_metrics}", *_ports("ray-client-server-port", *node_ports)]))
         _wait(lambda: _alive(cluster.dashboard_url), cluster, "the head", timeout_s)
+        if head.gpus:
+            [(address, node_id)] = _alive(cluster.dashboard_url).items()
+            cluster.node_ids[head.name] = node_id
+            cluster.metrics_urls[head.name] = url = f"http://{address}:{head_metrics}/metrics"
+            _wait(lambda: _shows_gpus(url), cluster, url, timeout_s)
         for i, node in enumerate(nodes):
             address, metrics = f"127.0.0.{i + 2}", free_port()
-            resources = {f"accelerator_type:{node.gpu_type}": node.gpus} if node.gpu_type else {}
             cluster.procs.append(_ray(temp_dir, node.name, [
-                f"--address={cluster.address}", f"--node-ip-address={address}", "--num-cpus=1",
-                f"--num-gpus={node.gpus}", f"--resources={json.dumps(resources)}",
+                f"--address={cluster.address}", f"--node-ip-address={address}", "--num-cpus=1", *_gpus(node),
                 f"--metrics-export-port={metrics}", *_ports(*node_ports)]))
             _wait(lambda a=address: _alive(cluster.dashboard_url).get(a), cluster, node.name, timeout_s)  # type: ignore[misc]
             cluster.node_ids[node.name] = _alive(cluster.dashboard_url)[address]

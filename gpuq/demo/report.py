@@ -5,16 +5,18 @@ DCGM page shows (who holds which GPU, busy or idle), and the summary read back f
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from gpuq.demo.dcgm import Gpu
+from gpuq.demo.story import Shares, billed_as_run
 
 
 class Watcher:
@@ -58,19 +60,23 @@ def _shape(w: dict[str, Any]) -> str:
     return f"{w['pods']} x {w['gpus_per_pod']} {types}" if w["pods"] > 1 else f"{w['gpus_per_pod']} {types}"
 
 
-def gpus(nodes: list[dict[str, Any]], running: list[dict[str, Any]], idle: set[str], tick: int) -> list[Gpu]:
+def gpus(nodes: list[dict[str, Any]], running: list[dict[str, Any]], idle: set[str], tick: int,
+         shared: Mapping[str, float] | None = None) -> list[Gpu]:
     """Every GPU of ``nodes`` (the API's ``/nodes``): held ones in admission order, busy 70-95 %
-    unless their workload is in ``idle``; free ones at 0 %."""
+    unless their workload is in ``idle``; free ones at 0 %, but for ``shared`` (node -> GPUs that
+    Ray work outside gpuq holds there, the story's shares): as many devices as those shares need
+    (1.25 GPUs: 2) read busy, with no pod (dcgm-exporter outside Kubernetes names none)."""
     out: list[Gpu] = []
     held: dict[str, list[str]] = {}
     for w in sorted(running, key=lambda w: (w["start_s"] or 0, w["id"])):
         for node, n in (w["placement"] or {}).items():
-            held.setdefault(node, []).extend([w["id"]] * int(n))
+            held.setdefault(node, []).extend([w["id"]] * math.ceil(n))
     for nd in nodes:
         node, gpu_type, owners = nd["name"], nd["gpu_type"], held.get(nd["name"], [])
+        others = math.ceil((shared or {}).get(node, 0.0))
         for i in range(int(nd["gpus"])):
             wid = owners[i] if i < len(owners) else ""
-            busy = wid and wid not in idle
+            busy = (wid and wid not in idle) or (not wid and 0 <= i - len(owners) < others)
             util = 70 + zlib.crc32(f"{wid}/{i}/{tick}".encode()) % 26 if busy else 0
             out.append(Gpu(node, i, gpu_type, float(util), wid))
     return out
@@ -112,8 +118,10 @@ def held_seconds(events: list[dict[str, Any]]) -> dict[str, float]:
     return {w: s for w, s in seconds.items() if w not in open_}
 
 
-def summary(config: Path, t0_s: float, gang: str, idle: tuple[str, ...], labels: dict[str, str]) -> list[str]:
-    """The story read back from ``scheduler_events`` and ``gpu_samples``."""
+def summary(config: Path, t0_s: float, gang: str, idle: tuple[str, ...], labels: dict[str, str],
+            shares: Shares | None = None, shares_record: Path | None = None) -> list[str]:
+    """The story read back from ``scheduler_events``, ``gpu_samples`` and the ledger (the shares'
+    Ray job)."""
     ev = query(config, "SELECT t, event, workload, queue, placement, by, reason FROM scheduler_events "
                        "ORDER BY t, seq")
     counts: dict[str, int] = {}
@@ -152,4 +160,29 @@ def summary(config: Path, t0_s: float, gang: str, idle: tuple[str, ...], labels:
         if rows and int(rows[0]["n"]):
             lines.append(f"idle: {wid}'s GPUs read {float(rows[0]['util']):.0f} % DCGM utilization "
                          f"({rows[0]['n']} samples)")
+    if shares is not None:
+        lines += shares_lines(config, shares, shares_record, usage, labels)
     return lines
+
+
+def shares_lines(config: Path, shares: Shares, record_path: Path | None, usage: list[dict[str, Any]],
+                 labels: dict[str, str]) -> list[str]:
+    """What the ledger holds of the shares' Ray job: the most it held at once (its ``ray_job``
+    rows, in milli-GPUs), its queue, and the GPU-seconds ``gpuq usage`` bills it, next to what the
+    driver's record says its tasks and actors held (share x time)."""
+    rows = query(config, "SELECT node, queue, max(milli_gpus) AS milli FROM gpu_allocations FINAL "
+                         f"WHERE source = 'ray_job' AND pod = '{shares.id}' GROUP BY node, queue ORDER BY node")
+    if not rows:
+        return [f"ray job {shares.id}: not in the ledger (did it run?)"]
+    where = ", ".join(f"{labels.get(r['node'], r['node'])} up to {int(r['milli']) / 1000:g}" for r in rows)
+    billed = sum(float(u["gpu_seconds"]) for u in usage if u["workload"] == shares.id)
+    line = (f"ray job {shares.id} ({rows[0]['queue'] or 'no queue'}; {shares.shape}): {where} GPUs at once, "
+            f"billed as shares: {billed:.0f} GPU-seconds")
+    try:
+        record = json.loads(record_path.read_text()) if record_path is not None else None
+    except (OSError, ValueError):
+        record = None
+    if record:
+        held = billed_as_run(record)
+        line += f" (its tasks and actor held {held:.0f}: share x time by the driver's clock)"
+    return [line]

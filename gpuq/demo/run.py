@@ -2,7 +2,7 @@
 
     gpuq demo [--story full|quick] [--duration S] [--no-dashboard]
 
-Starts a local Ray cluster (a head and H100/A100 worker nodes of logical GPUs,
+Starts a local Ray cluster (a head with two L4 and H100/A100 worker nodes of logical GPUs,
 :mod:`gpuq.demo.cluster`), the served DCGM page (:mod:`gpuq.demo.dcgm`), ``gpuq serve`` with the
 ``ray`` actuator and the collectors on both (config ``.gpuq/demo/gpuq.yaml``, store
 ``chdb://.gpuq/demo/store``), and ``gpuq dashboard`` where it exists; prints the URLs, tells the
@@ -25,6 +25,7 @@ from gpuq.demo.cluster import LocalCluster, LocalNode
 from gpuq.demo.story import STORIES, Story
 
 NODES = [LocalNode("h100-a", 4, "H100"), LocalNode("h100-b", 4, "H100"), LocalNode("a100-a", 4, "A100")]
+HEAD = LocalNode("head-l4", 2, "L4")     # the head's GPUs: the Ray tasks' shares (story.Shares)
 QUEUES = Path(__file__).resolve().parents[2] / "deploy" / "demo" / "queues.yaml"
 
 
@@ -34,9 +35,10 @@ class Interrupted(BaseException):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuq demo", description=(
-        "See gpuq at work on this machine, no GPUs or Kubernetes needed: a local Ray cluster of 12 "
-        "pretend GPUs (8 H100, 4 A100), gpuq serve, the dashboards, and a story of five teams sharing "
-        "them (admissions, a preemption, a gang that waits, an idle notebook), printed as it happens. "
+        "See gpuq at work on this machine, no GPUs or Kubernetes needed: a local Ray cluster of 14 "
+        "pretend GPUs (8 H100, 4 A100, 2 L4), gpuq serve, the dashboards, and a story of six teams sharing "
+        "them (admissions, a preemption, a gang that waits, an idle notebook, Ray tasks holding half a GPU), "
+        "printed as it happens. "
         "Ctrl-C stops everything and prints a summary (README, \"The demo\")."))
     p.add_argument("--story", choices=sorted(STORIES), default="full",
                    help="full (about 2 minutes, default) or quick (a shorter one)")
@@ -96,7 +98,7 @@ def demo_main(argv: list[str], settings: Any = None) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     session = Session(root, story, stop)
     try:
-        session.start(NODES, with_dashboard=not args.no_dashboard and dashboard_available())
+        session.start(NODES, with_dashboard=not args.no_dashboard and dashboard_available(), head=HEAD)
         phase["raise"] = False
         session.tell(args.duration)
         return 0

@@ -21,7 +21,7 @@ import yaml
 from gpuq.demo import report
 from gpuq.demo.cluster import LocalCluster, LocalNode, die_with_parent, free_port, start_local_cluster, stop_group
 from gpuq.demo.dcgm import DcgmServer
-from gpuq.demo.story import Story, body
+from gpuq.demo.story import Story, body, shares_job
 
 
 def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -57,21 +57,31 @@ class Session:
         self.watcher: report.Watcher | None = None
         self.labels: dict[str, str] = {}
         self.t0: float | None = None
+        self.shares_record = root / "shares.json"    # what the shares' driver says its holders held
+        self.shares_state = ""                       # the shares' Ray job status, as last seen
+        self.shares_node = ""                        # the gpuq name of the node with their GPU type
 
     def _gpus(self) -> list[Any]:
         if self.watcher is None:
             return []
-        return report.gpus(self.watcher.nodes, self.watcher.running, set(self.story.idle), int(time.time() // 10))
+        shares = self.story.shares
+        busy = {self.shares_node: shares.gpus} if shares and self.shares_state == "RUNNING" else {}
+        return report.gpus(self.watcher.nodes, self.watcher.running, set(self.story.idle), int(time.time() // 10),
+                           busy)
 
-    def start(self, nodes: list[LocalNode], *, with_dashboard: bool) -> None:
+    def start(self, nodes: list[LocalNode], *, with_dashboard: bool, head: LocalNode = LocalNode("head")) -> None:
         from gpuq.demo.run import config
 
         t = time.monotonic()
         self.dcgm = DcgmServer(self._gpus)
-        print(f"starting a local Ray cluster: a head and {', '.join(f'{n.name} ({n.gpus} {n.gpu_type})' for n in nodes)}",
-              flush=True)
-        self.cluster = start_local_cluster(nodes, self.tmp)
-        self.labels = {self.cluster.node_name(n.name): f"{n.name}({self.cluster.node_name(n.name)})" for n in nodes}
+        gpus = [n for n in (head, *nodes) if n.gpus]
+        print(f"starting a local Ray cluster: a head{f' with {head.gpus} {head.gpu_type}' if head.gpus else ''} and "
+              f"{', '.join(f'{n.name} ({n.gpus} {n.gpu_type})' for n in nodes)}", flush=True)
+        self.cluster = start_local_cluster(nodes, self.tmp, head=head)
+        self.labels = {self.cluster.node_name(n.name): f"{n.name}({self.cluster.node_name(n.name)})" for n in gpus}
+        if self.story.shares is not None:
+            self.shares_node = next((self.cluster.node_name(n.name) for n in gpus
+                                     if n.gpu_type == self.story.shares.gpu_type), "")
         api_port, dash_port = free_port(), free_port()
         self.cfg.write_text(yaml.safe_dump(config(self.root, self.cluster, self.dcgm.url, api_port, self.story,
                                                   dash_port), sort_keys=False))
@@ -82,7 +92,7 @@ class Session:
         _wait(lambda: httpx.get(f"{api}/readyz", timeout=2).status_code == 200, self.serve, "gpuq serve", log)
         # the story starts once the scheduler sees exactly the Ray nodes, by their gpuq names (until the
         # State API has answered, the accounting names nodes by the metrics pages' addresses)
-        expected = {self.cluster.node_name(n.name) for n in nodes}
+        expected = {self.cluster.node_name(n.name) for n in gpus}
         _wait(lambda: {n["name"] for n in httpx.get(f"{api}/nodes", timeout=2).json() if n["gpus"] > 0} == expected,
               self.serve, f"the scheduler's view of the Ray nodes ({', '.join(sorted(expected))})", log)
         print(f"Ray nodes: {', '.join(self.labels.values())}; temp dir {self.tmp}", flush=True)
@@ -106,6 +116,7 @@ class Session:
               flush=True)
         self.t0 = time.time()
         told = False
+        shares = self.story.shares
         while not self.stop.is_set():
             now = time.time() - self.t0
             while steps and steps[0].at_s <= now:
@@ -115,6 +126,10 @@ class Session:
                     print(f"t={now:6.1f}s  submit {step.id} refused: HTTP {r.status_code} {r.text[:200]}")
                 elif step.note:
                     print(f"t={now:6.1f}s  -- {step.note}", flush=True)
+            if shares is not None and not self.shares_state and shares.at_s <= now:
+                self._submit_shares(now)
+            elif shares is not None and self.shares_state in ("PENDING", "RUNNING"):
+                self._poll_shares(now)
             self.watcher.poll(now)
             if duration_s is not None and now >= duration_s:
                 break
@@ -124,6 +139,41 @@ class Session:
             self.stop.wait(0.5)
         print(f"\nstopping at t={time.time() - self.t0:.1f}s" + (" (signal)" if self.stop.is_set() else ""),
               flush=True)
+
+    def _submit_shares(self, now: float) -> None:
+        """Submit the shares' job straight to Ray's Jobs API: gpuq's scheduler never sees it ask,
+        only its collector sees what it holds."""
+        assert self.cluster is not None and self.story.shares is not None
+        shares = self.story.shares
+        try:
+            r = httpx.post(f"{self.cluster.dashboard_url}/api/jobs/", timeout=10,
+                           json=shares_job(shares, str(self.shares_record), self.marker))
+            why = "" if r.status_code == 200 else f"HTTP {r.status_code} {r.text[:200]}"
+        except httpx.HTTPError as exc:
+            why = str(exc)
+        if why:
+            self.shares_state = "REFUSED"
+            print(f"t={now:6.1f}s  ray job {shares.id} refused: {why}", flush=True)
+            return
+        self.shares_state = "PENDING"
+        print(f"t={now:6.1f}s  -- {shares.note}", flush=True)
+
+    def _poll_shares(self, now: float) -> None:
+        assert self.cluster is not None and self.story.shares is not None
+        shares = self.story.shares
+        try:
+            state = str(httpx.get(f"{self.cluster.dashboard_url}/api/jobs/{shares.id}", timeout=5).json()["status"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return
+        if state == self.shares_state:
+            return
+        self.shares_state = state
+        where = self.labels.get(self.shares_node, self.shares_node)
+        if state == "RUNNING":
+            print(f"t={now:6.1f}s  ray job  {shares.id} ({shares.queue}, {shares.shape}, {shares.gpus:g} GPUs "
+                  f"on {where}) runs, outside gpuq's scheduler", flush=True)
+        else:
+            print(f"t={now:6.1f}s  ray job  {shares.id} {state.lower()}", flush=True)
 
     def close(self) -> None:
         if self.dashboard is not None:
@@ -147,7 +197,8 @@ class Session:
         print("stopped: gpuq serve, the Ray jobs and nodes, the DCGM page" + (", the dashboards" if self.dashboard else ""))
         if serve_ok and self.t0 is not None:
             try:
-                lines = report.summary(self.cfg, self.t0, self.story.gang, self.story.idle, self.labels)
+                lines = report.summary(self.cfg, self.t0, self.story.gang, self.story.idle, self.labels,
+                                       self.story.shares, self.shares_record)
             except RuntimeError as exc:
                 lines = [f"(no summary: {exc})"]
             print("\nsummary (from the store, " + f"{self.cfg.parent / 'store'}):\n  " + "\n  ".join(lines))
