@@ -161,6 +161,34 @@ def test_a_gang_of_shares_is_a_placement_group_of_fractional_bundles(cluster: Lo
 
 
 @pytest.mark.ray
+def test_a_one_pod_workload_runs_on_the_node_gpuq_placed_it(cluster: LocalCluster, tmp_path: Path) -> None:
+    """A one-pod workload's entrypoint holds its GPUs (entrypoint_num_gpus) on the placement's node,
+    pinned by Ray's node-id label: without it Ray chose any node, and the GPUs were held on one node
+    and counted busy on another (the demo billed such a run twice). Both workers are asked in turn,
+    so a choice of Ray's own cannot pass by chance."""
+    act = RayActuator(Settings(), dashboard=cluster.dashboard_url, python=sys.executable, attempts=8,
+                      backoff_s=0.5, pin_accelerator_type=False)
+    flag = tmp_path / "done"
+    try:
+        for worker in ("w1", "w2"):
+            node = cluster.node_name(worker)
+            wl = Workload(f"test/one-{worker}-{uuid.uuid4().hex[:6]}", "q", pods=1, gpus_per_pod=Decimal("0.5"))
+            wait = f"{shlex.quote(sys.executable)} -c " + shlex.quote(
+                f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.2)")
+            res = act.admit(wl, Target("RaySubmission", entrypoint=wait), Placement("H100", ((node, Decimal("0.5")),)))
+            assert res.ok, res.message
+            sid = submission_id(wl.id, 0)
+
+            def driver() -> str:
+                info = httpx.get(f"{cluster.dashboard_url}/api/jobs/{sid}", timeout=10).json()
+                return str(info.get("driver_node_id") or "") if info.get("status") == "RUNNING" else ""
+            assert ray_node_name(wait_until(driver, f"{worker}'s job running")) == node
+    finally:
+        flag.touch()
+        act.close()
+
+
+@pytest.mark.ray
 def test_unknown_node_fails_the_job_with_a_reason(cluster: LocalCluster) -> None:
     wl = Workload(f"test/bad-{uuid.uuid4().hex[:6]}", "q", pods=2, gpus_per_pod=1)
     act = RayActuator(Settings(), dashboard=cluster.dashboard_url, python=sys.executable, attempts=8,

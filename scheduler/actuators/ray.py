@@ -16,7 +16,10 @@ metadata=...)`` becomes one Ray job per admission:
   (``entrypoint_num_gpus`` = ``gpus_per_pod``), and when the placement names a GPU type the
   driver is pinned to a node of that type with ``entrypoint_resources``
   ``{"accelerator_type:<TYPE>": 0.001}`` (Ray's accelerator resource; ``accelerator_resources``
-  maps gpuq type names to other resource names, ``pin_accelerator_type=False`` turns it off).
+  maps gpuq type names to other resource names, ``pin_accelerator_type=False`` turns it off), and
+  to the placement's node with ``entrypoint_label_selector`` ``{"ray.io/node-id": <its full id>}``
+  (read from the State API's alive nodes; Ray 2.60's Job API), so the GPUs are held where gpuq
+  counts them.
   A multi-pod gang is held in a Ray placement group named ``gpuq-<workload id>``
   (:func:`gpuq.ray_names.placement_group_name`): one bundle per pod, ``{"GPU": gpus_per_pod}``
   plus ``{"CPU": cpu_millicores_per_pod / 1000}`` when the workload asks for CPU and the
@@ -100,6 +103,9 @@ def dashboard_url(settings: Settings) -> str:
         if target.dashboard_url:
             return target.dashboard_url
     raise ConfigError("collector.ray[*].dashboard_url", "the ray actuator needs a Ray dashboard URL")
+
+
+NODE_ID_LABEL = "ray.io/node-id"            # Ray's built-in label of each node: its full id
 
 
 class _Failed(Exception):
@@ -200,10 +206,31 @@ class RayActuator:
             body["entrypoint"] = self.gang_entrypoint(workload, target, placement)
             return body
         if workload.pods == 1 and workload.gpus_per_pod > 0:
-            body["entrypoint_num_gpus"] = workload.gpus_per_pod
+            body["entrypoint_num_gpus"] = float(workload.gpus_per_pod)   # a share too: 0.5 (issue 19)
+            if (node := self._node_id(placement)) is not None:
+                body["entrypoint_label_selector"] = {NODE_ID_LABEL: node}
         if (accel := self._accelerator(placement)) is not None:
             body["entrypoint_resources"] = {accel: 0.001}
         return body
+
+    def _node_id(self, placement: Placement) -> str | None:
+        """The full Ray node id of a one-node placement (gpuq names a Ray node by its id's first 12
+        hex digits, :func:`gpuq.ray_names.ray_node_name`), among the alive nodes of the State API;
+        ``None`` when it names no single alive node or the nodes cannot be read (then the entrypoint
+        is pinned by type only, as before). Without it Ray put a one-pod workload's entrypoint on any
+        node of the type: the GPUs were held on another node than the one gpuq counted busy, and
+        billed twice (there by the collector, here by the admission)."""
+        if len(placement.nodes) != 1:
+            return None
+        name = placement.nodes[0][0].lower()
+        try:
+            resp = self._call("GET", "/api/v0/nodes?limit=10000&detail=false")
+            rows = resp.json()["data"]["result"]["result"]
+            alive = [str(n["node_id"]) for n in rows if n.get("state") == "ALIVE"]
+        except (_Failed, ValueError, KeyError, TypeError):
+            return None
+        hits = [n for n in alive if n.startswith(name)]
+        return hits[0] if len(hits) == 1 else None
 
     def _accelerator(self, placement: Placement) -> str | None:
         if not (self.pin_accelerator_type and placement.gpu_type):
