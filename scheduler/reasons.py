@@ -11,8 +11,13 @@ from scheduler.quota import Shortfall
 
 
 def num(x: float) -> str:
-    """A number as people write it: 30 not 30.0, 12.5 as is."""
-    return str(int(x)) if float(x).is_integer() else f"{x:.6g}"
+    """A number as people write it: 30 not 30.0, 12.5 as is; a large one (a Unix time, the live
+    service's clock) in full to the millisecond, never ``1.79579e+09``."""
+    if float(x).is_integer():
+        return str(int(x))
+    if abs(x) >= 1e5:
+        return f"{x:.3f}".rstrip("0").rstrip(".")
+    return f"{x:.6g}"
 
 
 def amount(x: Gpus) -> str:

@@ -27,6 +27,14 @@ def test_readable_rewrites_every_instant(text: str, want: str) -> None:
     assert readable(text) == want
 
 
+def test_the_cores_delay_message_at_a_unix_time_reads_as_an_iso_time() -> None:
+    """scheduler.reasons.num wrote a Unix time with 6 significant digits ("t=1.79579e+09"), which
+    the demo showed and readable() could not rewrite."""
+    from scheduler.reasons import delay
+    text = delay(T - 2.5, T + 0.25, 3.0)
+    assert "e+" not in text and readable(text) == "may preempt at 2026-11-24T16:25:26Z (in 2.75 s, delay 3 s)"
+
+
 @pytest.mark.parametrize("text", ["needs 16 gpu, queue a has 8 left of max 8", "split=4", "at=5", "t=x", "",
                                   None, "limit t=5m"])
 def test_readable_leaves_other_text(text: str | None) -> None:
