@@ -18,6 +18,8 @@ same moment, from the endpoints the page reads; no page shows "None".
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import datetime as dt
 import io
 import itertools
@@ -113,7 +115,6 @@ class EventSink:
 @pytest.fixture(scope="module")
 def api_url(chdb_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     store = open_store(f"chdb://{chdb_path}?database=dash{next(_ids)}")
-    server = None
     try:
         seed(store)
         qf = tmp_path_factory.mktemp("dash") / "queues.yaml"
@@ -134,19 +135,27 @@ def api_url(chdb_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         svc.cycle(NOW)
         svc.forecasts.refresh(NOW)
         acc.refresh(NOW, svc.pending_demand())
-        port = free_port()
         app = create_app(svc, acc, load_settings(None, queues_file=str(qf)), clock=lambda: NOW)
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                               lifespan="off"))
-        threading.Thread(target=server.run, daemon=True).start()
+        with served(app) as url:
+            yield url
+    finally:
+        store.command(f"DROP DATABASE IF EXISTS {store.database}")
+        store.close()
+
+
+@contextmanager
+def served(app: Any) -> Iterator[str]:
+    """``app`` served by uvicorn on a free local port in a thread (the dashboards read the API over
+    HTTP, as in production); stopped on exit."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    threading.Thread(target=server.run, daemon=True).start()
+    try:
         while not server.started:
             time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:
-        if server is not None:
-            server.should_exit = True
-        store.command(f"DROP DATABASE IF EXISTS {store.database}")
-        store.close()
+        server.should_exit = True
 
 
 def render(url: str, page: str, monkeypatch: pytest.MonkeyPatch, range_: str = "24h") -> AppTest:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -23,7 +22,6 @@ from typing import Any
 import httpx
 import pyarrow as pa
 import pytest
-import uvicorn
 import yaml
 from streamlit.testing.v1 import AppTest
 
@@ -37,8 +35,7 @@ from scheduler.model import Workload
 from scheduler.service import SchedulerService
 from scheduler.service.accounting import LiveAccounting
 from tests.accounting_helpers import BASE_QUEUES
-from tests.conftest import free_port
-from tests.test_dashboards_apptest import A100, ALLOC_COLUMNS, NOW, EventSink, alloc_row, metrics, render, ts
+from tests.test_dashboards_apptest import A100, ALLOC_COLUMNS, NOW, EventSink, alloc_row, metrics, render, served, ts
 
 MIG = "nvidia.com/mig-1g.10gb"
 
@@ -118,7 +115,6 @@ def seed(store: Any) -> None:
 @pytest.fixture(scope="module")
 def shares_url(chdb_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     store = open_store(f"chdb://{chdb_path}?database=shares{int(time.time() * 1000) % 100000}")
-    server = None
     try:
         seed(store)
         qf = tmp_path_factory.mktemp("shares") / "queues.yaml"
@@ -130,17 +126,10 @@ def shares_url(chdb_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
                    Target(), NOW - 60)
         svc.cycle(NOW)
         acc.refresh(NOW, svc.pending_demand())
-        port = free_port()
         app = create_app(svc, acc, load_settings(None, queues_file=str(qf)), clock=lambda: NOW)
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                               lifespan="off"))
-        threading.Thread(target=server.run, daemon=True).start()
-        while not server.started:
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        with served(app) as url:
+            yield url
     finally:
-        if server is not None:
-            server.should_exit = True
         store.command(f"DROP DATABASE IF EXISTS {store.database}")
         store.close()
 

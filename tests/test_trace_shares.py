@@ -12,23 +12,13 @@ from typing import Any
 
 import pytest
 
+from benchmarks.bench_trace_shares import cut
 from scheduler.simulator import run_scenario
 from scheduler.traces import load_alibaba_v2023, round_up_shares
 from tests.conftest import data_path
 from tests.replay_rules import check_devices, rule_violations
 
 LIMIT, TIME_SCALE, SHRINK = 400, 0.0001, 32
-
-
-def cut(sc: dict[str, Any], shrink: int) -> dict[str, Any]:
-    """``sc`` on 1/``shrink`` of its nodes (each group at least one node), each queue's guarantee
-    cut with it and every max the whole (smaller) cluster."""
-    sc = copy.deepcopy(sc)
-    sc["nodes"] = [dict(n, count=max(1, n["count"] // shrink)) for n in sc["nodes"]]
-    total = sum(n["gpus"] * n["count"] for n in sc["nodes"])
-    sc["queues"] = {q: dict(v, guaranteed={"gpu": v["guaranteed"]["gpu"] // shrink}, max={"gpu": total})
-                    for q, v in sc["queues"].items()}
-    return sc
 
 
 @pytest.fixture(scope="module")
