@@ -7,6 +7,7 @@ Suspend / RestorePodSetsInfo), plus the policy/v1 Eviction for plain pods.
 from __future__ import annotations
 
 import copy
+from decimal import Decimal
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -421,6 +422,15 @@ MAPPING = [
                  id="deleting"),
     pytest.param("RayJob", with_(JOB_F, metadata__annotations={CANCELLED_ANNOTATION: "true"}), None,
                  id="cancelled"),
+    pytest.param("RayJob", with_(JOB_F, **{WORKER_RES: {}, f"{WORKER}__template__metadata__annotations":
+                                         {"gpu-fraction": "0.25"}}),
+                 {"pods": 2, "gpus_per_pod": Decimal("0.25")}, id="kai-gpu-fraction-is-a-share"),
+    pytest.param("RayJob", with_(JOB_F, **{WORKER_RES: {}, f"{WORKER}__template__metadata__annotations":
+                                         {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}}),
+                 "share of one device, or whole GPUs", id="kai-fraction-on-two-devices"),
+    pytest.param("RayJob", with_(JOB_F, **{WORKER_RES: {}, f"{WORKER}__template__metadata__annotations":
+                                         {"gpu-fraction": "half"}}),
+                 "gpu-fraction: not a share of one GPU", id="kai-fraction-unreadable"),
     pytest.param("RayJob", with_(JOB_F, **{WORKER_RES: {}}), "requests no GPUs", id="cpu-only"),
     pytest.param("RayJob", edit(JOB_F, lambda o: o["spec"].pop("rayClusterSpec")),
                  "rayClusterSpec is missing", id="cluster-selector-job"),

@@ -59,6 +59,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import urllib3
@@ -66,6 +67,7 @@ from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi, Scheduling
 from kubernetes.client.exceptions import ApiException
 
 from accounting.quantity import cpu_millicores, memory_bytes
+from gpuq.gpu_share import KAI_DEVICES, KAI_FRACTION, kai_fraction_milli
 from gpuq.settings import KubernetesTarget, Settings
 from scheduler.actuators.base import Target
 from scheduler.actuators.k8s_events import EventRecorder, Involved
@@ -84,7 +86,7 @@ from scheduler.actuators.kubernetes import (
     restore_templates,
 )
 from scheduler.errors import SchedulerError
-from scheduler.model import Workload
+from scheduler.model import Gpus, Workload
 
 GPU_TYPES_ANNOTATION = "gpuq.io/gpu-types"
 PRIORITY_ANNOTATION = "gpuq.io/priority"
@@ -152,6 +154,25 @@ def pod_gpus(spec: Mapping[str, Any], resources: Iterable[str]) -> int:
 
     main = sum(of(c) for c in spec.get("containers") or ())
     return max([main, *(of(c) for c in spec.get("initContainers") or ())])
+
+
+def template_share(template: Mapping[str, Any]) -> Gpus:
+    """A template's pod asking a share of one GPU through KAI-Scheduler's ``gpu-fraction``
+    annotation (its pods request no ``nvidia.com/gpu``; issue 19): the share in thousandths, rounded
+    down as the accounting bills it (:func:`gpuq.gpu_share.kai_fraction_milli`); 0 when it asks
+    none. ``gpu-memory`` needs the node's GPU memory, which a template has not: not read here (such a
+    gang requests no GPUs for gpuq). A fraction on several devices cannot be one share of one device:
+    an error naming it."""
+    notes = (template.get("metadata") or {}).get("annotations") or {}
+    if not notes.get(KAI_FRACTION):
+        return 0
+    milli = kai_fraction_milli({k: str(v) for k, v in notes.items()})
+    if milli is None or milli <= 0:
+        raise ObjectError(f"{KAI_FRACTION}: not a share of one GPU: {notes[KAI_FRACTION]!r}")
+    if milli >= 1000:
+        raise ObjectError(f"{KAI_FRACTION} {notes[KAI_FRACTION]!r} on {notes.get(KAI_DEVICES)} devices: gpuq "
+                          "schedules a share of one device, or whole GPUs")
+    return Decimal(milli) / 1000
 
 
 def _requests(spec: Mapping[str, Any]) -> tuple[int, int]:
@@ -241,7 +262,7 @@ def workload_of(kind: str, obj: Mapping[str, Any], *, keys: SourceKeys = SourceK
     cluster = (original["spec"].get("rayClusterSpec") if kind == "RayJob" else original["spec"]) or {}
     counts = [1] + [group_pods(g) for g in cluster.get("workerGroupSpecs") or ()]
     counts += [1] * (len(templates) - len(counts))        # the submitter pod, when it has a template
-    per_pod = [pod_gpus((t.get("spec") or {}), keys.gpu_resources) for _, t in templates]
+    per_pod = [pod_gpus((t.get("spec") or {}), keys.gpu_resources) or template_share(t) for _, t in templates]
     gang = [(n, g, t) for n, g, (_, t) in zip(counts, per_pod, templates) if g > 0 and n > 0]
     if not gang:
         raise ObjectError("requests no GPUs (no template has " + ", ".join(keys.gpu_resources) + ")")
