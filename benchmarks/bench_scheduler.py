@@ -238,12 +238,14 @@ def drain_child(quick: bool) -> None:
     r, rec = drain(n, n_nodes, schedule, gate=gate, shares=float(os.environ.get("GPUQ_BENCH_SHARES", "0")))
     res = rec.result
     # the decisions, less each admit's devices (issue 19 added them; the code before has none)
-    lines = [x[:x.index(', "devices": ')] + "}" if ', "devices": ' in x else x
-             for x in res.events_jsonl().splitlines()]
     import scheduler.cycle
+    import scheduler.events
+    events = res.events_jsonl()
+    if hasattr(scheduler.events, "without_devices"):       # this side's code has them
+        events = scheduler.events.without_devices(events)
     out = {**r, "core": str(Path(scheduler.cycle.__file__).resolve().parent), "core_cpu_s": rec.cpu_s,
            "cycles_list": rec.cycles, "read_ms": rec.read_ms,
-           "events_sha256": hashlib.sha256("\n".join(lines).encode()).hexdigest()}
+           "events_sha256": hashlib.sha256(events.encode()).hexdigest()}
     sys.stdout.write("JSON " + json.dumps(out) + "\n")
     sys.stdout.flush()
 

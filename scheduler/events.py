@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from decimal import Decimal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from scheduler.actuators.base import Target
+from accounting.model import as_gpus
 from scheduler.model import Workload, gpus_in, gpus_out
 
 TABLE = "scheduler_events"
@@ -35,6 +35,16 @@ COLUMNS = ("ts", "cluster", "t", "seq", "event", "workload", "queue", "gpu_type"
 def round_t(x: float) -> float:
     """A clock value as events carry it: rounded to microseconds, never -0.0."""
     return round(x, 6) + 0.0
+
+
+def without_devices(jsonl: str) -> str:
+    """``events.jsonl`` less each admit's ``devices`` (issue 19 added it, as the last key): the
+    events as the code before wrote them, for comparing decisions across versions."""
+    out = []
+    for line in jsonl.splitlines(keepends=True):
+        at = line.find(', "devices": ')
+        out.append(line if at < 0 else line[:at] + "}" + line[len(line.rstrip("\n")):])
+    return "".join(out)
 
 
 def event(t: float, kind: str, workload: str, queue: str, **extra: Any) -> dict[str, Any]:
@@ -70,7 +80,7 @@ def from_row(row: Sequence[Any], placement_milli: Mapping[str, int] | None = Non
     extra: dict[str, Any] = {}
     if kind == "admit":
         if placement_milli:
-            got = {str(k): gpus_out(Decimal(int(v)) / 1000) for k, v in dict(placement_milli).items()}
+            got = {str(k): as_gpus(int(v)) for k, v in dict(placement_milli).items()}
         else:
             got = {str(k): int(v) for k, v in dict(placement).items()}
         extra = {"gpu_type": str(gpu_type), "placement": got}

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler import events as ev
-from scheduler.model import Gpus, gpus_in, gpus_out
+from scheduler.model import Gpus, from_milli, gpus_in, gpus_out
 from scheduler.errors import ScenarioError
 
 VERSION = 1
@@ -239,8 +239,7 @@ def _lives(rows: Iterable[Sequence[Any]], start_s: float) -> tuple[list[_Life], 
             continue
         if kind == "admit":
             life.close(t)
-            life.open = Run(t, None, str(gpu_type), {str(k): gpus_in(f"{int(v) / 1000:.3f}")
-                                                     for k, v in dict(placement).items()})
+            life.open = Run(t, None, str(gpu_type), {str(k): from_milli(int(v)) for k, v in dict(placement).items()})
             life.state = RUNNING
         elif kind == "preempt":
             life.close(t)

@@ -81,6 +81,11 @@ def whole(x: Gpus) -> int:
     raise ValueError(f"{gpus_text(x)} GPUs where only whole GPUs are taken")
 
 
+def from_milli(milli: int) -> Gpus:
+    """milli-GPUs (the store's unit) as the core keeps amounts: an int when whole."""
+    return exact(Decimal(milli) / MILLI)
+
+
 def gpus_in(x: int | float | str) -> Gpus:
     """An amount read back from output (JSON, a table): an int when whole, else exact thousandths."""
     d = Decimal(x) if isinstance(x, str) else Decimal(repr(float(x)))

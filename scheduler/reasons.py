@@ -26,19 +26,17 @@ def amount(x: Gpus) -> str:
     return str(x) if type(x) is int else gpus_text(x)
 
 
-_n = amount
-
 
 def quota_max(s: Shortfall) -> str:
-    return f"needs {_n(s.needed)} {s.resource}, queue {s.queue} has {_n(s.left)} left of max {_n(s.limit)}"
+    return f"needs {amount(s.needed)} {s.resource}, queue {s.queue} has {amount(s.left)} left of max {amount(s.limit)}"
 
 
 def never_max(s: Shortfall) -> str:
-    return f"needs {_n(s.needed)} {s.resource}, queue {s.queue} max is {_n(s.limit)}"
+    return f"needs {amount(s.needed)} {s.resource}, queue {s.queue} max is {amount(s.limit)}"
 
 
 def _gang(w: Workload) -> str:
-    k = _n(w.gpus_per_pod)
+    k = amount(w.gpus_per_pod)
     return f"{w.pods} pods x {k} GPUs" if w.pods > 1 else f"{k} GPUs"
 
 
@@ -46,10 +44,10 @@ def no_fit(w: Workload, gpu_type: str, slots: int, largest_free: Gpus) -> str:
     k = w.gpus_per_pod
     if is_share(k):
         if slots == 0:
-            return (f"no device of type {gpu_type} with {_n(k)} of a GPU free "
-                    f"(largest free share: {_n(largest_free)})")
-        return (f"only {slots} of {w.pods} pods of {_n(k)} GPU fit on free {gpu_type} devices "
-                f"(largest free share: {_n(largest_free)})")
+            return (f"no device of type {gpu_type} with {amount(k)} of a GPU free "
+                    f"(largest free share: {amount(largest_free)})")
+        return (f"only {slots} of {w.pods} pods of {amount(k)} GPU fit on free {gpu_type} devices "
+                f"(largest free share: {amount(largest_free)})")
     if slots == 0:
         return (f"no node of type {gpu_type} with {k} free GPUs "
                 f"(largest free: {largest_free})")
@@ -71,21 +69,21 @@ def not_eligible(s: Shortfall) -> str:
 
 def above_guarantee(queue: str, would_hold: Gpus, resource: str, guaranteed: Gpus) -> str:
     head, tail = above_guarantee_parts(queue, resource, guaranteed)
-    return f"{head}{_n(would_hold)}{tail}"
+    return f"{head}{amount(would_hold)}{tail}"
 
 
 def above_guarantee_parts(queue: str, resource: str, guaranteed: Gpus) -> tuple[str, str]:
     """:func:`above_guarantee` as the text before and after ``would_hold``, for a loop over one queue."""
-    return f"no preemption: queue {queue} would hold ", f" {resource}, above its guaranteed {_n(guaranteed)}"
+    return f"no preemption: queue {queue} would hold ", f" {resource}, above its guaranteed {amount(guaranteed)}"
 
 
 def pinned_over(s: Shortfall) -> str:
-    return (f"non-preemptible: queue {s.queue}'s non-preemptible work would hold {_n(s.used + s.needed)} "
-            f"{s.resource}, above its guaranteed {s.limit} (it holds {_n(s.used)})")
+    return (f"non-preemptible: queue {s.queue}'s non-preemptible work would hold {amount(s.used + s.needed)} "
+            f"{s.resource}, above its guaranteed {s.limit} (it holds {amount(s.used)})")
 
 
 def pinned_never(s: Shortfall) -> str:
-    return (f"non-preemptible: needs {_n(s.needed)} {s.resource}, queue {s.queue} guarantees {s.limit} "
+    return (f"non-preemptible: needs {amount(s.needed)} {s.resource}, queue {s.queue} guarantees {s.limit} "
             "(non-preemptible work runs only within its queue's guarantee)")
 
 
@@ -106,5 +104,5 @@ def strict_fifo(head: Workload, queue: str) -> str:
 
 
 def preempted(queue: str, s_used: Gpus, needed: Gpus, guaranteed: Gpus, resource: str = "gpu") -> str:
-    return (f"reclaim guaranteed for {queue}: holds {_n(s_used)} of guaranteed {_n(guaranteed)} {resource}, "
-            f"needs {_n(needed)}")
+    return (f"reclaim guaranteed for {queue}: holds {amount(s_used)} of guaranteed {amount(guaranteed)} {resource}, "
+            f"needs {amount(needed)}")

@@ -112,6 +112,36 @@ def test_queues_capacity_and_workloads_agree_with_gangs(books: tuple[Api, Schedu
     assert check_books(acc, svc, r, clock.t) == ()
 
 
+def test_the_books_balance_with_gangs_of_shares_across_nodes(
+        books: tuple[Api, SchedulerService, LiveAccounting, Clock]) -> None:
+    """Shares of one GPU (issue 19): a gang of 12 pods x 0.75 spans both A100 nodes, a gang of
+    6 x 0.25 fills the devices it left a quarter of; /queues, /accounting/capacity, /nodes and
+    /workloads agree to the thousandth and the audit finds the books balanced, before and after one
+    of them finishes."""
+    api, svc, acc, clock = books
+    acc.refresh(clock.t)
+    for wid, queue, pods, per_pod in (("speech-s", "speech", 12, 0.75), ("vision-s", "vision", 6, 0.25)):
+        r = api("POST", "/workloads", json={"id": wid, "queue": queue, "pods": pods, "gpus_per_pod": per_pod,
+                                           "gpu_types": ["A100"], "duration": 600})
+        assert r.status_code == 201, r.text
+    clock.t += 1
+    svc.cycle(clock.t)
+    seen = balance(api)
+    running = {w["id"]: w for w in seen["workloads"] if w["state"] == "running"}
+    assert set(running) == {"speech-s", "vision-s"}
+    assert len(running["speech-s"]["placement"]) == 2 and sum(running["speech-s"]["placement"].values()) == 9
+    assert seen["capacity"]["total"]["allocated"] == 10.5          # 12 devices in use, 1.5 GPUs of them free
+    r = acc.refresh(clock.t)
+    balance(api)
+    assert check_books(acc, svc, r, clock.t) == ()
+    svc.finish("vision-s", clock.t + 10)
+    clock.t += 11
+    svc.cycle(clock.t)
+    r = acc.refresh(clock.t)
+    balance(api)
+    assert check_books(acc, svc, r, clock.t) == ()
+
+
 def test_the_audit_names_a_workload_seen_on_another_node(books: tuple[Api, SchedulerService, LiveAccounting, Clock],
                                                          store: Any) -> None:
     """A gpuq workload whose pod the collector sees on another node than the scheduler chose: the

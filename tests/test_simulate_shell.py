@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from benchmarks._sim_baseline import engine as engine_before
 from benchmarks._sim_baseline import scenario as scenario_before
 from scheduler.errors import ScenarioError
+from scheduler.events import without_devices
 from scheduler.simulator import engine, load_scenario, parse_scenario, run_scenario
 from scheduler.simulator.report import SimResult
 
@@ -116,15 +117,6 @@ def test_json_lines_build_as_before(tmp_path: Path, seed: int) -> None:
 
 def _replay_both(sc_now: Any, sc_before: Any) -> tuple[SimResult, Any]:
     return engine.simulate(sc_now), engine_before.simulate(sc_before)
-
-
-def without_devices(jsonl: str) -> str:
-    """events.jsonl less each admit's ``devices`` (issue 19's addition, its last key)."""
-    out = []
-    for line in jsonl.splitlines(keepends=True):
-        at = line.find(', "devices": ')
-        out.append(line if at < 0 else line[:at] + "}\n")
-    return "".join(out)
 
 
 def _assert_same(now: SimResult, before: Any) -> None:

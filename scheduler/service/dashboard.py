@@ -7,12 +7,12 @@ holds into plain dicts for :mod:`scheduler.api.routes_dashboard`; the arithmetic
 from __future__ import annotations
 
 from collections.abc import Iterable
-from decimal import Decimal
 from typing import Any
 
 from accounting import service as acc
 from accounting.idle import current, idle_method, join_methods
 from accounting.ledger import by_slot, holder
+from accounting.model import as_gpus
 from accounting.queues import ROOT
 from accounting.resolve import Resolver
 from scheduler.model import gpus_in, gpus_out
@@ -197,8 +197,8 @@ def scheduler_events(store: Any, cluster: str, start_s: float, end_s: float, kin
     rows = store.query(_EVENTS_SQL.replace("{db}", store.database),
                        {"c": cluster, "t0": start_s, "t1": end_s, "kinds": list(kinds), "limit": limit}).rows
     out = [{"t": float(t), "seq": int(seq), "event": str(e), "workload": str(w), "queue": str(q),
-            "gpu_type": str(g), "gpus": _gpus(sum((p or {}).values())),
-            "placement": {str(k): _gpus(v) for k, v in (p or {}).items()},
+            "gpu_type": str(g), "gpus": as_gpus(int(sum((p or {}).values()))),
+            "placement": {str(k): as_gpus(int(v)) for k, v in (p or {}).items()},
             "by": str(b), "reason": str(r)} for t, seq, e, w, q, g, p, b, r in rows]
     bare = [e for e in out if not e["placement"]]
     if bare:
@@ -214,11 +214,6 @@ WHERE cluster = {c:String} AND workload IN {ids:Array(String)} AND event IN ('su
 ORDER BY t, seq"""
 
 
-def _gpus(milli: int) -> int | float:
-    """milli-GPUs (the events' ``placement_milli``) as output carries GPUs: an int when whole."""
-    return gpus_out(Decimal(int(milli)) / 1000)
-
-
 def _fill_gpus(store: Any, cluster: str, events: list[dict[str, Any]]) -> None:
     """``gpus``/``gpu_type`` of events without a placement, from the workload's admits and its
     submission (see :func:`scheduler_events`)."""
@@ -230,7 +225,7 @@ def _fill_gpus(store: Any, cluster: str, events: list[dict[str, Any]]) -> None:
     for wid, t, seq, kind, g, p, spec in store.query(_HELD_SQL.replace("{db}", store.database),
                                                     {"c": cluster, "ids": ids, "t1": t1}).rows:
         if kind != "submit":
-            gpus = _gpus(sum((p or {}).values()))
+            gpus = as_gpus(int(sum((p or {}).values())))
         else:
             try:
                 d = json.loads(spec) if spec else {}

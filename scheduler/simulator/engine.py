@@ -58,7 +58,7 @@ class Devices:
         self.free: dict[str, list[int]] = {n.name: list(range(n.gpus)) for n in cluster.nodes}  # sorted
         self.slot_dev: dict[tuple[str, int], int] = {}
         self.slot_used: dict[tuple[str, int], Decimal] = {}
-        self.held: dict[str, Placement] = {}
+        self.held: dict[str, tuple[Placement, dict[str, dict[str, int | float]]]] = {}   # id -> placement, devices
 
     def _lowest(self, node: str) -> int:
         free = self.free[node]
@@ -68,8 +68,8 @@ class Devices:
 
     def take(self, wid: str, p: Placement) -> dict[str, dict[str, int | float]]:
         """Give ``wid`` devices for ``p``; its ``devices`` as an event carries them."""
-        self.held[wid] = p
         out: dict[str, dict[str, int | float]] = {}
+        self.held[wid] = (p, out)
         if not p.shares:
             for node, n in p.nodes:
                 out[node] = {str(self._lowest(node)): 1 for _ in range(int(n))}
@@ -83,9 +83,9 @@ class Devices:
             out.setdefault(node, {})[str(dev)] = gpus_out(share)
         return out
 
-    def give(self, wid: str, devices: dict[str, dict[str, int | float]] | None = None) -> None:
-        """Give back what ``wid`` holds (``devices``: its admit's, for a whole gang)."""
-        p = self.held.pop(wid)
+    def give(self, wid: str) -> None:
+        """Give back what ``wid`` holds."""
+        p, devices = self.held.pop(wid)
         if p.shares:
             for node, slot, share in p.shares:
                 key = (node, slot)
@@ -96,7 +96,6 @@ class Devices:
                     del self.slot_used[key]
                     insort(self.free[node], self.slot_dev.pop(key))
             return
-        assert devices is not None
         for node, on in devices.items():
             for d in on:
                 insort(self.free[node], int(d))
@@ -185,7 +184,6 @@ class _Sim:
         self.held: list[HeldLoad] = []
         self.displaced: list[str] = []
         self.devices = Devices(sc.cluster)
-        self.dev_of: dict[str, dict[str, dict[str, int | float]]] = {}    # id -> its admit's devices
 
     def emit(self, t: float, event: str, w: Workload, **extra: Any) -> None:
         self.events.append(make_event(t, event, w.id, w.queue, **extra))
@@ -256,7 +254,7 @@ class _Sim:
         w = Workload(FIXED_PREFIX + f.id, f.queue or ROOT, 1, f.gpus, (gpu_type,), 0, False, t)
         r = Running(w, Placement(gpu_type, ((node, f.gpus),)), t)
         self.occ = occupancy_after(self.cluster, self.occ, (), (r,))
-        self.dev_of[w.id] = self.devices.take(w.id, r.placement)
+        self.devices.take(w.id, r.placement)
         self.holding[f.id] = (f, r)
         if f.end_s is not None:
             heapq.heappush(self.fixed_ends, (f.end_s, self.next_fixed, f.id))
@@ -274,7 +272,7 @@ class _Sim:
     def _release(self, fid: str, t: float) -> None:
         f, r = self.holding.pop(fid)
         self.occ = occupancy_after(self.cluster, self.occ, (r,), ())
-        self.devices.give(r.workload.id, self.dev_of.pop(r.workload.id))
+        self.devices.give(r.workload.id)
         self._log_hold(f, r, t)
 
     def _log_hold(self, f: Fixed, r: Running, t: float) -> None:
@@ -288,7 +286,7 @@ class _Sim:
     def _stop(self, wid: str, t: float) -> None:
         r = self.running.pop(wid)
         del self.ends[wid]
-        self.devices.give(wid, self.dev_of.pop(wid))
+        self.devices.give(wid)
         if wid in self.started_ids:     # its start is not counted yet: count it before its stop
             self.settle()
         self.stopped.append(r)
@@ -369,7 +367,7 @@ class _Sim:
                 heapq.heappush(self.expiry, (vw.submit_s + self.sc.settings.preemption_delay_s, vid))
             del self.pending[w.id]
             self.removed.append(w)
-            devices = self.dev_of[w.id] = self.devices.take(w.id, a.placement)
+            devices = self.devices.take(w.id, a.placement)
             self.emit(now, "admit", w, gpu_type=a.placement.gpu_type, placement=a.placement.as_output(),
                       devices=devices)
             if w.id not in self.first_admit:
