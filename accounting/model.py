@@ -127,6 +127,7 @@ class NodeCapacity:
     gpu_model: str
     milli_gpus: int              # allocatable
     schedulable: bool = True     # ready and not cordoned
+    replicas: int = 1            # what the device plugin advertises each GPU as (time-slicing, MPS)
 
     @property
     def gpus(self) -> float:

@@ -158,7 +158,8 @@ def read_nodes(store: Store, now_s: float) -> list[NodeCapacity]:
         ok = bool(ready) and not bool(cordoned)
         labels = {str(k): str(v) for k, v in (reps or {}).items()}
         if gpus:
-            out.append(NodeCapacity(str(c), str(n), str(model), _devices(float(gpus), labels, GPU_RESOURCE), ok))
+            out.append(NodeCapacity(str(c), str(n), str(model), _devices(float(gpus), labels, GPU_RESOURCE), ok,
+                                    replicas(labels, GPU_RESOURCE)))
         for res, count in sorted((mig or {}).items()):
             profile = str(res).removeprefix("nvidia.com/mig-").removesuffix(SHARED_SUFFIX)
             out.append(NodeCapacity(str(c), str(n), f"{model}-MIG-{profile}", _devices(float(count), labels, str(res)), ok))

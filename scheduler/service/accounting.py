@@ -179,6 +179,24 @@ class LiveAccounting:
         return audit(live, placed, resolver, node_name,
                      lambda node, a: types.get(node) or resolver.gpu_type(a.gpu_model, a.gpu_resource))
 
+    def replicas_by_type(self) -> dict[str, int]:
+        """GPU type -> the fewest replicas the device plugin makes of each GPU on the schedulable
+        nodes of that type in the last snapshot (``nvidia.com/gpu.replicas`` as the collector saw
+        the nodes; 1: not time-sliced), every type with GPUs. The Kubernetes workload source reads a
+        template's ``nvidia.com/gpu`` request as replicas of these (the fewest: a share never less
+        than the pod holds on any node it may land on)."""
+        with self._lock:
+            snap = self._snap
+        if snap is None:
+            return {}
+        resolver = self.resolver()
+        out: dict[str, int] = {}
+        for n in snap.nodes:
+            if n.schedulable and n.milli_gpus > 0:
+                t = resolver.gpu_type(n.gpu_model)
+                out[t] = min(out.get(t, n.replicas), n.replicas)
+        return out
+
     def queue_of(self, a: Allocation) -> str:
         return self.resolver().queue(a.queue, a.namespace)
 

@@ -161,7 +161,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
                                      args=(stop, clock, settings.accounting.interval_s, sc.cycle_interval_s))
         forecasts.start()
         threads.append(forecasts)
-        sync = world_sync(settings, service, actuator)
+        sync = world_sync(settings, service, actuator, accounting.replicas_by_type)
         if sync is not None:
             threads.append(_loop("world-sync", stop, settings.accounting.interval_s, lambda: sync(clock())))
         if collect and _has_sources(settings):

@@ -22,7 +22,7 @@ function every ``accounting.interval_s``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -126,12 +126,14 @@ def sync_ray(service: SchedulerService, actuator: Any, now: float) -> list[str]:
     return done
 
 
-def world_sync(settings: Any, service: SchedulerService, actuator: Actuator) -> Callable[[float], Any] | None:
-    """The sync for the configured actuator, or None (dry-run: workloads come from the API only)."""
+def world_sync(settings: Any, service: SchedulerService, actuator: Actuator,
+               replicas: Callable[[], Mapping[str, int]] = lambda: {}) -> Callable[[float], Any] | None:
+    """The sync for the configured actuator, or None (dry-run: workloads come from the API only).
+    ``replicas``: the time-sliced GPU types now (``LiveAccounting.replicas_by_type``)."""
     if actuator.name == "kubernetes":
         from scheduler.actuators.k8s_workloads import KubernetesWorkloadSource
 
-        source = KubernetesWorkloadSource(settings)
+        source = KubernetesWorkloadSource(settings, replicas=replicas)
         told: dict[str, str] = {}
         return lambda now: sync_listed(service, source, now, tell=getattr(actuator, "refuse", None), told=told)
     if actuator.name == "ray":
