@@ -38,8 +38,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from fractions import Fraction
 
 from accounting.model import Allocation, milli
+from gpuq.gpu_share import base_model, mig_fraction, mig_profile_of, milli_floor
 
 SOURCES = ("pod", "placement_group", "ray_job", "admission")
 _RANK = {s: i for i, s in enumerate(SOURCES)}
@@ -133,19 +135,41 @@ def node_of(name: str, cluster: str) -> tuple[str, str]:
 
 def admission_rows(workload_id: str, queue: str, *, cluster: str, namespace: str, gpu_type: str,
                    placement: Mapping[str, float] | Iterable[tuple[str, float]], start_s: float,
-                   end_s: float | None = None, priority: int = 0) -> list[Allocation]:
+                   end_s: float | None = None, priority: int = 0, mig_model: str = "") -> list[Allocation]:
     """The ledger rows of one admission: one per node of its placement. The uid holds the start, so
     a workload admitted again on the same node after a preemption is a new row, not a new version
-    of the one that billed its first run."""
+    of the one that billed its first run.
+
+    ``mig_model``: the type is a MIG type whose slices the nodes name so
+    (:meth:`accounting.queues.QueueConfig.mig_model`). Its rows are then billed as its pods will be:
+    ``k`` slices are ``floor(k x N/S x 1000)`` milli-GPUs of that model (:func:`admission_share`),
+    which count ``k`` slices against capacity and quotas as the scheduler placed them
+    (:attr:`Allocation.counted_milli`), so a slice is not billed a whole GPU until its pod is seen."""
     nodes = placement.items() if isinstance(placement, Mapping) else placement
     out = []
     for name, n in nodes:
         if n > 0:
             c, node = node_of(name, cluster)
+            model, billed = admission_share(gpu_type, n, mig_model)
             out.append(Allocation(c, namespace, workload_id, f"{workload_id}/{name}@{round(start_s * 1000)}", queue,
-                                  node, gpu_type, milli(n), start_s, end_s, "nvidia.com/gpu", priority, "",
+                                  node, model, billed, start_s, end_s, "nvidia.com/gpu", priority, "",
                                   ADMISSION, workload_id))
     return out
+
+
+def admission_share(gpu_type: str, gpus: float, mig_model: str = "") -> tuple[str, int]:
+    """``(gpu_model, milli_gpus)`` of an admission row holding ``gpus`` of ``gpu_type`` on a node:
+    the type and its milli-GPUs; for a MIG type (``mig_model`` given) the slices' model and their
+    fraction of the GPU, rounded down as a pod holding them is billed
+    (``collector.k8s_extract.pod_share_milli``: ``2`` 1g slices of an A100 are 285)."""
+    if not mig_model:
+        return gpu_type, milli(gpus)
+    return mig_model, milli_floor(Fraction(str(gpus)) * Fraction(mig_slice_fraction(mig_model)))
+
+
+def mig_slice_fraction(model: str) -> Fraction:
+    """One slice of a MIG model (``<product>-MIG-<profile>``) as a fraction of its GPU."""
+    return mig_fraction(base_model(model), mig_profile_of(model))
 
 
 def reserved(allocations: Iterable[Allocation]) -> list[Allocation]:

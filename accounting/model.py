@@ -88,8 +88,9 @@ class Allocation:
     @property
     def counted_milli(self) -> int:
         """Milli-GPUs it counts against capacity and quotas: MIG slices as slices (see the module
-        docstring). gpuq's own admission rows already count slices (the scheduler places them)."""
-        return self.milli_gpus if self.source == "admission" else counted_milli(self.gpu_model, self.milli_gpus)
+        docstring). gpuq's own admission rows of a MIG type are billed the slices' fraction too, and
+        counted back the same way (``accounting.ledger.admission_rows``)."""
+        return counted_milli(self.gpu_model, self.milli_gpus)
 
     @property
     def workload(self) -> str:

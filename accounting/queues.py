@@ -245,6 +245,22 @@ class QueueConfig:
                 return t.name
         return None
 
+    def mig_model(self, gpu_type: str) -> str:
+        """The nodes' model name of a MIG type's slices (``<product>-MIG-<profile>``, as the
+        collector names a pod's slice and :mod:`gpuq.gpu_share` reads its fraction): a declared
+        MIG type's from the GPU it slices (that type's first ``node_labels``, else its name, as its
+        ``equivalent`` is computed), a type that is such a name already itself; ``""`` for any
+        other type (and a name whose profile the table cannot read)."""
+        from gpuq.gpu_share import mig_slice_milli
+
+        t = self.gpu_types.get(gpu_type)
+        model = gpu_type
+        if t is not None and t.mig_of:
+            base = self.gpu_types.get(t.mig_of)
+            product = base.node_labels[0] if base is not None and base.node_labels else t.mig_of
+            model = f"{product}-MIG-{t.mig_profile}"
+        return model if mig_slice_milli(model) else ""
+
     @property
     def uses_gpu_eq(self) -> bool:
         """Whether some queue (or placement template) sets a ``gpu_eq`` guarantee or max: only then

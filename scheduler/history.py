@@ -416,7 +416,9 @@ def record_replay(store: Any, sc: Any, result: Any, cluster: str, epoch_s: float
     submit rows with the workload's spec), its nodes (``node_events``, added at ``epoch_s``), each
     run of each workload as an admission in the ledger, and its fixed load as foreign pods in
     ``namespace`` (queue: its own, or none). Returns the rows written."""
+    from accounting.ledger import admission_share
     from accounting.model import Allocation
+    from gpuq.gpu_share import mig_slice_milli
     from gpuq.store.schema import COLUMNS
     from scheduler.actuators.base import Target
     from scheduler.service.ledger import admission_store_row
@@ -437,9 +439,12 @@ def record_replay(store: Any, sc: Any, result: Any, cluster: str, epoch_s: float
     def close(wid: str, t: float) -> None:
         start, placement, gpu_type = open_runs.pop(wid)
         w = by_id[wid]
+        # a type named as the nodes name MIG slices is billed their fraction, as serve's admissions
+        model_of = gpu_type if mig_slice_milli(gpu_type) else ""
         for node, g in placement.items():
-            allocs.append(Allocation(cluster, namespace, f"gpuq-{wid}", f"{wid}@{start}@{node}", w.queue, node, gpu_type,
-                                     round(float(g) * 1000), epoch_s + start, epoch_s + t, priority=w.priority,
+            model, billed = admission_share(gpu_type, float(g), model_of)
+            allocs.append(Allocation(cluster, namespace, f"gpuq-{wid}", f"{wid}@{start}@{node}", w.queue, node, model,
+                                     billed, epoch_s + start, epoch_s + t, priority=w.priority,
                                      source="admission", workload_id=wid))
 
     for e in result.events:

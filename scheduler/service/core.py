@@ -997,7 +997,7 @@ class SchedulerService:
         return admission_rows(e.workload.id, e.workload.queue, cluster=self.cluster_name,
                               namespace=e.target.namespace, gpu_type=r.placement.gpu_type,
                               placement=[(n, float(g)) for n, g in r.placement.nodes], start_s=r.start_s, end_s=end_s,
-                              priority=e.workload.priority)
+                              priority=e.workload.priority, mig_model=self._config.mig_model(r.placement.gpu_type))
 
     # -- the ledger ---------------------------------------------------------------------------------
     def admitted_allocations(self) -> list[Allocation]:

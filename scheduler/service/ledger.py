@@ -34,7 +34,7 @@ def admission_store_row(a: Allocation) -> tuple[Any, ...]:
     end = None if a.end_s is None else dt.datetime.fromtimestamp(max(a.end_s, a.start_s), dt.UTC)
     version = round((a.start_s if a.end_s is None else max(a.end_s, a.start_s)) * 1000) * 10 \
         + (1 if a.end_s is None else 2)
-    return (a.cluster, a.namespace, a.pod, a.uid, a.queue, a.node, a.gpu_model, a.gpu_resource, a.gpus,
+    return (a.cluster, a.namespace, a.pod, a.uid, a.queue, a.node, a.gpu_model, a.gpu_resource, a.billed_gpus,
             a.priority, a.ray_cluster, start, end, version, ADMISSION, a.workload_id, "", "")
 
 
