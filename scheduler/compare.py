@@ -215,7 +215,8 @@ def compare_main(argv: list[str], settings: object = None) -> int:
 BASELINE_LABELS = {"wait_p50_s": "wait p50 s", "wait_p90_s": "wait p90 s", "wait_p99_s": "wait p99 s",
                    "utilization": "utilization", "preemptions": "preemptions",
                    "stranded_gpu_hours": "stranded GPU-h", "stranded_gpus_avg": "stranded GPUs avg",
-                   "guarantee_violation_s": "guarantee violated s"}
+                   "guarantee_violation_s": "guarantee violated s", "utilization_eq": "utilization (GPU-eq)",
+                   "stranded_gpu_eq_hours": "stranded GPU-eq-h", "stranded_gpus_eq_avg": "stranded GPU-eq avg"}
 
 
 def baselines_run(sc: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -224,7 +225,7 @@ def baselines_run(sc: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, 
     ``{"scenario", "policies", "queues": {queue: {metric: {policy: value}}}}`` (``(all)`` last) and
     ``results`` maps each policy (``gpuq`` first) to its ``SimResult``."""
     from scheduler.baselines import POLICIES
-    from scheduler.quality import METRICS, quality
+    from scheduler.quality import EQ_METRICS, METRICS, quality
     from scheduler.simulator import run_scenario
     from scheduler.simulator.engine import simulate
 
@@ -234,7 +235,9 @@ def baselines_run(sc: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, 
     views = {p: quality(sc.cluster, sc.workloads, r.events, r.summary) for p, r in results.items()}
     rows = list(views["gpuq"])
     report = {"scenario": sc.name, "policies": list(results),
-              "queues": {q: {m: {p: views[p][q][m] for p in results} for m in METRICS} for q in rows}}
+              "queues": {q: {m: {p: views[p][q][m] for p in results}
+                             for m in (*METRICS, *(EQ_METRICS if sc.cluster.config.has_equivalents else ()))}
+                         for q in rows}}
     return report, results
 
 
