@@ -107,15 +107,12 @@ def cpu_text(cores: Decimal) -> int | str:
 
 
 def memory_text(amount: Decimal) -> int | str:
-    """Bytes as the queue file writes them: ``"36Gi"`` where a binary unit divides them, else the
-    decimal one (``"1G"``), else an integer number of bytes."""
+    """Bytes as the queue file writes them, in the unit that writes them shortest and exactly
+    (``"36Gi"``, ``"500G"``), else as an integer number of bytes."""
     total = int(amount.to_integral_value(rounding=ROUND_FLOOR))
-    if total == 0:
-        return 0
-    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki", "E", "P", "T", "G", "M", "k"):
-        if total % _SUFFIX[suffix] == 0:
-            return f"{total // _SUFFIX[suffix]}{suffix}"
-    return total
+    texts = [f"{total // _SUFFIX[s]}{s}" for s in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki", "E", "P", "T", "G", "M", "k")
+             if total and total % _SUFFIX[s] == 0]
+    return min(texts, key=len) if texts else total
 
 
 def decimal_text(value: Decimal) -> int | float:
