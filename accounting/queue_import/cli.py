@@ -30,7 +30,12 @@ def _parser() -> _Parser:
     p = _Parser(prog="gpuq import-queues", description="Write a gpuq queue file from the queues of the scheduler "
                 "the cluster runs (Kueue's objects, or YuniKorn's queue configuration), with a comment on each "
                 "queue saying where it came from; what could not be carried over exactly is reported on stderr, "
-                "one line each (what, why, what gpuq did instead). docs/KUEUE.md, docs/YUNIKORN.md.")
+                "one line each (what, why, what gpuq did instead). docs/KUEUE.md, docs/YUNIKORN.md.",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="  gpuq import-queues kueue FILE... [--out queues.yaml]\n"
+                "  gpuq import-queues yunikorn FILE [--partition default] [--out queues.yaml]\n\n"
+                "Exit 0 when the file is written (the findings on stderr), 2 when a source cannot be read "
+                "(the file and\nthe document or line are named) or would not load as a gpuq queue file.")
     sub = p.add_subparsers(dest="scheduler", required=True, metavar="{kueue,yunikorn}")
     k = sub.add_parser("kueue", help="ResourceFlavors, Cohorts, ClusterQueues and LocalQueues (YAML, several "
                        "documents a file; v1beta1 and newer)")
