@@ -1148,12 +1148,17 @@ class SchedulerService:
             used: dict[str, Gpus] = {}
             on: dict[str, list[str]] = {}
             own = (e.running for e in self._entries.values() if e.running is not None)
+            shared: dict[str, dict[str, Gpus]] = {}
             for r in (*own, *self._foreign.running):       # foreign work holds its GPUs too
                 for name, n in r.placement.nodes:
                     used[name] = used.get(name, 0) + n
                     on.setdefault(name, []).append(r.workload.id)
+                for name, slot, share in r.placement.shares:      # which device each share is on
+                    d = shared.setdefault(name, {})
+                    d[str(slot)] = d.get(str(slot), 0) + share
             return [NodeView(n.name, n.gpu_type, n.gpus, gpus_out(used.get(n.name, 0)),
-                             gpus_out(n.gpus - used.get(n.name, 0)), tuple(on.get(n.name, ())))
+                             gpus_out(n.gpus - used.get(n.name, 0)), tuple(on.get(n.name, ())),
+                             {k: gpus_out(v) for k, v in sorted(shared.get(n.name, {}).items(), key=lambda kv: int(kv[0]))})
                     for n in cluster.nodes]
 
     def preemptions(self, limit: int = 100) -> list[PreemptionRecord]:
