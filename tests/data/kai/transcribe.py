@@ -165,7 +165,9 @@ def transcribe(go_file: str, index: int, case: dict[str, Any]) -> tuple[dict[str
     pending = [j for j in jobs if j["Tasks"][0].get("State") == "Pending"]
     if len(running) + len(pending) != len(jobs):
         entry["class"] = "not_comparable"
-        entry["why"] = "a job in a state other than Running or Pending"
+        other = sorted({j["Tasks"][0].get("State") for j in jobs} - {"Running", "Pending"})
+        entry["why"] = (f"a job starts {'/'.join(map(str, other))} (being stopped): a gpuq replay starts "
+                        "with work running or pending, none half-stopped")
         return None, entry
     workloads = []
     for i, j in enumerate(running):
