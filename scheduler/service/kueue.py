@@ -1,4 +1,4 @@
-"""``gpuq serve`` with ``queues_from: kueue``: gpuq advises, Kueue acts (docs/KUEUE.md, "Live").
+"""``gpuq serve`` with ``queues_from: kueue``: gpuq advises, Kueue acts (docs/KUEUE.md, "Live mode").
 
 The Kubernetes collector stores Kueue's objects as they change (``kueue_objects``,
 :mod:`collector.k8s_kueue`); this module reads them back from the store, as the accounting reads
