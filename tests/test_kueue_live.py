@@ -189,7 +189,7 @@ def test_kueue_not_installed_is_logged_once_and_the_pods_go_on(tmp_path: Path,
 class Collecting:
     """The collector in a thread writing to the store (as gpuq serve runs it)."""
 
-    def __init__(self, server: ReplayServer, store: Any, tmp_path: Path) -> None:
+    def __init__(self, server: ReplayServer, store: Any, tmp_path: Path, **kw: Any) -> None:
         from collector.kubernetes import KubernetesWatcher, stored_kueue_loader
         from gpuq.settings import KubernetesTarget
 
@@ -202,7 +202,7 @@ class Collecting:
             self.sink(table, rows)
             self.writer.write(table, rows)
 
-        self.watcher = KubernetesWatcher(target, kueue=True, options=FAST, checkpoint_interval_s=0.0,
+        self.watcher = KubernetesWatcher(target, **{"kueue": True, **kw}, options=FAST, checkpoint_interval_s=0.0,
                                          stored_kueue=stored_kueue_loader(store))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.watcher.run, args=(emit, self.stop), daemon=True)
