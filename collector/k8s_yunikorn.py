@@ -140,4 +140,5 @@ class YuniKornIndex:
             self._live[key] = text
         return {"kueue_objects": [(now, self.cluster, key[0], key[1], key[2], str(meta.get("uid") or ""),
                                    str(meta.get("resourceVersion") or ""), int(stored is None),
-                                   text or json.dumps(kept(obj), separators=(",", ":"), sort_keys=True))]}
+                                   text or json.dumps(kept(obj) if key[0] == "ConfigMap" else pending_view(obj),
+                                                      separators=(",", ":"), sort_keys=True))]}
