@@ -14,6 +14,7 @@ File layout (every section optional except ``queues``)::
       labels: [kueue.x-k8s.io/queue-name, queue]
       annotations: [yunikorn.apache.org/queue]
       namespaces: {ml-team: research.vision}
+      local_queues: {ml-team: {user-queue: research.vision}}   # Kueue LocalQueues (below)
       default: research.nlp
     policy: {max_priority: 0, non_preemptible: false}   # the root's (these are the defaults)
     queues:
@@ -72,6 +73,16 @@ the nodes' ``<product>-MIG-<profile>`` capacity, resolve to it (:meth:`QueueConf
 so ``gpu/A100-mig-1g.10gb`` counts slices of that profile, as the scheduler places them. Its
 ``equivalent`` defaults to its fraction of the GPU (the profile's compute slices, ``1/7`` for a
 ``1g``) times ``<TYPE>``'s, rounded down to thousandths (``0.5 / 7`` is 0.071).
+
+Local queues (Kueue's LocalQueues)
+----------------------------------
+``mapping.local_queues.<namespace>.<name>``: the leaf queue that a pod of ``<namespace>`` means
+when the queue it names (its ``kueue.x-k8s.io/queue-name``, or any of ``mapping.labels`` and
+``mapping.annotations``) is ``<name>``: Kueue's LocalQueue ``<name>`` in that namespace points at
+a ClusterQueue, and ``gpuq import-queues kueue`` writes one entry per LocalQueue. The name is
+looked up there first, before queue paths and leaf names, and only for pods of that namespace;
+the namespace must be one the queue allows (``namespaces``, :mod:`accounting.access`), as for
+``mapping.namespaces``. :meth:`QueueMapping.local_queue` answers it.
 
 Policy: what a workload may ask
 -------------------------------
@@ -199,6 +210,13 @@ class QueueMapping:
     annotations: tuple[str, ...] = ("yunikorn.apache.org/queue",)
     namespaces: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     default: str | None = None
+    # namespace -> LocalQueue name -> leaf queue (the module's "Local queues")
+    local_queues: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def local_queue(self, namespace: str, name: str) -> str | None:
+        """The leaf queue that ``name`` means for a pod of ``namespace`` as one of its LocalQueues,
+        or None when the namespace has no LocalQueue of that name."""
+        return self.local_queues.get(namespace, {}).get(name) if namespace and name else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ their last rows must keep their queue).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -173,8 +173,12 @@ class OwnerIndex:
         return None
 
     def attribute(self, namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str],
-                  refs: tuple[OwnerRef, ...], ray_cluster: str, lookup: QueueLookup) -> Attribution:
-        """Queue, top owner and workload id of a pod (see the module docstring)."""
+                  refs: tuple[OwnerRef, ...], ray_cluster: str, lookup: QueueLookup, *, uid: str = "",
+                  workload_of: Callable[[Iterable[str]], str] | None = None) -> Attribution:
+        """Queue, top owner and workload id of a pod (see the module docstring). ``workload_of``
+        (``queues_from: kueue``: :meth:`collector.k8s_kueue.KueueIndex.workload_of`) names the
+        Kueue Workload owned by one of the uids around the pod (top owner first, then each owner's
+        references, then the pod's and the pod itself), where no gpuq annotation names one."""
         chain = self.chain(namespace, refs, ray_cluster)
         kind, name = top_owner(chain, refs, ray_cluster)
         down = list(reversed(chain))                          # top owner first
@@ -182,6 +186,9 @@ class OwnerIndex:
                               namespace, lookup)
         workload = next((m[WORKLOAD_ANNOTATION] for m in [*(o.annotations for o in down), annotations]
                          if m.get(WORKLOAD_ANNOTATION)), "")
+        if not workload and workload_of is not None:
+            workload = workload_of([*(o.uid for o in down), *(r.uid for o in down for r in o.owner_refs),
+                                    *(r.uid for r in refs), uid])
         return Attribution(queue, kind, name, workload)
 
 

@@ -18,6 +18,7 @@ from gpuq.errors import ConfigError
 from gpuq.yamlsafe import safe_load
 
 DEFAULT_DSN = "chdb://.gpuq/data"
+QUEUES_FROM_NAMES = {"kueue": "Kueue", "yunikorn": "YuniKorn"}   # queues_from -> the scheduler that acts
 
 
 class _Section(BaseModel):
@@ -302,6 +303,23 @@ class Settings(BaseSettings):
     dashboard: DashboardSettings = DashboardSettings()
     leader: LeaderSettings = LeaderSettings()
     queues_file: str | None = None
+    # where the queue tree comes from: the queue file (gpuq schedules), or the objects of the scheduler the
+    # cluster already runs, followed live (Kueue's ClusterQueues, YuniKorn's ConfigMap): gpuq then advises and
+    # that scheduler acts, so only the dry-run actuator is accepted (docs/KUEUE.md)
+    queues_from: Literal["file", "kueue", "yunikorn"] = "file"
+
+    @model_validator(mode="after")
+    def _advises_only(self) -> Settings:
+        if self.queues_from == "file":
+            return self
+        name = QUEUES_FROM_NAMES[self.queues_from]
+        if self.scheduler.actuator != "dry-run":
+            raise ValueError(f"queues_from: {self.queues_from} needs scheduler.actuator: dry-run (gpuq advises; "
+                             f"{name} acts), got scheduler.actuator: {self.scheduler.actuator}")
+        if self.queues_file:
+            raise ValueError(f"queues_from: {self.queues_from} takes the queue tree from {name}'s objects: "
+                             f"queues_file ({self.queues_file}) would be ignored; leave it unset")
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -356,6 +374,9 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         origin = f"{path}: " if path else ""
         value = err.get("input")
         shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
+        if not key:                       # a check across sections (a model validator): its message names the keys
+            raise ConfigError(str(path) if path else "settings",
+                              str(err["msg"]).removeprefix("Value error, ")) from exc
         raise ConfigError(f"{origin}{key}", f"{err['msg']}{shown}") from exc
     if settings.queues_file and path and not Path(settings.queues_file).is_absolute():
         # absolute, not resolved: a Kubernetes ConfigMap mount is a symlink into a directory the

@@ -3,7 +3,9 @@
 Serves, for ``pods`` (``/api/v1/pods``, ``/api/v1/namespaces/<ns>/pods``), ``nodes``
 (``/api/v1/nodes``) and KubeRay's custom objects ``rayclusters`` and ``rayjobs``
 (``/apis/ray.io/v1/<plural>``, ``/apis/ray.io/v1/namespaces/<ns>/<plural>``; answered 404, as by
-a cluster without the CRDs, for the plurals named in ``absent``):
+a cluster without the CRDs, for the plurals named in ``absent``), and Kueue's (``kueue.x-k8s.io``:
+``resourceflavors``, ``cohorts``, ``clusterqueues``, ``localqueues``, ``workloads``) in the versions of
+``kueue_versions`` only (404 for the others, as a Kueue that does not serve them):
 
 * list: ``{"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": ...},
   "items": [...]}``, paged with ``limit``/``continue`` (a consistent snapshot, like etcd);
@@ -43,10 +45,13 @@ from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 DATA = Path(__file__).parent / "data" / "k8s"
-KINDS = {"pods": "Pod", "nodes": "Node", "rayclusters": "RayCluster", "rayjobs": "RayJob"}
-API_VERSIONS = {"pods": "v1", "nodes": "v1", "rayclusters": "ray.io/v1", "rayjobs": "ray.io/v1"}
-CUSTOM = ("rayclusters", "rayjobs")
-NAMESPACED = ("pods", *CUSTOM)
+KUEUE = {"resourceflavors": "ResourceFlavor", "cohorts": "Cohort", "clusterqueues": "ClusterQueue",
+         "localqueues": "LocalQueue", "workloads": "Workload"}
+KINDS = {"pods": "Pod", "nodes": "Node", "rayclusters": "RayCluster", "rayjobs": "RayJob", **KUEUE}
+API_VERSIONS = {"pods": "v1", "nodes": "v1", "rayclusters": "ray.io/v1", "rayjobs": "ray.io/v1",
+                **{k: "kueue.x-k8s.io/v1beta1" for k in KUEUE}}
+CUSTOM = ("rayclusters", "rayjobs", *KUEUE)
+NAMESPACED = ("pods", "rayclusters", "rayjobs", "localqueues", "workloads")
 
 
 def load(name: str) -> Any:
@@ -97,13 +102,15 @@ class ReplayServer:
     def __init__(self, pods: Iterable[dict[str, Any]] = (), nodes: Iterable[dict[str, Any]] = (),
                  resource_version: int = 1, max_watch_s: float = 30.0, *,
                  rayclusters: Iterable[dict[str, Any]] = (), rayjobs: Iterable[dict[str, Any]] = (),
-                 absent: Iterable[str] = ()) -> None:
+                 absent: Iterable[str] = (), kueue: dict[str, Iterable[dict[str, Any]]] | None = None,
+                 kueue_versions: Iterable[str] = ("v1beta1",)) -> None:
         self._cond = threading.Condition()
         self._rv = resource_version
         self._res = {kind: _Resource() for kind in KINDS}
         self.absent = frozenset(absent)
+        self.kueue_versions = tuple(kueue_versions)      # the versions of kueue.x-k8s.io served (404 others)
         for kind, items in (("pods", pods), ("nodes", nodes), ("rayclusters", rayclusters),
-                            ("rayjobs", rayjobs)):
+                            ("rayjobs", rayjobs), *(kueue or {}).items()):
             for obj in items:
                 obj = copy.deepcopy(obj)
                 self._rv = max(self._rv, int(obj["metadata"].get("resourceVersion") or 0))
@@ -318,10 +325,12 @@ def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
                 kind = segs[2]
             elif segs[:3] == ["api", "v1", "namespaces"] and len(segs) == 5 and segs[4] == "pods":
                 kind, ns = "pods", segs[3]
-            elif segs[:2] == ["apis", "ray.io"] and segs[2:3] == ["v1"]:
-                if len(segs) == 4 and segs[3] in CUSTOM:
+            elif (segs[:2] == ["apis", "ray.io"] and segs[2:3] == ["v1"]) or (
+                    segs[:2] == ["apis", "kueue.x-k8s.io"] and segs[2:3] and segs[2] in server.kueue_versions):
+                mine = ("rayclusters", "rayjobs") if segs[1] == "ray.io" else tuple(KUEUE)
+                if len(segs) == 4 and segs[3] in mine:
                     kind = segs[3]
-                elif len(segs) == 6 and segs[3] == "namespaces" and segs[5] in CUSTOM:
+                elif len(segs) == 6 and segs[3] == "namespaces" and segs[5] in mine:
                     kind, ns = segs[5], segs[4]
             req = Request("GET", parts.path, query, kind, ns)
             server.requests.append(req)

@@ -96,7 +96,7 @@ INVALID = [
     ("mapping-parent-queue", q({"a": {"queues": {"b": {}}}}, mapping={"default": "a"}),
      "mapping.default: queue 'a' is not a leaf (only leaf queues take pods)"),
     ("mapping-unknown-key", q({"prod": {}}, mapping={"label": ["x"]}),
-     "mapping.label: unknown key (expected one of annotations, default, labels, namespaces)"),
+     "mapping.label: unknown key (expected one of annotations, default, labels, local_queues, namespaces)"),
 ]
 
 

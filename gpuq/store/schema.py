@@ -38,6 +38,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "owner",
     ),
     "collector_state": ("ts", "cluster", "source", "key", "value"),
+    "kueue_objects": ("ts", "cluster", "kind", "namespace", "name", "uid", "resource_version", "deleted",
+                      "object"),
     "scheduler_events": (
         "ts", "cluster", "t", "seq", "event", "workload", "queue", "gpu_type", "placement", "by",
         "reason", "spec", "placement_milli", "shares",

@@ -17,7 +17,7 @@ from accounting import service as acc
 from accounting.audit import Difference, Placed, audit
 from accounting.intervals import running
 from accounting.idle import IdleParams, current
-from accounting.ledger import ADMISSION, by_slot, combine, holder
+from accounting.ledger import KUEUE, RESERVATIONS, by_slot, combine, holder
 from accounting.metrics import AccountingCollector
 from accounting.model import Allocation, NodeCapacity, PendingDemand, Window
 from accounting.now import NowSnapshot, NowView, compute_now
@@ -44,13 +44,16 @@ class Refresh:
 class LiveAccounting:
     def __init__(self, store: Any, *, queues_file: str | None = None, params: IdleParams | None = None,
                  starvation_s: float = 600.0, config: QueueConfig | None = None,
-                 collector: AccountingCollector | None = None, declared: Sequence[NodeCapacity] = ()) -> None:
+                 collector: AccountingCollector | None = None, declared: Sequence[NodeCapacity] = (),
+                 watcher: Any = None) -> None:
         self.store = store
         self.declared = tuple(declared)           # scheduler.nodes_file, in the one inventory
         self.params = params or IdleParams()
         self.starvation_s = starvation_s
         self.collector = collector or AccountingCollector()
-        self.watcher = QueueConfigWatcher(queues_file) if queues_file else None
+        # the queue tree's source: the queue file, or ``watcher`` (the same poll(); queues_from: kueue's
+        # scheduler.service.kueue.KueueQueues), which may have nothing to give yet at start
+        self.watcher: Any = QueueConfigWatcher(queues_file) if queues_file else watcher
         self._config = config if config is not None else acc.load_config(None)
         self._lock = threading.Lock()
         self.view: NowView | None = None
@@ -75,7 +78,7 @@ class LiveAccounting:
             self.collector.watch_config(lambda: self.error is not None)
         if self.watcher is not None and config is None:
             self.reload()
-            if self.watcher.config is None:
+            if self.watcher.config is None and getattr(self.watcher, "required_at_start", True):
                 raise self.watcher.error or RuntimeError(f"cannot load {queues_file}")
 
     def follow(self, service: Any) -> None:
@@ -111,7 +114,8 @@ class LiveAccounting:
         result = self.watcher.poll()
         if result is Reload.REJECTED:
             self.error = str(self.watcher.error)
-            log.error("queue file rejected, the last good configuration stays: %s", self.error)
+            log.error("queue configuration from %s rejected, the last good one stays: %s", self.watcher.path,
+                      self.error)
             return result
         new = self.watcher.config
         if new is None or new is self._config:
@@ -135,7 +139,9 @@ class LiveAccounting:
         if pending is not None and self.pending is None:
             fixed = tuple(pending)
             self.pending = lambda: fixed
-        observed = tuple(a for a in snap.allocations if a.source != ADMISSION)
+        # observed on a node: not gpuq's admissions, nor Kueue's reservations (no node; they count for
+        # their queue in the view until their pods are seen, which the scheduler then sees)
+        observed = tuple(a for a in snap.allocations if a.source not in RESERVATIONS)
         view = self._compute(snap)
         with self._lock:
             self.view, self._snap = view, snap
@@ -173,7 +179,8 @@ class LiveAccounting:
             return ()
         on_nodes = _on_capacity_nodes(admitted, snap.nodes)
         at = max([snap.at_s, *(a.start_s for a in on_nodes)])
-        live = running(combine(snap.allocations, on_nodes, snap.at_s, snap.history), at)
+        live = [a for a in running(combine(snap.allocations, on_nodes, snap.at_s, snap.history), at)
+                if a.source != KUEUE]                  # on no node: Kueue's to place, not in gpuq's books
         resolver = self.resolver()
         types = {n.name: n.gpu_type for n in nodes}
         return audit(live, placed, resolver, node_name,

@@ -180,6 +180,9 @@ class SchedulerService:
         self._idle: frozenset[str] = frozenset()
         self._cluster: Cluster | None = None
         self._foreign = Foreign((), {}, ())           # observed allocations gpuq did not admit
+        # the workloads another scheduler holds (queues_from: kueue: scheduler.service.kueue.KueueWorkloads):
+        # shown after gpuq's own in workloads() and explain(), read only
+        self.external: Any = None
         self.mismatches: tuple[Mismatch, ...] = ()     # the last reconciliation's
         self.books: tuple[Difference, ...] = ()        # the last audit's (accounting.audit), set by serve
         self.books_at_s: float | None = None
@@ -1099,9 +1102,12 @@ class SchedulerService:
     def explain(self, workload_id: str) -> WorkloadView:
         with self._lock:
             e = self._entries.get(workload_id) or self._done.get(workload_id)
-            if e is None:
-                raise UnknownWorkload(workload_id)
-            return self._view(e)
+            if e is not None:
+                return self._view(e)
+        got = self.external.get(workload_id) if self.external is not None else None
+        if got is None:
+            raise UnknownWorkload(workload_id)
+        return got  # type: ignore[no-any-return]
 
     def workloads(self, queue: str | None = None, state: str | None = None, limit: int | None = None,
                   offset: int = 0) -> list[WorkloadView]:
@@ -1123,7 +1129,18 @@ class SchedulerService:
                     offset -= 1
                     continue
                 out.append(self._view(e))
-            return out
+        for v in self.external.views() if self.external is not None else ():    # another scheduler's, after
+            if limit is not None and len(out) >= limit:
+                break
+            if queue and queue != ROOT and v.queue != queue and not v.queue.startswith(queue + "."):
+                continue
+            if state and v.state != state:
+                continue
+            if offset > 0:
+                offset -= 1
+                continue
+            out.append(v)
+        return out
 
     def nodes(self) -> list[NodeView]:
         with self._lock:

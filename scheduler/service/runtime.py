@@ -53,6 +53,28 @@ def _loop(name: str, stop: threading.Event, interval_s: float, body: Callable[[]
     return t
 
 
+def kueue_workloads(store: Any, accounting: Any, service: Any) -> Any:
+    """Kueue's Workloads (:class:`scheduler.service.kueue.KueueWorkloads`) in ``service``'s
+    ``/workloads`` and ``explain``, and their pending GPUs in the accounting's pending demand; their
+    queue is the one the accounting resolves their LocalQueue to (``mapping.local_queues``), else the
+    leaf named after their ClusterQueue."""
+    from accounting.resolve import UNASSIGNED
+    from scheduler.service.kueue import KueueWorkloads, store_reader
+
+    def queue_of(namespace: str, local_queue: str, cluster_queue: str) -> str:
+        resolver = accounting.resolver()
+        got = resolver.queue(local_queue, namespace) if local_queue else UNASSIGNED
+        if got == UNASSIGNED and cluster_queue:
+            got = resolver.queue(cluster_queue, namespace)
+        return str(got)
+
+    kueue = KueueWorkloads(store_reader(store), queue_of)
+    service.external = kueue
+    scheduled = service.pending_demand
+    accounting.pending = lambda: kueue.demand(scheduled())
+    return kueue
+
+
 def _has_sources(settings: Any) -> bool:
     c = settings.collector
     return bool(c.ray or c.dcgm or c.kubernetes or c.nvml.enabled)
@@ -97,11 +119,21 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     actuator: Any = None
     service: Any = None
     sc: Any = None
+    kueue: Any = None
     try:
+        tree: Any = None
+        if settings.queues_from == "kueue":
+            from scheduler.service.kueue import KueueQueues, store_reader
+
+            log.warning("queues_from: kueue: gpuq advises; Kueue acts (the %s actuator acts on nothing); the "
+                        "queue tree follows Kueue's objects", settings.scheduler.actuator)
+            tree = KueueQueues(store_reader(store))
+        elif settings.queues_from != "file":
+            log.warning("queues_from: %s is not followed yet: the queue tree is empty", settings.queues_from)
         accounting = LiveAccounting(store, queues_file=settings.queues_file, params=idle_params(settings),
                                     starvation_s=settings.accounting.starvation_s,
                                     declared=declared([(n.name, n.gpu_type, n.gpus) for n in nodes or ()],
-                                                      cluster))
+                                                      cluster), watcher=tree)
         sc = settings.scheduler
         fence = leader.holds_lease if leader is not None else None    # no election: never fenced
         actuator = make_actuator(settings, fence=fence)
@@ -125,6 +157,8 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             log.warning("acting is PAUSED since %s by %s (%s): POST /admin/resume to act again",
                         iso(service.paused.since_s), service.paused.by or "?", service.paused.reason or "no reason")
         accounting.follow(service)
+        if tree is not None:
+            kueue = kueue_workloads(store, accounting, service)
         # admitted but unseen for this long is actuator drift; the dry-run actuator acts on nothing
         grace = None if sc.actuator == "dry-run" else max(120.0, 4 * settings.accounting.interval_s)
         log.info("nodes: the accounting's inventory (%s)", "the collectors' nodes and %d declared in the nodes file"
@@ -134,6 +168,8 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         def account() -> None:
             now = clock()
             accounting.reload(accept=service.set_config)
+            if kueue is not None:
+                kueue.refresh()                     # Kueue's Workloads: views and pending demand
             r = accounting.refresh(now)
             service.set_nodes(r.nodes)              # the one inventory (nodes file included)
             service.set_idle_targets(r.idle)

@@ -1,0 +1,325 @@
+"""``gpuq serve`` with ``queues_from: kueue``: gpuq advises, Kueue acts (docs/KUEUE.md, "Live").
+
+The Kubernetes collector stores Kueue's objects as they change (``kueue_objects``,
+:mod:`collector.k8s_kueue`); this module reads them back from the store, as the accounting reads
+everything the collectors write:
+
+* :class:`KueueQueues` is the queue tree's source in place of the queue file: the same
+  ``poll() -> Reload`` as :class:`accounting.watcher.QueueConfigWatcher`, so it goes through the same
+  reload path (:meth:`scheduler.service.accounting.LiveAccounting.reload`: offered to the scheduler,
+  the last good configuration kept when it is refused). At each poll the ResourceFlavors, Cohorts,
+  ClusterQueues and LocalQueues stored live are read; when they changed (a digest of their JSON),
+  :func:`accounting.queue_import.kueue.from_kueue` builds the tree and
+  :func:`accounting.queues.parse_queue_config` checks it. An error keeps the last good tree and is
+  logged naming the object it comes from (the importer's origin of the queue the error names). What
+  the import could not carry over exactly (its findings) is logged once per change.
+* :class:`KueueWorkloads` turns the stored Workloads into what the API shows: one
+  :class:`~scheduler.service.views.WorkloadView` each (id ``kueue/<namespace>/<name>``), in
+  ``/workloads`` and ``gpuq explain`` after gpuq's own, and the pending ones as pending demand of
+  their queue in ``/queues``. Admitted (quota reserved): ``running``, with their ClusterQueue, flavor
+  assignment and pod counts; pending: ``pending`` with Kueue's own reason (the ``QuotaReserved``
+  condition's reason and message, after an eviction the ``Evicted`` one's too) and a position among the
+  pending Workloads of their ClusterQueue in Kueue's order (priority, then the time it was queued:
+  created, or evicted last), since Kueue's visibility API is not read; finished: ``finished``.
+  Their GPUs held count through the ledger (source ``kueue``, :mod:`accounting.ledger`), not here.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from accounting.errors import QueueConfigError
+from accounting.model import PendingDemand, milli
+from accounting.queues import QueueConfig, parse_queue_config
+from accounting.watcher import Reload
+from scheduler.model import gpus_out
+from scheduler.service.views import FINISHED, PENDING, RUNNING, WorkloadView
+
+log = logging.getLogger(__name__)
+
+TREE_KINDS = ("ResourceFlavor", "Cohort", "ClusterQueue", "LocalQueue")
+GPU = "nvidia.com/gpu"
+PREFIX = "kueue/"
+Reader = Callable[[Sequence[str]], list[dict[str, Any]]]
+
+
+def store_reader(store: Any) -> Reader:
+    """The live objects of these kinds in ``kueue_objects`` (all clusters), as parsed JSON."""
+    def read(kinds: Sequence[str]) -> list[dict[str, Any]]:
+        rows = store.query(
+            f"SELECT kind, namespace, name, object FROM {store.database}.kueue_objects FINAL "
+            f"WHERE deleted = 0 AND has({{k:Array(String)}}, kind) ORDER BY cluster, kind, namespace, name",
+            {"k": list(kinds)}).rows
+        out = []
+        for kind, ns, name, text in rows:
+            try:
+                obj = json.loads(text)
+            except ValueError as exc:
+                log.error("kueue_objects: %s %s/%s is not JSON: %s", kind, ns, name, exc)
+                continue
+            obj.setdefault("kind", kind)
+            out.append(obj)
+        return out
+    return read
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{obj.get('kind', '?')} {ns + '/' if ns else ''}{meta.get('name', '?')}"
+
+
+class KueueQueues:
+    """The queue tree from Kueue's stored objects (the module's first point); the interface of
+    :class:`accounting.watcher.QueueConfigWatcher` that :class:`LiveAccounting` uses."""
+
+    path = "Kueue's objects (kueue_objects)"
+    required_at_start = False          # the collector may not have listed them yet: start empty
+
+    def __init__(self, read: Reader) -> None:
+        self._read = read
+        self._digest: str | None = None
+        self.config: QueueConfig | None = None
+        self.error: QueueConfigError | None = None
+        self.generation = 0
+        self.findings: tuple[Any, ...] = ()
+
+    def poll(self) -> Reload:
+        from accounting.queue_import.kueue import from_kueue
+
+        try:
+            objects = self._read(TREE_KINDS)
+        except Exception as exc:  # noqa: BLE001 - the store is down: keep what is in force
+            log.warning("cannot read Kueue's objects from the store, the queue tree stays: %s", exc)
+            return Reload.UNCHANGED
+        digest = hashlib.sha256(json.dumps(objects, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        if digest == self._digest:
+            return Reload.UNCHANGED
+        self._digest = digest
+        try:
+            imported = from_kueue(objects, source="kueue")
+        except Exception as exc:  # noqa: BLE001 - the importer names the object it could not read
+            self.error = QueueConfigError(self.path, f"cannot import: {exc}")
+            return Reload.REJECTED
+        try:
+            config = parse_queue_config(imported.data, source="queues", strict_top=True)
+        except QueueConfigError as exc:
+            origin = _origin(exc.where, imported.origins)
+            self.error = QueueConfigError(f"{origin} (as {exc.where})" if origin else exc.where, exc.reason)
+            return Reload.REJECTED
+        if imported.findings != self.findings:
+            for f in imported.findings:
+                log.warning("kueue, not carried over exactly: %s", f.line())
+            self.findings = imported.findings
+        self.config, self.error = config, None
+        self.generation += 1
+        return Reload.LOADED
+
+
+def _origin(where: str, origins: Mapping[str, str]) -> str:
+    """The object a configuration error comes from: the importer's origin of the longest queue
+    path the error's place names (``queues.a.b.max`` -> the origin of ``a.b``)."""
+    path = where.removeprefix("queues.")
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):
+        got = origins.get(".".join(parts[:n]))
+        if got:
+            return got
+    return ""
+
+
+# -- the Workloads ----------------------------------------------------------------------------------
+def _time(value: Any) -> float | None:
+    if not value:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == kind:
+            return c
+    return None
+
+
+def _true(obj: Mapping[str, Any], kind: str) -> bool:
+    c = _condition(obj, kind)
+    return c is not None and str(c.get("status")) == "True"
+
+
+def _gpus_of(value: Any) -> float:
+    """A GPU quantity (``"4"``, ``4``, ``"500m"``) in GPUs; 0 when unreadable."""
+    text = str(value).strip()
+    try:
+        return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    except ValueError:
+        return 0.0
+
+
+def _requested(obj: Mapping[str, Any]) -> tuple[int, float]:
+    """Pods and GPUs a Workload asks for: its admission's pod sets when admitted, else its spec's
+    pod sets (count times each container's ``nvidia.com/gpu`` request or limit)."""
+    admission = (obj.get("status") or {}).get("admission") or {}
+    sets = admission.get("podSetAssignments") or ()
+    if sets:
+        return (sum(int(s.get("count") or 0) for s in sets),
+                sum(_gpus_of((s.get("resourceUsage") or {}).get(GPU, 0)) for s in sets))
+    pods, gpus = 0, 0.0
+    for ps in (obj.get("spec") or {}).get("podSets") or ():
+        count = int(ps.get("count") or 0)
+        spec = ((ps.get("template") or {}).get("spec")) or {}
+        per_pod = 0.0
+        for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+            res = c.get("resources") or {}
+            got = (res.get("requests") or {}).get(GPU, (res.get("limits") or {}).get(GPU, 0))
+            per_pod += _gpus_of(got)
+        pods += count
+        gpus += count * per_pod
+    return pods, gpus
+
+
+def _flavors(obj: Mapping[str, Any]) -> str:
+    admission = (obj.get("status") or {}).get("admission") or {}
+    parts = []
+    for s in admission.get("podSetAssignments") or ():
+        flavors = s.get("flavors") or {}
+        flavor = flavors.get(GPU) or next(iter(flavors.values()), "")
+        parts.append(f"{s.get('name', '?')}: {int(s.get('count') or 0)} pods on flavor {flavor or '?'}"
+                     + (f" ({GPU} {(s.get('resourceUsage') or {}).get(GPU)})" if GPU in (s.get("resourceUsage") or {})
+                        else ""))
+    return "; ".join(parts)
+
+
+def pending_reason(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """Kueue's own reason a Workload is not admitted: (code, message). The code is
+    ``kueue_<Reason>`` of the ``QuotaReserved`` condition when false (``Pending``, ``Inadmissible``),
+    ``kueue_QuotaReserved`` while admission checks run, ``kueue_NotAttempted`` without conditions
+    (Kueue tried only the head of a StrictFIFO queue); an eviction's reason and message come first."""
+    parts = []
+    evicted = _condition(obj, "Evicted")
+    if evicted is not None and str(evicted.get("status")) == "True":
+        parts.append(f"evicted ({evicted.get('reason') or '?'}): {evicted.get('message') or ''}".rstrip(": "))
+    reserved = _condition(obj, "QuotaReserved")
+    if reserved is not None and str(reserved.get("status")) == "False":
+        code = f"kueue_{reserved.get('reason') or 'Pending'}"
+        parts.append(str(reserved.get("message") or reserved.get("reason") or ""))
+    elif reserved is not None:                     # quota reserved, admission checks pending
+        code = "kueue_QuotaReserved"
+        admitted = _condition(obj, "Admitted")
+        parts.append(str((admitted or {}).get("message") or "quota reserved; waiting for admission checks"))
+    else:
+        code = "kueue_NotAttempted"
+        parts.append("Kueue has not tried to admit it yet")
+    return code, "Kueue: " + "; ".join(p for p in parts if p)
+
+
+class KueueWorkloads:
+    """The stored Workloads as views and pending demand (the module's second point). :meth:`refresh`
+    reads them (every accounting interval); the reads are served from what it built."""
+
+    def __init__(self, read: Reader, queue_of: Callable[[str, str, str], str]) -> None:
+        self._read = read
+        self._queue_of = queue_of                # (namespace, local queue, cluster queue) -> queue path
+        self._lock = threading.Lock()
+        self._views: dict[str, WorkloadView] = {}
+        self._demand: tuple[PendingDemand, ...] = ()
+        self._combined: tuple[tuple[PendingDemand, ...], tuple[PendingDemand, ...], tuple[PendingDemand, ...]] | None = None
+
+    def refresh(self) -> None:
+        try:
+            workloads = self._read(("Workload",))
+            local = {((o.get("metadata") or {}).get("namespace", ""), (o.get("metadata") or {}).get("name", "")):
+                     str((o.get("spec") or {}).get("clusterQueue") or "") for o in self._read(("LocalQueue",))}
+        except Exception as exc:  # noqa: BLE001 - keep the last views
+            log.warning("cannot read Kueue's Workloads from the store: %s", exc)
+            return
+        views, demand = build(workloads, local, self._queue_of)
+        with self._lock:
+            self._views, self._demand = views, demand
+
+    def views(self) -> list[WorkloadView]:
+        with self._lock:
+            return list(self._views.values())
+
+    def get(self, workload_id: str) -> WorkloadView | None:
+        with self._lock:
+            return self._views.get(workload_id)
+
+    def demand(self, scheduled: Sequence[PendingDemand]) -> tuple[PendingDemand, ...]:
+        """The scheduler's pending demand and Kueue's pending Workloads: the same tuple while both
+        are unchanged (the live view is computed again only when its inputs change)."""
+        with self._lock:
+            mine = self._demand
+            hit = self._combined
+            if hit is not None and hit[0] is scheduled and hit[1] is mine:
+                return hit[2]
+            out = (*scheduled, *mine)
+            self._combined = (tuple(scheduled) if not isinstance(scheduled, tuple) else scheduled, mine, out)
+            return out
+
+
+def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str], str],
+          queue_of: Callable[[str, str, str], str]) -> tuple[dict[str, WorkloadView], tuple[PendingDemand, ...]]:
+    """Views (by id) and pending demand of the Workloads (pure: the module's rules)."""
+    rows = []
+    for obj in workloads:
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        admission = (obj.get("status") or {}).get("admission") or {}
+        lq = str(spec.get("queueName") or "")
+        cq = str(admission.get("clusterQueue") or local.get((ns, lq), ""))
+        if _true(obj, "Finished"):
+            state = FINISHED
+        elif admission and _true(obj, "QuotaReserved") and not _true(obj, "Evicted"):
+            state = RUNNING
+        else:
+            state = PENDING
+        evicted = _condition(obj, "Evicted")
+        queued = _time((evicted or {}).get("lastTransitionTime")) if state == PENDING and evicted else None
+        created = _time(meta.get("creationTimestamp")) or 0.0
+        rows.append((obj, ns, name, lq, cq, state, queued or created, created))
+    order: dict[str, list[tuple[int, float, str]]] = {}
+    for obj, ns, name, _, cq, state, queued, _ in rows:
+        if state == PENDING:
+            order.setdefault(cq, []).append((-int((obj.get("spec") or {}).get("priority") or 0), queued,
+                                             f"{ns}/{name}"))
+    position = {key: i for lst in order.values() for i, (_, _, key) in enumerate(sorted(lst), 1)}
+    views: dict[str, WorkloadView] = {}
+    demand = []
+    for obj, ns, name, lq, cq, state, queued, created in rows:
+        meta = obj.get("metadata") or {}
+        wid = f"{PREFIX}{ns}/{name}"
+        queue = queue_of(ns, lq, cq)
+        pods, gpus = _requested(obj)
+        refs = sorted((meta.get("ownerReferences") or ()), key=lambda r: not r.get("controller"))
+        owner = refs[0] if refs else {}
+        reserved = _condition(obj, "QuotaReserved")
+        start = _time((reserved or {}).get("lastTransitionTime")) if state == RUNNING else None
+        finished = _condition(obj, "Finished")
+        code, message = pending_reason(obj) if state == PENDING else (None, None)
+        actuator = (f"admitted by Kueue to ClusterQueue {cq}: {_flavors(obj)}" if state == RUNNING
+                    else f"Kueue ClusterQueue {cq or '?'} (LocalQueue {ns}/{lq or '?'})")
+        priority = int((obj.get("spec") or {}).get("priority") or 0)
+        views[wid] = WorkloadView(
+            id=wid, queue=queue, state=state, pods=pods, gpus_per_pod=gpus_out(gpus / pods) if pods else 0,
+            gpus=gpus_out(gpus), gpu_types=(), priority=priority, preemptible=True, submit_s=created,
+            duration_s=None, start_s=start,
+            end_s=_time((finished or {}).get("lastTransitionTime")) if state == FINISHED else None,
+            gpu_type=None, placement=None, reason_code=code, message=message,
+            position=position.get(f"{ns}/{name}") if state == PENDING else None, preempted=0, idle=False,
+            target={"kind": str(owner.get("kind") or "Workload"), "namespace": ns,
+                    "name": str(owner.get("name") or name), "workload": name, "scheduler": "kueue"},
+            actuator_message=actuator)
+        if state == PENDING and gpus > 0 and (obj.get("spec") or {}).get("active", True) is not False:
+            demand.append(PendingDemand("", ns, wid, queue, milli(gpus), queued))
+    return views, tuple(demand)
