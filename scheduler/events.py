@@ -2,8 +2,9 @@
 table, so the same tools read both.
 
 An event is a dict with FORMAT.md's keys, in this order: ``t``, ``event``, ``workload``,
-``queue``, then ``gpu_type`` and ``placement`` (``admit``) or ``by`` and ``reason`` (``preempt``;
-``reason`` also on ``reject`` and ``cancel``). :func:`event` builds one (the simulator and the live
+``queue``, then ``gpu_type`` and ``placement`` (``admit``) or ``by``, ``reason`` and
+``lost_gpu_seconds`` (``preempt``, issue 21: the work it threw away; ``reason`` also on ``reject`` and
+``cancel``). :func:`event` builds one (the simulator and the live
 service both call it). In the table a row adds ``ts`` (wall time), ``cluster``, ``seq`` (order
 among events at the same ``t``) and ``spec`` (the submitted workload and its target as JSON, on
 ``submit`` rows only, so a restarted service can rebuild its queue, a declared
@@ -38,11 +39,14 @@ def round_t(x: float) -> float:
 
 
 def without_devices(jsonl: str) -> str:
-    """``events.jsonl`` less each admit's ``devices`` (issue 19 added it, as the last key): the
-    events as the code before wrote them, for comparing decisions across versions."""
+    """``events.jsonl`` less each admit's ``devices`` (issue 19 added it, as the last key) and each
+    preempt's ``lost_gpu_seconds`` (issue 21, likewise the last key): the events as the code before
+    wrote them, for comparing decisions across versions."""
     out = []
     for line in jsonl.splitlines(keepends=True):
         at = line.find(', "devices": ')
+        if at < 0:
+            at = line.find(', "lost_gpu_seconds": ')
         out.append(line if at < 0 else line[:at] + "}" + line[len(line.rstrip("\n")):])
     return "".join(out)
 
