@@ -302,7 +302,8 @@ class NamespaceQueues:
                 held[res] = held.get(res, 0) + amount
             q = Queue(path=path, parent=parent_path, guaranteed=t.guaranteed, max=t.max,
                       namespaces=frozenset({namespace}), made_for=namespace,
-                      policy=parent.policy)          # the parent's policy, as a child in the file inherits it
+                      policy=parent.policy,          # the parent's policy, as a child in the file inherits it
+                      within_queue=parent.within_queue, min_runtime_s=parent.min_runtime_s)
             self._made[path] = q
             self._stale = True
             return q

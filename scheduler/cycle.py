@@ -65,7 +65,7 @@ from scheduler.model import (
 )
 from scheduler.ordering import QueueKey, grouped, queue_key
 from scheduler.placement import FreeIndex, node_slots
-from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
+from scheduler.preemption import NoPlan, Plan, Pool, candidates, own_candidates, plan, protected
 from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_guarantee_pinned, over_max
 from accounting.queues import GPU_EQ
 from scheduler.snapshot import PINNED, UNBOUNDED, Cluster, Snapshot, demand
@@ -108,10 +108,14 @@ class _MayPreempt:
     within its guarantee, the delay, the verdict of those still within the delay, and the verdict
     of the victim search per priority (a search that started one is no verdict: the walk ends)."""
 
-    __slots__ = ("delay_s", "eligible", "message", "plans", "waiting")
+    __slots__ = ("delay_s", "eligible", "message", "own", "plans", "waiting", "why_not")
 
-    def __init__(self, message: str, eligible: tuple[str, ...], delay_s: float) -> None:
+    def __init__(self, message: str, eligible: tuple[str, ...], delay_s: float,
+                 own: tuple[str, ...] = (), why_not: str = "") -> None:
         self.message, self.eligible, self.delay_s = message, eligible, delay_s
+        # within its own queue (within_queue): the types to search there, and, when it may not
+        # preempt between queues, why not (the guarantee it would go above)
+        self.own, self.why_not = own, why_not
         self.waiting = AwaitingDelay(message)
         self.plans: dict[int, Settled] = {}
 
@@ -138,8 +142,9 @@ class _Cycle:
             table = self.memo.queues = QueueTable(
                 frozenset(c.config.leaves()),
                 frozenset(q for q, cfg in c.config.queues.items() if cfg.strict_fifo),
-                dict(c.gpu_guarantee))
-        self.leaves, self.strict, self.guarantees = table
+                dict(c.gpu_guarantee),
+                frozenset(q for q, cfg in c.config.queues.items() if cfg.within_queue))
+        self.leaves, self.strict, self.guarantees, self.within = table
         self.qchanges: QueueChanges = {}        # what this cycle's grouping changed (schedule sets it)
         self.fit_lists = self.memo.fit_lists
         self.known = _known(self.memo, len(snap.pending))
@@ -154,6 +159,7 @@ class _Cycle:
         # joined message); a new dict after every preemption (segments keep the old one)
         self.all_full: AllFull = {}
         self.no_plan: dict[tuple[str, tuple[str, ...], Gpus, int, int], NoPlan] = {}
+        self.no_own: dict[tuple[str, tuple[str, ...], Gpus, int, int], NoPlan] = {}   # within-queue searches
         self.ineligible: dict[tuple[str, Gpus, int], str] = {}
 
     def queue_key(self, q: str) -> QueueKey:
@@ -203,9 +209,12 @@ class _Cycle:
         used = self.ledger.used(q, "gpu")
         g = self.guarantees[q]
         strict = q in self.strict
+        # a queue whose work may preempt within it is never "above its guarantee" for the quick noes
+        # below: its search within the queue is bounded by no guarantee (scheduler.preemption)
+        within = preemption and q in self.within
         part = self.walked.get(q)
         if part is None:
-            if not strict:                   # quiet? (every queue, every cycle: kept inline)
+            if not strict and not within:    # quiet? (every queue, every cycle: kept inline)
                 a = self.counts.get(q)
                 if a is None or a.lst is not lst:
                     a = self.counts_of(q, lst)
@@ -242,7 +251,7 @@ class _Cycle:
                         if strict:
                             break
                         continue
-                    if fit.gpus > left:          # as in _pre_class: the quick no
+                    if fit.gpus > left and not within:   # as in _pre_class: the quick no
                         vs.append(fit.no_room_above)
                         if strict:
                             break
@@ -407,29 +416,45 @@ class _Cycle:
             return miss                # its queue holds at least that much: above its guarantee too
         cluster, ledger = self.cluster, self.ledger
         used, g = ledger.used(w.queue, "gpu"), cluster.gpu_guarantee[w.queue]
-        if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no
-            return Settled(code, f"{message}; {self._not_eligible(w.queue, used, w.gpus, g)}")
         types = fit.types
+        own = types if w.queue in self.within else ()
+        delay_s = self.snap.settings.preemption_delay_s
+        if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no
+            why = self._not_eligible(w.queue, used, w.gpus, g)
+            return _MayPreempt(message, (), delay_s, own, why) if own else Settled(code, f"{message}; {why}")
         if len(cluster.guarantee[w.queue]) == 1 and g != UNBOUNDED:   # a gpu guarantee only: just checked
-            return _MayPreempt(message, types, self.snap.settings.preemption_delay_s)
+            return _MayPreempt(message, types, delay_s, own)
         eq = cluster.equivalents
         eligible = [t for t in types if over_guarantee(cluster, ledger, w.queue, demand(w, t, eq)) is None]
         if not eligible:
             short = over_guarantee(cluster, ledger, w.queue, demand(w, types[0], eq))
             assert short is not None
+            if own:
+                return _MayPreempt(message, (), delay_s, own, reasons.not_eligible(short))
             return Settled(code, f"{message}; {reasons.not_eligible(short)}")
-        return _MayPreempt(message, tuple(eligible), self.snap.settings.preemption_delay_s)
+        return _MayPreempt(message, tuple(eligible), delay_s, own)
 
     def _plan_verdict(self, w: Workload, pre: _MayPreempt) -> Admission | Settled:
         """Preempt for ``w`` (past its delay) and start it (its :class:`Admission`), or say why not."""
         cluster, ledger = self.cluster, self.ledger
         key = (w.queue, w.gpu_types, w.gpus_per_pod, w.pods, w.priority)
-        result = self.no_plan.get(key) or self._plan(w, pre.eligible)
+        result: Plan | NoPlan | None = None
+        if pre.eligible:
+            result = self.no_plan.get(key) or self._plan(w, pre.eligible)
+            if isinstance(result, NoPlan):
+                self.no_plan[key] = result
+        within = False
+        if pre.own and not isinstance(result, Plan):
+            got = self.no_own.get(key) or self._plan(w, pre.own, own=True)
+            if isinstance(got, NoPlan):
+                self.no_own[key] = got
+            else:
+                result, within = got, True
+            if result is None:
+                result = got
+        assert result is not None
         if isinstance(result, NoPlan):
-            self.no_plan[key] = result
-            if result.fenced:
-                return Settled(ReasonCode.FENCED, f"{pre.message}; {reasons.fenced(result.fenced)}")
-            return Settled(ReasonCode.NO_VICTIMS, f"{pre.message}; {reasons.no_victims(result.considered)}")
+            return self._no_plan_verdict(w, pre, result)
         vec = demand(w, result.gpu_type, cluster.equivalents)
         placement = self.index.place(result.gpu_type, w.gpus_per_pod, w.pods)
         assert placement is not None, "a preemption plan always leaves room for its preemptor"
@@ -440,19 +465,48 @@ class _Cycle:
         victims = tuple(r.workload.id for r in result.victims)
         self.no_room.clear()
         self.all_full = {}               # a new one: parts built earlier keep reading the old one
-        self.preemptions.append(
-            Preemption(w.id, w.queue, victims, reasons.preempted(w.queue, holds, needed, g, basis))
-        )
+        why = reasons.preempted_within(w.queue, w.priority, max(r.workload.priority for r in result.victims)) \
+            if within else reasons.preempted(w.queue, holds, needed, g, basis)
+        self.preemptions.append(Preemption(w.id, w.queue, victims, why))
         admission = Admission(w, placement, victims)
         self.admissions.append(admission)
         return admission
 
-    def _plan(self, w: Workload, types: tuple[str, ...]) -> Plan | NoPlan:
-        if self.pool is None:
-            self.pool = Pool(candidates(self.cluster, self.ledger, self.snap.running, self.memo),
-                             self.cluster.fences)
-        result = plan(self.cluster, self.ledger, self.index, self.pool, w, types)
-        self.pool.compact()
+    def _no_plan_verdict(self, w: Workload, pre: _MayPreempt, result: NoPlan) -> Settled:
+        """Why no search found victims for ``w``: between queues (fenced, or none of those
+        considered), within its own queue (``pre.own``: none of its lower-priority work), and the
+        candidates its queues' minimum runtime still protects. ``result``: the last search's (the
+        one within the queue where there was one)."""
+        parts = [pre.message]
+        own = self.no_own.get((w.queue, w.gpu_types, w.gpus_per_pod, w.pods, w.priority)) if pre.own else None
+        between = self.no_plan.get((w.queue, w.gpu_types, w.gpus_per_pod, w.pods, w.priority)) if pre.eligible else None
+        code = ReasonCode.NO_VICTIMS
+        if between is not None:
+            if between.fenced:
+                code = ReasonCode.FENCED
+                parts.append(reasons.fenced(between.fenced))
+            else:
+                parts.append(reasons.no_victims(between.considered))
+            if between.protected:
+                parts.append(reasons.protected(between.protected, between.protected_until, self.now))
+        elif pre.why_not:
+            parts.append(pre.why_not)
+        if own is not None:
+            parts.append(reasons.no_victims_within(w.queue, w.priority, own.considered))
+            if own.protected:
+                parts.append(reasons.protected(own.protected, own.protected_until, self.now))
+        return Settled(code, "; ".join(parts))
+
+    def _plan(self, w: Workload, types: tuple[str, ...], own: bool = False) -> Plan | NoPlan:
+        pool = self.pool
+        if pool is None:
+            now, running = self.now, self.snap.running
+            pool = self.pool = Pool(candidates(self.cluster, self.ledger, running, self.memo, now),
+                                    self.cluster.fences, protected(self.cluster, running, now))
+        if own and pool.own is None:
+            pool.own = own_candidates(self.cluster, self.snap.running, self.now, self.memo)
+        result = plan(self.cluster, self.ledger, self.index, pool, w, types, own)
+        pool.compact()
         return result
 
     def requeue(self, groups: dict[str, list[Workload]]) -> PendingReasons:

@@ -229,7 +229,6 @@ def test_kueue_reports_what_it_does_not_carry() -> None:
         ("ClusterQueue nlp (handmade-gpu-cohorts.yaml, document 7): lendingLimit", "no lending limit"),
         ("ClusterQueue nlp", "flavorFungibility"), ("ClusterQueue nlp", "namespaceSelector"),
         ("ClusterQueue nlp", "reclaimWithinCohort: Never beside vision"),
-        ("ClusterQueue vision", "withinClusterQueue: LowerPriority"),
         ("ClusterQueue prod", "borrowWithinCohort"), ("ClusterQueue prod", "reclaimWithinCohort: Any"),
         ("ClusterQueue prod", "quotas of ephemeral-storage"),
         ("ClusterQueue sandbox", "borrowingLimit"),
@@ -238,6 +237,11 @@ def test_kueue_reports_what_it_does_not_carry() -> None:
     ]
     for where, what in expect:
         assert any(line.startswith(where) and what in line for line in lines), (where, what, lines)
+    # withinClusterQueue: LowerPriority has its home now (issue 21): carried, not reported
+    assert not any("withinClusterQueue" in line for line in lines)
+    config = loaded(kueue(KUEUE / "handmade-gpu-cohorts.yaml"))
+    within = {p for p, q in config.queues.items() if q.within_queue}
+    assert within and all(p.endswith("vision") for p in within), within
     assert all(line.count(": ") >= 2 and "; gpuq: " in line for line in lines)      # what, why, instead
     hami = _findings(kueue(KUEUE / "sample-hami.yaml"))
     assert any("nvidia.com/total-gpucores, nvidia.com/total-gpumem" in line for line in hami)

@@ -8,9 +8,9 @@ pending jobs arrive after them; at the end each job is ``running``, ``pending`` 
 ``evicted`` (preloaded, then preempted and not back). A case of class ``guarantee`` must come
 out as KAI's under gpuq's rule today, but for the few marked ``differs`` (a rule gpuq keeps on
 purpose, named there: xfail(strict=True)). A case of class ``fair_share`` is replayed with
-``scheduler.reclaim: fair_share`` and KAI's over-quota weights, one of class ``within_queue``
-with ``within_queue: lower_priority`` on its queues; gpuq has neither yet (issue 21), so both are
-xfail(strict=True): they fail the suite once the feature lands, and the mark must go.
+``scheduler.reclaim: fair_share`` and KAI's over-quota weights (not built yet, issue 21: xfail,
+strict, so the mark must go once it lands); one of class ``within_queue`` with ``within_queue:
+lower_priority`` on its queues, and must come out as KAI's (issue 21 built it).
 ``test_tally`` prints agree / differ / xfail / not comparable.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _leaves(queues: dict[str, Any]) -> list[dict[str, Any]]:
 def _scenario(case: dict[str, Any], mode: str = "guarantee") -> dict[str, Any]:
     data = yaml.safe_load((DATA / case["scenario"]).read_text())
     assert isinstance(data, dict)
-    if mode == "within_queue":     # the future per-queue key (issue 21)
+    if mode == "within_queue":     # the per-queue key (issue 21)
         data = copy.deepcopy(data)
         for spec in _leaves(data["queues"]):
             spec["within_queue"] = "lower_priority"
@@ -92,7 +92,7 @@ def _params(kind: str) -> list[Any]:
     out = []
     for c in _cases(kind):
         marks = []
-        if kind != "guarantee":
+        if kind == "fair_share":
             marks.append(pytest.mark.xfail(strict=True, reason=f"{kind} is not built yet (issue 21): {c['why']}"))
         elif "differs" in c:
             marks.append(pytest.mark.xfail(strict=True, reason=c["differs"]))
@@ -110,29 +110,39 @@ def test_future_mode_case_comes_out_as_kai(case: dict[str, Any]) -> None:
     assert outcome(case, case["class"]) == case["expect"], case["kai_test"]
 
 
+@pytest.mark.parametrize("case", [pytest.param(c, id=c["case"]) for c in _cases("guarantee")
+                                  if c["case"].startswith("preempt") and "differs" not in c])
+def test_preempt_action_cases_agree_with_within_queue_too(case: dict[str, Any]) -> None:
+    """KAI's preempt action is on in its preempt tests: those it does not preempt in must not
+    preempt with ``within_queue`` either."""
+    assert outcome(case, "within_queue") == case["expect"], case["kai_test"]
+
+
 def test_not_comparable_cases_say_why() -> None:
     for c in _cases("not_comparable"):
         assert c["why"] and "scenario" not in c, c["case"]
 
 
 def test_tally(capsys: pytest.CaptureFixture[str]) -> None:
-    """agree / differ (under ``reclaim: guarantee``) / xfail (``fair_share`` cases) / not comparable,
-    and how the fair-share cases come out under today's rule (for the record; not asserted)."""
+    """agree / differ (under ``reclaim: guarantee``) / within_queue agree / xfail (``fair_share``
+    cases) / not comparable, and how the fair-share and within-queue cases come out without their
+    mode (for the record; not asserted)."""
     cases = _expect()["cases"]
     classes = {c["class"] for c in cases}
     assert classes <= {"guarantee", "fair_share", "within_queue", "not_comparable"}
     agree = [c["case"] for c in _cases("guarantee") if outcome(c) == c["expect"]]
     differ = [c["case"] for c in _cases("guarantee") if c["case"] not in agree]
-    future = _cases("fair_share") + _cases("within_queue")
-    today = [c["case"] for c in future if outcome(c) == c["expect"]]
+    within = [c["case"] for c in _cases("within_queue") if outcome(c, "within_queue") == c["expect"]]
+    future = _cases("fair_share")
+    today = [c["case"] for c in future + _cases("within_queue") if outcome(c) == c["expect"]]
     for c in future:                     # the mode's key is refused today: they are xfail for that
         with pytest.raises(ScenarioError):
             outcome(c, c["class"])
     with capsys.disabled():
         print(f"\nKAI cases: {len(cases)}; comparable under guarantee {len(agree) + len(differ)}: "
-              f"agree {len(agree)}, differ {len(differ)} {differ}; "
-              f"xfail {len(future)} (fair_share {len(_cases('fair_share'))}, within_queue "
-              f"{len(_cases('within_queue'))}; agreeing already under guarantee: {today or 'none'}); "
-              f"not comparable {len(_cases('not_comparable'))}")
+              f"agree {len(agree)}, differ {len(differ)} {differ}; within_queue agree {len(within)} of "
+              f"{len(_cases('within_queue'))}; xfail {len(future)} (fair_share); agreeing already without "
+              f"their mode: {today or 'none'}; not comparable {len(_cases('not_comparable'))}")
+    assert len(within) == len(_cases("within_queue"))
     # the known differences are exactly the ones marked, each with its reason
     assert differ == [c["case"] for c in _cases("guarantee") if "differs" in c]

@@ -17,7 +17,9 @@ Objects read (``kueue.x-k8s.io`` ``v1beta2``, ``v1beta1``, and ``v1alpha1`` Coho
   ``nominal - lendingLimit``), never more than that, and just the nominal quota without a cohort.
   A ClusterQueue whose flavors all have a type may use no other type: ``max.gpu/<other>`` is 0.
   ``fairSharing.weight`` is the ``weight``, ``queueingStrategy: StrictFIFO`` is ``strict_fifo``,
-  ``preemption.reclaimWithinCohort: Never`` (Kueue's default) is a preemption fence on the queue.
+  ``preemption.reclaimWithinCohort: Never`` (Kueue's default) is a preemption fence on the queue,
+  ``preemption.withinClusterQueue: LowerPriority`` is ``within_queue: lower_priority`` (issue 21;
+  ``LowerOrNewerEqualPriority`` too, reported: gpuq takes only strictly lower priority).
 * **LocalQueue**: ``mapping.local_queues.<namespace>.<name>`` is its ClusterQueue's queue (a pod of
   that namespace naming the LocalQueue is that queue's), and its namespace is one the queue allows
   (``namespaces``); a LocalQueue named ``default`` also takes the namespace's pods that name no
@@ -539,8 +541,13 @@ def _preemption(imp: _Import, node: _Node, out: dict[str, Any], where: str) -> N
     elif reclaim == "Any":
         imp.note(where, "reclaimWithinCohort: Any", "gpuq preempts only work of a priority at most the "
                  "preemptor's", "took it as LowerPriority")
-    if within != "Never":
-        imp.note(where, f"withinClusterQueue: {within}", "gpuq does not preempt within a queue", "ignored it")
+    if within in ("LowerPriority", "LowerOrNewerEqualPriority"):    # issue 21: gpuq's within_queue
+        out["within_queue"] = "lower_priority"
+        if within != "LowerPriority":
+            imp.note(where, f"withinClusterQueue: {within}", "gpuq preempts within a queue only work of "
+                     "strictly lower priority", "took it as LowerPriority (within_queue: lower_priority)")
+    elif within != "Never":
+        imp.note(where, f"withinClusterQueue: {_short(within)}", "not a value Kueue defines", "ignored it")
     if isinstance(borrow, Mapping) and (borrow.get("policy") or "Never") != "Never":
         imp.note(where, f"borrowWithinCohort {_short(borrow)}", "gpuq preempts to take back a guarantee, never "
                  "to borrow", "ignored it")

@@ -135,6 +135,7 @@ GPU_TYPES_ANNOTATION = "gpuq.io/gpu-types"
 PRIORITY_ANNOTATION = "gpuq.io/priority"
 PREEMPTIBLE_ANNOTATION = "gpuq.io/preemptible"
 EXPECTED_DURATION_ANNOTATION = "gpuq.io/expected-duration"
+LAST_CHECKPOINT_ANNOTATION = "gpuq.io/last-checkpoint"     # RFC 3339 or Unix seconds (issue 21)
 _FALSE = ("false", "0", "no")
 MAX_EXPECTED_S = 10 * 366 * 86400.0         # the API's bound on a declared running time
 # Go's time.ParseDuration units (a duration is one or more of <number><unit>, "2h30m")
@@ -327,6 +328,53 @@ def duration_seconds(text: str) -> float:
     if not (math.isfinite(value) and 0 < value <= MAX_EXPECTED_S):
         raise ValueError(f"{text!r} must be a positive duration of at most ten years")
     return value
+
+
+def checkpoint_seconds(value: object) -> float:
+    """A checkpoint's time as Unix seconds: an RFC 3339 time with its offset (``2025-06-01T10:00:00Z``)
+    or Unix seconds (a number, or its text); ValueError saying what is wrong. The API's
+    ``last_checkpoint`` and the ``gpuq.io/last-checkpoint`` annotation both read it."""
+    import datetime as dt
+    import math
+
+    if isinstance(value, bool):
+        raise ValueError(f"expected an RFC 3339 time or Unix seconds, got {value!r}")
+    if isinstance(value, (int, float)):
+        t = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            t = float(text)
+        except ValueError:
+            try:
+                when = dt.datetime.fromisoformat(text.replace("z", "Z"))
+            except ValueError:
+                raise ValueError(f"expected an RFC 3339 time or Unix seconds, got {value[:64]!r}") from None
+            if when.tzinfo is None:
+                raise ValueError(f"an RFC 3339 time needs its offset (Z or +hh:mm), got {value[:64]!r}")
+            t = when.timestamp()
+    else:
+        raise ValueError(f"expected an RFC 3339 time or Unix seconds, got {type(value).__name__}")
+    if not math.isfinite(t) or not 0 <= t < 1e11:
+        raise ValueError(f"{value!r} is not a time gpuq takes (Unix seconds from 0 to 1e11)")
+    return t
+
+
+def last_checkpoint(notes: Mapping[str, str], warn: Callable[[str], None] | None = None) -> float | None:
+    """The ``gpuq.io/last-checkpoint`` annotation as Unix seconds, or None (absent, or unreadable:
+    then said through ``warn``, as :func:`_expected` does; a preemption counts all of the run)."""
+    raw = notes.get(LAST_CHECKPOINT_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        return checkpoint_seconds(raw)
+    except ValueError as exc:
+        message = f"annotation {LAST_CHECKPOINT_ANNOTATION}: {exc}; a preemption counts all of its run as lost"
+        if warn is not None:
+            warn(message)
+        else:
+            log.warning("%s", message)
+        return None
 
 
 def _expected(notes: Mapping[str, str], warn: Callable[[str], None] | None) -> float | None:

@@ -28,7 +28,7 @@ from gpuq.errors import GpuqError, shown
 from scheduler.api import readable
 from scheduler.api.auth import Auth, Caller, check_exposure
 from scheduler.api.limits import Guard, RefusalLog
-from scheduler.api.models import DryRunIn, ReloadOut, WorkloadIn, check_spec_size
+from scheduler.api.models import CheckpointIn, DryRunIn, ReloadOut, WorkloadIn, check_spec_size
 from scheduler.api.problems import Problem, install, invalid, problem_response
 from scheduler.api.routes_acting import acting_router
 from scheduler.api.routes_dashboard import dashboard_router
@@ -187,6 +187,14 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         response.headers["Location"] = f"/workloads/{view.id}"
         log.info("%s submitted %s to %s", caller.actor, view.id, view.queue)
         return view
+
+    @app.post("/workloads/{workload_id:path}/checkpoint", tags=["workloads"], response_model=WorkloadView,
+              summary="Report the workload's last checkpoint (RFC 3339 or Unix seconds): a preemption then "
+                      "throws away only the work since it", responses={404: {}, 409: {}, 422: {}})
+    def checkpoint(workload_id: str, body: CheckpointIn, caller: operator) -> Any:
+        current = service.explain(workload_id)
+        caller.check_target(current.queue, current.target.get("namespace", ""))
+        return readable.workload(service.checkpoint(workload_id, body.seconds()))
 
     @app.delete("/workloads/{workload_id:path}", tags=["workloads"], response_model=WorkloadView,
                 summary="Cancel a pending or running workload", responses={404: {}, 409: {}, 502: {}})

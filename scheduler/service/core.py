@@ -82,6 +82,7 @@ from scheduler.model import (
     Running,
     Workload,
     gpus_out,
+    lost_gpu_seconds,
     placement_event,
     placement_of_event,
 )
@@ -825,7 +826,7 @@ class SchedulerService:
         if stopped:
             self._history.append(PreemptionRecord(
                 ev.round_t(now), e.workload.id, e.workload.queue, tuple(v.workload.id for v in stopped),
-                tuple(v.workload.queue for v in stopped), reason))
+                tuple(v.workload.queue for v in stopped), reason, round(sum(v.lost_last for v in stopped), 6)))
 
     def _call(self, verb: str, call: Callable[[], ActionResult]) -> ActionResult:
         """One action through the actuator, with retries, within the budget; never with the lock."""
@@ -950,10 +951,17 @@ class SchedulerService:
             self._ledger(e, now, None)
             bump(self.stats.admissions, w.queue)
 
-    def _preempt(self, v: Entry, by: str, reason: str, now: float, record: bool = True) -> None:
+    def _preempt(self, v: Entry, by: str, reason: str, now: float, record: bool = True,
+                 lost: float | None = None) -> None:
+        """``lost``: what the preemption threw away as stored (a replay); else from its run and its
+        last checkpoint (:func:`scheduler.model.lost_gpu_seconds`)."""
         r = v.running
         assert r is not None
         self._touch(v)
+        if lost is None:
+            lost = round(lost_gpu_seconds(r, now, v.last_checkpoint_s), 6) + 0.0
+        v.lost_last = lost
+        v.lost_gpu_seconds += lost
         if record:
             self._ledger(v, r.start_s, now)
         if v.left_s > 0:
@@ -963,8 +971,10 @@ class SchedulerService:
         v.reason = Reason(PREEMPTED, f"preempted by {by} at t={ev.round_t(now)}: {reason}")
         self._police(v)
         if record:
-            self._emit(now, "preempt", v.workload, by=by, reason=reason)
+            self._emit(now, "preempt", v.workload, by=by, reason=reason, lost_gpu_seconds=lost)
             bump(self.stats.preemptions, v.workload.queue)
+            q = v.workload.queue
+            self.stats.lost_gpu_seconds[q] = self.stats.lost_gpu_seconds.get(q, 0.0) + lost
 
     def _finish(self, e: Entry, now: float, record: bool = True) -> None:
         self._close(e, FINISHED, now, None)
@@ -1116,7 +1126,19 @@ class SchedulerService:
             target={"kind": t.kind, "namespace": t.namespace, "name": t.name},
             actuator_message=e.message, acting=e.acting or (CANCELLING if e.cancelling else None),
             expected_duration_s=w.expected_duration_s,
-            eta=self.forecasts.eta(w.id) if e.state == PENDING else None)
+            eta=self.forecasts.eta(w.id) if e.state == PENDING else None,
+            last_checkpoint_s=e.last_checkpoint_s, lost_gpu_seconds=round(e.lost_gpu_seconds, 6))
+
+    def checkpoint(self, workload_id: str, at_s: float) -> WorkloadView:
+        """Its submitter reports a checkpoint taken at ``at_s`` (issue 21): a preemption from now on
+        throws away only the work since then. A report older than the last one is kept as the
+        last (a late or repeated report never moves it back)."""
+        with self._lock:
+            e = self._active(workload_id)
+            self._touch(e)
+            if e.last_checkpoint_s is None or at_s > e.last_checkpoint_s:
+                e.last_checkpoint_s = at_s
+            return self._view(e)
 
     def explain(self, workload_id: str) -> WorkloadView:
         with self._lock:
@@ -1335,7 +1357,8 @@ class SchedulerService:
                 by_entry = self._entries.get(by)
                 queue = by_entry.workload.queue if by_entry else ""
                 self._history.append(PreemptionRecord(t, by, queue, tuple(e.workload.id for e, *_ in group),
-                                                     tuple(e.workload.queue for e, *_ in group), reason))
+                                                     tuple(e.workload.queue for e, *_ in group), reason,
+                                                     round(sum(e.lost_last for e, *_ in group), 6)))
                 group.clear()
 
         for se in stored:
@@ -1369,7 +1392,8 @@ class SchedulerService:
                 placement = placement_of_event(e["gpu_type"], e["placement"], e.get("shares"))
                 self._start(entry, placement, t, "restored", record=False)
             elif kind == "preempt" and entry.running is not None:
-                self._preempt(entry, e.get("by", ""), e.get("reason", ""), t, record=False)
+                self._preempt(entry, e.get("by", ""), e.get("reason", ""), t, record=False,
+                              lost=float(e.get("lost_gpu_seconds", 0.0)))
                 group.append((entry, t, e.get("by", ""), e.get("reason", "")))
             elif kind == "finish":
                 self._finish(entry, t, record=False)

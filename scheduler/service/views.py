@@ -60,6 +60,11 @@ class Entry:
     not_allowed: bool = False          # its namespace may not use its queue: held pending, not decided on
     owner: str = ""                    # who submitted it (``name (role)``; "" for the world's own)
     policy: str = ""                   # pending over its queue's policy (why): held out of the cycle
+    # issue 21: the last checkpoint its submitter reported (the API, or gpuq.io/last-checkpoint), and
+    # the GPU-seconds of work its preemptions threw away (the last one's, and all of them)
+    last_checkpoint_s: float | None = None
+    lost_last: float = 0.0
+    lost_gpu_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,9 @@ class WorkloadView:
     # pending: when it is expected to start, ISO times {p10, p50, p90, at (when forecast)};
     # None while not forecast yet, held, or not pending (scheduler.service.forecasts)
     eta: dict[str, str] | None = None
+    # issue 21: its last checkpoint as reported (scheduler clock), and what its preemptions cost
+    last_checkpoint_s: float | None = None
+    lost_gpu_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +122,7 @@ class PreemptionRecord:
     victims: tuple[str, ...]
     victim_queues: tuple[str, ...]
     reason: str
+    lost_gpu_seconds: float = 0.0        # the work its victims threw away (issue 21)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +173,7 @@ class ServiceStats:
     last_cycle_duration_s: float = 0.0
     admissions: dict[str, int] = field(default_factory=dict)      # by queue
     preemptions: dict[str, int] = field(default_factory=dict)     # by victim queue
+    lost_gpu_seconds: dict[str, float] = field(default_factory=dict)  # by victim queue: what they threw away
     submitted: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     actuator_failures: dict[str, int] = field(default_factory=dict)   # by verb

@@ -1,6 +1,6 @@
 """The simulated clock around the production core: ``schedule()`` runs on a grid of
 ``cycle_interval_s``; the clock jumps over idle stretches to the next grid time at or after the
-next submit, finish or preemption-delay expiry, so a long trace costs what its events cost.
+next submit, finish or preemption-delay expiry or end of a minimum runtime, so a long trace costs what its events cost.
 
 At one instant the order is: finishes (in start order), the ends and then the starts of fixed load
 (the scenario's optional ``fixed:``, below), submits (in file order, each followed by
@@ -38,7 +38,7 @@ from typing import Any
 from scheduler.cycle import never_fits, schedule
 from scheduler.events import event as make_event
 from scheduler.forecast import MIN_SAMPLES, RUNS, ArrivalModel, DurationModel, Forecaster
-from scheduler.model import Decisions, Placement, Running, Workload, gpus_out, whole
+from scheduler.model import Decisions, Placement, Running, Workload, gpus_out, lost_gpu_seconds, whole
 from scheduler.timeline import HIGH, LOW, MID, Timeline
 from scheduler.policy import refusal
 from scheduler.progress import Progress
@@ -164,6 +164,9 @@ class _Sim:
         self.seq = 0
         self.next_submit = 0
         self.expiry: list[tuple[float, str]] = []   # (submit + preemption delay, id)
+        # (start + its queue's min_runtime_s, id): when running work may first be a victim
+        self.protected: list[tuple[float, str]] = []
+        self.min_runtime = {q: c.min_runtime_s for q, c in sc.cluster.config.queues.items() if c.min_runtime_s > 0}
         # the occupancy as last computed, and what stopped and started since (see settle)
         self.occ: Occupancy = occupancy_of(sc.cluster, ())
         self.stopped: list[Running] = []
@@ -357,8 +360,11 @@ class _Sim:
                 self._stop(vid, now)
                 v = self.stopped[-1]
                 vw = v.workload
-                self.emit(now, "preempt", vw, by=w.id, reason=why[w.id])
+                # a workload that checkpoints resumes where it stopped: it loses nothing (issue 21)
+                lost = round(lost_gpu_seconds(v, now, now if vw.checkpoint else None), 6) + 0.0
+                self.emit(now, "preempt", vw, by=w.id, reason=why[w.id], lost_gpu_seconds=lost)
                 self.stats[vw.queue].preempted += 1
+                self.stats[vw.queue].lost_gpu_seconds += lost
                 self.left[vid] = self.left[vid] - (now - v.start_s) if vw.checkpoint else vw.duration_s
                 if self.eta is not None and vw.checkpoint:
                     self.eta.ran[vid] = self.eta.ran.get(vid, 0.0) + now - v.start_s
@@ -376,6 +382,9 @@ class _Sim:
                 self.stats[w.queue].waits.append(now - w.submit_s)
             r = Running(w, a.placement, now)
             self.running[w.id] = r
+            protect = self.min_runtime.get(w.queue)
+            if protect:                  # a cycle when it may first be a victim (issue 21)
+                heapq.heappush(self.protected, (now + protect, w.id))
             started.append(r)
             self.seq += 1
             end = now + self.left[w.id]
@@ -398,6 +407,11 @@ class _Sim:
             heapq.heappop(ex)
         if ex and self.sc.settings.preemption:
             times.append(ex[0][0])
+        pr = self.protected
+        while pr and (pr[0][0] <= now + EPS or pr[0][1] not in self.running):
+            heapq.heappop(pr)
+        if pr and self.pending and self.sc.settings.preemption:   # a victim its min runtime protected
+            times.append(pr[0][0])
         if self.fixed_ends and self.pending:    # GPUs fixed load gives back may start a pending one
             times.append(self.fixed_ends[0][0])
         return min(times) if times else None
