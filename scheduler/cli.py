@@ -441,9 +441,32 @@ def explain_text(w: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"running on {w['gpu_type']} ({where}) since {_iso(w['start_s'])}")
     elif w.get("message"):
         lines.append(f"{w['reason_code']}: {w['message']}")
+    advice = w.get("advice")
+    if advice:                        # another scheduler's workload (queues_from: kueue): gpuq's view beside
+        lines.append(f"gpuq would: {advice_text(advice)}")
     if w.get("preempted"):
         lines.append(f"preempted {w['preempted']} time(s)")
     return "\n".join(lines) + "\n"
+
+
+def advice_text(a: dict[str, Any]) -> str:
+    """What gpuq's scheduler would do (:class:`scheduler.service.views.Advice`) in a few words:
+    "admit on node-a:4 (A100)", "preempt kueue/ns/x, then admit on ...", "wait: quota_max: ..."."""
+    where = ", ".join(f"{n}:{g}" for n, g in (a.get("placement") or {}).items())
+    where += f" ({a['gpu_type']})" if a.get("gpu_type") else ""
+    outcome = a.get("outcome")
+    if outcome == "admit":
+        return f"admit on {where}"
+    if outcome == "preempt":
+        victims = ", ".join(v["id"] for v in a.get("victims") or ())
+        delay = "after its preemption delay, " if a.get("after_delay") else ""
+        return f"{delay}preempt {victims}, then admit on {where}"
+    if outcome == "wait":
+        at = f" (position {a['position']})" if a.get("position") is not None else ""
+        return f"wait: {a.get('reason_code')}: {a.get('message')}{at}"
+    if outcome == "reject":
+        return f"never run it: {a.get('message')}"
+    return f"no advice: {a.get('message')}"
 
 
 def eta_text(eta: dict[str, str], now: float) -> str:
