@@ -95,7 +95,8 @@ class World:
         self.config = parse_queue_config(imported.data, source="queues", strict_top=True)
         self.paths = {q.rsplit(".", 1)[-1]: q for q in self.config.leaves()}
         self.service = SchedulerService(self.config, DryRunActuator(),
-                                        nodes=[Node("a100-0", "a100", 8), Node("a100-1", "a100", 4)])
+                                        nodes=[Node("a100-0", "a100", 8), Node("a100-1", "a100", 4),
+                                               Node("h100-0", "h100", 8)])   # (no flavor of theirs)
         self.kueue = KueueWorkloads(lambda kinds: [o for o in self.objects if o["kind"] in kinds],
                                     lambda ns, lq, cq: self.paths.get(cq, "(unassigned)"))
         self.service.external = self.kueue

@@ -13,7 +13,9 @@ works on a copy of the cluster with a memo of its own, so the live cycle's memo 
 What the run sees of Kueue's work:
 
 * a pending Workload is one gang (:func:`scheduler.service.kueue.gang`: its pod sets that ask
-  GPUs), its priority Kueue's, queued since its creation or last eviction (Kueue's own order);
+  GPUs), its priority Kueue's, queued since its creation or last eviction (Kueue's own order),
+  of the GPU types its queue's quotas name (its ClusterQueue's flavors, in their order: Kueue
+  places it on no other type), any type when they name none;
   one gpuq cannot read as a gang, whose queue is not a leaf of gpuq's tree or that could never
   run here gets ``none`` or ``reject`` without the run;
 * an admitted Workload whose pods run is the foreign work its pods are (they occupy their nodes
@@ -71,6 +73,8 @@ def decide(snap: Snapshot, ids: Mapping[str, Sequence[str]], asks: Mapping[str, 
             why = f"its queue {ask.queue or '(none)'} is not a leaf queue of gpuq's tree"
             out[wid] = Advice(NONE, now, f"gpuq cannot advise: {why}", message=why)
             continue
+        if not ask.gpu_types:
+            ask = dataclasses.replace(ask, gpu_types=_flavor_types(q))
         never = never_fits(cluster, ask) if cluster.nodes else None
         if never is not None:
             out[wid] = Advice(REJECT, now, f"gpuq would never run it: {never}",
@@ -95,6 +99,15 @@ def decide(snap: Snapshot, ids: Mapping[str, Sequence[str]], asks: Mapping[str, 
                     f"gpuq would wait its preemption delay, then {after.summary.removeprefix('gpuq would ')}"))
         out[w.id] = a
     return out
+
+
+def _flavor_types(q: Any) -> tuple[str, ...]:
+    """The GPU types a queue's quotas name (``gpu/<type>``: an imported ClusterQueue's flavors, in
+    its order, which is Kueue's order of preference); () when none is named (any type). A Workload
+    of a ClusterQueue runs only on its flavors: advising it onto another type would be advice
+    Kueue could never follow."""
+    keys = [*q.guaranteed, *q.max]
+    return tuple(dict.fromkeys(k[4:] for k in keys if k.startswith("gpu/")))
 
 
 def _adopt(world: Sequence[Running], ids: Mapping[str, Sequence[str]], running: Mapping[str, int]) -> list[Running]:
