@@ -47,7 +47,8 @@ def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
                         "(docs/PERFORMANCE.md, \"Start-time forecasts\")")
     p.add_argument("--compare", metavar="QUEUES_B.yaml",
                    help="also replay the same work under this queue file and print both results side "
-                   "by side; --out is then optional")
+                   "by side; --out is then optional (with --base QUEUES_A.yaml and --map MAP: see "
+                   "gpuq simulate SCENARIO --compare B --help)")
     p.add_argument("--baseline", metavar="POLICY[,POLICY]",
                    help="also replay it with simpler schedulers (fifo, per-queue, or all) and print "
                    "the waits, utilization and fairness side by side; --out is then optional")
