@@ -176,8 +176,8 @@ class QueueMap:
 
         out = {k: v for k, v in scenario.items() if k != "workloads_file"}
         out["workloads"] = [work(w) for w in works]
-        out["nodes"] = [{**n, "gpu_type": t.get(n.get("gpu_type"), n.get("gpu_type"))} if isinstance(n, Mapping)
-                        else n for n in scenario.get("nodes") or ()]
+        out["nodes"] = [{**n, "gpu_type": t.get(str(n.get("gpu_type")), n.get("gpu_type"))}
+                        if isinstance(n, Mapping) else n for n in scenario.get("nodes") or ()]
         return out
 
     def pairs(self, scenario: Mapping[str, Any]) -> dict[str, str]:
