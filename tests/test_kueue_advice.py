@@ -33,8 +33,8 @@ DATA = Path(__file__).parent / "data" / "kueue"
 FLAVOR, CQ, LQ = yaml.safe_load_all((DATA / "live_cluster.yaml").read_text())
 WL = yaml.safe_load((DATA / "live_workload.yaml").read_text())
 A100 = "NVIDIA-A100-SXM4-80GB"
-NOW = 1_795_000_000.0                   # a fixed instant: the Workloads were queued 10 min before
-QUEUED = "2026-11-18T10:00:00Z"          # NOW - 1 h 46 min 40 s: past any preemption delay
+NOW = 1_795_000_000.0                   # a fixed instant (2026-11-18T11:06:40Z)
+QUEUED = "2026-11-18T10:00:00Z"          # NOW - 1 h 6 min 40 s: past any preemption delay
 TOKENS = [{"token": "view-t", "role": "viewer", "name": "vera"}]
 
 
@@ -56,11 +56,11 @@ def local_queue(ns: str, cq: str) -> dict[str, Any]:
 
 
 def workload(ns: str, name: str, sets: Sequence[tuple[int, int]], priority: int = 0, admitted: bool = False,
-             cq: str = "") -> dict[str, Any]:
+             cq: str = "", queued: str = QUEUED) -> dict[str, Any]:
     """A Workload of ``sets`` (pods, GPUs per pod), owned by a RayJob ``name``; pending with Kueue's
     reason (live_workload.yaml's), or admitted to ``cq``."""
     wl = copy.deepcopy(WL["pending"])
-    wl["metadata"].update(namespace=ns, name=name, uid=f"wl-{name}", creationTimestamp=QUEUED)
+    wl["metadata"].update(namespace=ns, name=name, uid=f"wl-{name}", creationTimestamp=queued)
     wl["metadata"]["ownerReferences"][0].update(name=name, uid=f"rj-{name}")
     wl["spec"].update(queueName=cq or ("llm" if ns == "team-llm" else "speech"), priority=priority)
     worker = wl["spec"]["podSets"][1]
@@ -188,3 +188,22 @@ def test_the_advice_follows_the_world_and_goes_with_the_workload() -> None:
     world.objects[-1] = workload("team-llm", "small", [(2, 2)], admitted=True, cq="llm")
     world.account([*held, other])
     assert world.advice("kueue/team-llm/small")["advice"] is None
+
+
+def test_a_workload_within_its_preemption_delay_is_told_what_it_would_preempt_after_it() -> None:
+    speech = [workload("team-speech", f"asr-{x}", [(1, 4)], admitted=True, cq="speech") for x in "ab"]
+    # queued 10 s before NOW: gpuq waits 30 s (scheduler.preemption_delay_s) before preempting
+    fresh = workload("team-llm", "fresh", [(1, 4)], queued="2026-11-18T11:06:30Z")
+    world = World([FLAVOR, cluster_queue("llm", 8), cluster_queue("speech", 4), local_queue("team-llm", "llm"),
+                   local_queue("team-speech", "speech"), *speech, fresh])
+    path = world.paths["speech"]
+    busy = Allocation(cluster="prod", namespace="team-x", pod="x-0", uid="uid-x", queue="(unassigned)",
+                      node="a100-1", gpu_model=A100, milli_gpus=milli(4), start_s=NOW - 60, end_s=None)
+    world.account([pod("team-speech", f"kueue/team-speech/asr-{x}", f"asr-{x}-0", "a100-0", 4, path, NOW - 600 + i)
+                   for i, x in enumerate("ab")] + [busy])
+    a = world.advice("kueue/team-llm/fresh")["advice"]
+    assert (a["outcome"], a["after_delay"], a["at_s"]) == ("preempt", True, NOW + 30)
+    assert [v["id"] for v in a["victims"]] == ["kueue/team-speech/asr-b"]
+    assert a["summary"].startswith("gpuq would wait its preemption delay, then preempt kueue/team-speech/asr-b")
+    assert explain_text(world.advice("kueue/team-llm/fresh"), now=NOW).splitlines()[-1] == (
+        "gpuq would: after its preemption delay, preempt kueue/team-speech/asr-b, then admit on a100-0:4 (a100)")
