@@ -33,6 +33,14 @@ UNKNOWN_TYPE = "unknown"
 _MIG = "nvidia.com/mig-"
 
 
+def local_queue(config: QueueConfig, raw: str, namespace: str) -> str | None:
+    """The queue that ``raw`` names as one of ``namespace``'s LocalQueues (``mapping.local_queues``:
+    Kueue's LocalQueue of that name, whose ClusterQueue's queue it means), else None. The first step
+    of :meth:`Resolver.queue`; gpuq's own scheduler takes the same step for the queue a workload names
+    (:mod:`scheduler.service.core`), so a LocalQueue name means one queue to both."""
+    return config.mapping.local_queue(namespace, raw)
+
+
 class Resolver:
     """Memoising resolver for one configuration (pure: same inputs, same answers)."""
 
@@ -60,7 +68,7 @@ class Resolver:
     def _queue(self, raw: str, namespace: str) -> str:
         base = self._nsq.base
         name = raw[len(ROOT) + 1:] if raw.startswith(ROOT + ".") else raw
-        found = base.mapping.local_queue(namespace, raw)
+        found = local_queue(base, raw, namespace)
         if found is None:
             found = name if name and name != ROOT and name in base.queues else self._leaf_by_name.get(name)
         if not base.root.children:

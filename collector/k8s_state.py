@@ -53,6 +53,8 @@ from collector.k8s_extract import (
 )
 from collector.k8s_kueue import KueueIndex
 from collector.k8s_owners import OWNER_KINDS, Attribution, OwnerIndex, owner_of
+from collector.k8s_yunikorn import YuniKornIndex, application_of
+from collector.k8s_yunikorn import workload_id as yunikorn_workload
 
 Rows = dict[str, list[tuple[Any, ...]]]
 _MODEL_COL = 10          # index of gpu_model in a pod_events row
@@ -77,6 +79,7 @@ class ClusterTracker:
     _awaiting: dict[str, _Awaiting] = field(default_factory=dict, init=False)      # GPU pods on unknown nodes
     owners: OwnerIndex = field(default_factory=OwnerIndex)
     kueue: KueueIndex | None = None       # Kueue's objects (queues_from: kueue), else not watched
+    yunikorn: YuniKornIndex | None = None  # YuniKorn's ConfigMaps and pending pods (queues_from: yunikorn)
     _pods: dict[str, PodInfo] = field(default_factory=dict, init=False)            # pods of open allocations
     _stored: dict[str, Allocation] = field(default_factory=dict, init=False)       # open in the store at start
 
@@ -141,6 +144,8 @@ class ClusterTracker:
         alloc = allocation_for(pod, model, self.cluster, event, now, att, node)
         if alloc is not None:
             self._offer(alloc, rows, pod)
+        if self.yunikorn is not None:
+            merge(rows, self.yunikorn.on_pod(event, obj, pod, now))
         if event == "DELETED":
             self._pods.pop(pod.uid, None)
             gone = self._allocs.pop(pod.uid, None)
@@ -150,9 +155,11 @@ class ClusterTracker:
         return rows
 
     def _attribute(self, pod: PodInfo) -> Attribution:
+        app = application_of(pod) if self.yunikorn is not None else ""
         return self.owners.attribute(pod.namespace, pod.labels, pod.annotations, pod.owner_refs,
                                      pod.ray_cluster, self.queues, uid=pod.uid,
-                                     workload_of=self.kueue.workload_of if self.kueue is not None else None)
+                                     workload_of=self.kueue.workload_of if self.kueue is not None else None,
+                                     application=yunikorn_workload(pod.namespace, app) if app else "")
 
     def _offer(self, alloc: Allocation, rows: Rows, pod: PodInfo | None = None) -> None:
         stored = self._stored.pop(alloc.uid, None)

@@ -1,6 +1,7 @@
 """List and watch one Kubernetes collection with the real client, resuming and retrying.
 
-One :class:`ResourceStream` per collection (``nodes``, ``pods``, or ``pods/<namespace>``, and
+One :class:`ResourceStream` per collection (``nodes``, ``pods``, or ``pods/<namespace>``, one
+ConfigMap by name (``configmaps/<namespace>/<name>``, a ``metadata.name`` field selector), and
 KubeRay's ``rayclusters`` / ``rayjobs`` (``ray.io/v1`` custom objects, read with the client's
 ``CustomObjectsApi``), also per namespace). It does the I/O only; what the objects mean is the handler's business
 (:class:`collector.kubernetes.KubernetesWatcher`).
@@ -62,13 +63,16 @@ CLUSTER_SCOPED = frozenset({"nodes", "resourceflavors", "cohorts", "clusterqueue
 
 @dataclass(frozen=True, slots=True)
 class StreamSpec:
-    kind: str                      # "pods", "nodes", or a plural of CUSTOM_RESOURCES (Kueue's only with queues_from: kueue)
+    kind: str                      # "pods", "nodes", "configmaps" (YuniKorn's, one by name, with queues_from:
+    #                                yunikorn), or a plural of CUSTOM_RESOURCES (Kueue's only with queues_from: kueue)
     namespace: str | None = None   # objects of one namespace; None = all
+    name: str | None = None        # the one object of that name (a field selector), None = all
 
     @property
     def key(self) -> str:
         """The collector_state key that holds this stream's resourceVersion."""
-        return f"{self.kind}/{self.namespace}" if self.namespace else self.kind
+        base = f"{self.kind}/{self.namespace}" if self.namespace else self.kind
+        return f"{base}/{self.name}" if self.name else base
 
     @property
     def custom(self) -> tuple[str, str] | None:
@@ -244,6 +248,12 @@ class ResourceStream:
                         group, version, self.spec.kind, _preload_content=False, **kwargs)
             elif self.spec.kind == "nodes":
                 resp = self.api.list_node(_preload_content=False, **kwargs)
+            elif self.spec.kind == "configmaps":
+                if not self.spec.namespace or not self.spec.name:
+                    raise TypeError(f"{self.spec.key}: a ConfigMap stream names its namespace and name")
+                resp = self.api.list_namespaced_config_map(
+                    self.spec.namespace, field_selector=f"metadata.name={self.spec.name}", _preload_content=False,
+                    **kwargs)
             elif self.spec.namespace:
                 resp = self.api.list_namespaced_pod(self.spec.namespace, _preload_content=False, **kwargs)
             else:

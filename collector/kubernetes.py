@@ -52,6 +52,7 @@ from collector.k8s_extract import QueueKeys, QueueLookup
 from collector.k8s_kueue import KUEUE_KINDS, KueueIndex, Key, key_of
 from collector.k8s_owners import OWNER_KINDS
 from collector.k8s_state import ClusterTracker, Rows, merge
+from collector.k8s_yunikorn import CONFIGMAPS, YuniKornIndex
 from collector.k8s_stream import CLUSTER_SCOPED, ResourceStream, StreamOptions, StreamSpec
 from gpuq.errors import ConfigError
 from gpuq.kube import load_configuration
@@ -89,7 +90,7 @@ class KubernetesWatcher:
                  load_state: LoadState | None = None,
                  open_allocations: OpenAllocations | None = None,
                  on_error: OnError | None = None, clock: Clock = utc_now, kueue: bool = False,
-                 stored_kueue: StoredKueue | None = None,
+                 yunikorn: str | None = None, stored_kueue: StoredKueue | None = None,
                  rng: random.Random | None = None, options: StreamOptions | None = None,
                  checkpoint_interval_s: float = 1.0, stop_grace_s: float = 2.0) -> None:
         self.target = target
@@ -105,7 +106,8 @@ class KubernetesWatcher:
         self.checkpoint_interval_s = checkpoint_interval_s
         self.stop_grace_s = stop_grace_s
         self.tracker = ClusterTracker(self.cluster, queues or QueueKeys(),
-                                      kueue=KueueIndex(self.cluster) if kueue else None)
+                                      kueue=KueueIndex(self.cluster) if kueue else None,
+                                      yunikorn=YuniKornIndex(self.cluster, yunikorn) if yunikorn else None)
         self._stored_kueue = stored_kueue
         self._lock = threading.RLock()
         self._emit: Emit | None = None
@@ -119,7 +121,9 @@ class KubernetesWatcher:
         kueue = [] if self.tracker.kueue is None else [
             StreamSpec(kind, None if kind in CLUSTER_SCOPED else ns) for kind in KUEUE_KINDS
             for ns in ([None] if kind in CLUSTER_SCOPED else namespaces)]
-        return [StreamSpec("nodes"), *owners, *kueue, *(StreamSpec("pods", ns) for ns in namespaces)]
+        yunikorn = [] if self.tracker.yunikorn is None else [
+            StreamSpec("configmaps", self.tracker.yunikorn.namespace, name) for name in CONFIGMAPS]
+        return [StreamSpec("nodes"), *owners, *kueue, *yunikorn, *(StreamSpec("pods", ns) for ns in namespaces)]
 
     # -- run ----------------------------------------------------------------------------------
     def run(self, emit: Emit, stop: threading.Event, once: bool = False) -> None:
@@ -212,9 +216,16 @@ class KubernetesWatcher:
             elif spec.kind in KUEUE_KINDS:
                 keys = {key_of(KUEUE_KINDS[spec.kind], o) for o in items}
                 merge(rows, self.tracker.kueue_relisted(spec.kind, spec.namespace, keys, now))
+            elif spec.kind == "configmaps":
+                if self.tracker.yunikorn is not None and spec.name:
+                    keys = {key_of("ConfigMap", o) for o in items}
+                    merge(rows, self.tracker.yunikorn.configmaps_relisted(spec.name, keys, now))
             else:
                 uids = {str((o.get("metadata") or {}).get("uid") or "") for o in items}
                 merge(rows, self.tracker.pods_relisted(spec.namespace, uids, stored, now))
+                if self.tracker.yunikorn is not None:
+                    keys = {key_of("Pod", o) for o in items}
+                    merge(rows, self.tracker.yunikorn.pods_relisted(spec.namespace, keys, now))
             self._write(rows)
             self.on_resource_version(spec, resource_version, True)
 
@@ -258,6 +269,8 @@ class KubernetesWatcher:
                 return self.tracker.on_owner(spec.kind, event, obj, now)
             if spec.kind in KUEUE_KINDS:
                 return self.tracker.on_kueue(spec.kind, event, obj, now)
+            if spec.kind == "configmaps":
+                return self.tracker.yunikorn.on_configmap(event, obj, now) if self.tracker.yunikorn else {}
             return self.tracker.on_pod(event, obj, now)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             meta = obj.get("metadata") or {}
@@ -290,8 +303,9 @@ class KubernetesWatcher:
 
 
     def _remember_kueue(self) -> None:
-        """The Kueue objects live in the store and the open Workload rows (before a restart)."""
-        if self.tracker.kueue is None or self._stored_kueue is None:
+        """The Kueue objects (or YuniKorn's ConfigMaps and pending pods) live in the store and the
+        open Workload rows (before a restart)."""
+        if (self.tracker.kueue is None and self.tracker.yunikorn is None) or self._stored_kueue is None:
             return
         try:
             keys, rows = self._stored_kueue(self.cluster)
@@ -302,7 +316,10 @@ class KubernetesWatcher:
                                      resource="workloads"))
             return
         with self._lock:
-            self.tracker.kueue.remember_stored(keys, opened)
+            if self.tracker.kueue is not None:
+                self.tracker.kueue.remember_stored(keys, opened)
+            if self.tracker.yunikorn is not None:
+                self.tracker.yunikorn.remember_stored(keys)
 
 
 # -- store adapters for the runner -----------------------------------------------------------

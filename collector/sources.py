@@ -102,6 +102,8 @@ def build_sources(settings: Settings, state: StoreState,
             watchers.append(KubernetesWatcher(t, queues=queues, load_state=state.load_state,
                                               open_allocations=state.open_allocations, on_error=on_error,
                                               kueue=settings.queues_from == "kueue",
+                                              yunikorn=settings.yunikorn.namespace
+                                              if settings.queues_from == "yunikorn" else None,
                                               stored_kueue=state.stored_kueue))
     return targets, discoverers, watchers
 

@@ -136,6 +136,13 @@ class CollectorSettings(_Section):
     otel_exporter: Literal["none", "console", "memory", "otlp"] = "none"
 
 
+class YuniKornSettings(_Section):
+    """Where YuniKorn keeps its queue configuration (``queues_from: yunikorn``, docs/YUNIKORN.md)."""
+
+    namespace: str = Field(default="yunikorn", min_length=1)   # of the yunikorn-configs/-defaults ConfigMaps
+    partition: str = Field(default="default", min_length=1)    # the partition whose queues are the tree
+
+
 class AccountingSettings(_Section):
     interval_s: float = Field(default=30.0, gt=0)
     idle_threshold_pct: float = Field(default=5.0, ge=0, le=100)
@@ -307,6 +314,7 @@ class Settings(BaseSettings):
     # cluster already runs, followed live (Kueue's ClusterQueues, YuniKorn's ConfigMap): gpuq then advises and
     # that scheduler acts, so only the dry-run actuator is accepted (docs/KUEUE.md)
     queues_from: Literal["file", "kueue", "yunikorn"] = "file"
+    yunikorn: YuniKornSettings = YuniKornSettings()
 
     @model_validator(mode="after")
     def _advises_only(self) -> Settings:

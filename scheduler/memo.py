@@ -11,7 +11,7 @@ anew has a new one); it must not be shared by two cycles running at once (the se
 Three kinds of field, by what makes them stale:
 
 * **Static**: pure functions of the cluster (its nodes and queue tree), never stale: ``queues``,
-  ``facts``, ``rooms`` and ``room_verdicts``, ``fit_keys``.
+  ``facts``, ``rooms`` and ``room_verdicts``, ``fit_keys``, ``queue_ranks``.
 * **Follows the input**: kept for the last input and updated from what changed, or rebuilt when
   the input is not the one it was kept for: ``grouped`` and ``grouped_changes``
   (:mod:`scheduler.ordering`), ``candidates`` (:mod:`scheduler.preemption`), ``counts``,
@@ -32,7 +32,7 @@ from scheduler.verdicts import Fit, NoRoom, NoRoomAboveGuarantee, Settled
 
 if TYPE_CHECKING:
     from scheduler.ordering import QueueKey
-    from scheduler.preemption import Candidate
+    from scheduler.preemption import Candidate, CandidateKey
 
 # a gang shape, as static fits are kept per queue: gpu types, gpus per pod, pods, cpu millicores
 # per pod, memory bytes per pod, preemptible
@@ -139,7 +139,7 @@ class CandidateOrder(NamedTuple):
 
     running: Sequence[Running]
     ids: set[int]
-    keys: list[tuple[bool, int, float, bool, str]]
+    keys: list[CandidateKey]
     cands: list[Candidate]
     by_id: dict[int, Candidate]
 
@@ -158,6 +158,8 @@ class CycleMemo:
     room_verdicts: list[tuple[NoRoom, NoRoomAboveGuarantee]] = field(default_factory=list)
     # static: the number of each (queue, gang shape) (Fit.key), in order of first sight
     fit_keys: dict[tuple[str, Shape], int] = field(default_factory=dict)
+    # static: each queue's rank in the victim order (scheduler.preemption.queue_ranks)
+    queue_ranks: dict[str, tuple[int, ...]] | None = None
     # follows the pending: the last grouping by queue, and what it changed per queue (empty after a
     # full regrouping: every list new)
     grouped: GroupedPending | None = None

@@ -11,9 +11,22 @@ Rules (FORMAT.md and issue 4; each has a test in tests/test_scheduler_preemption
   preemptor fits (its quota over its chain and its gang on real nodes of one type), then each
   added victim but the last is given back if the preemptor still fits without it.
 
-Candidate order (first is preempted first): ``(originator, priority, -start_s, not idle, id)``:
-non-originators, lower priority, the youngest (least work lost), GPUs the accounting sees idle,
-then the stable id. Non-preemptible work is not a candidate at all.
+Candidate order (the victim order; first is preempted first; this is the one place it is stated):
+``(queue rank, originator, priority, -start_s, not idle, id)``:
+
+1. the lowest-priority queue first: a victim's *queue rank* (:func:`queue_ranks`) is the queue
+   ``priority`` of each queue on its chain from the top of the tree down to its leaf queue
+   (department first, then the queue in it), padded with 0 (the default priority) to the tree's
+   depth, compared level by level; KAI-Scheduler orders victims the same way (its victim queues
+   are its queue order reversed, compared parent queue first, queue priority among the criteria;
+   tests/data/kai, reclaim_test "reclaim from less prioritized queue"). Queues of equal rank
+   (every queue at the default 0, as in most queue files) are one group, so this changes nothing
+   there;
+2. then, within it: non-originators, lower workload priority, the youngest (least work lost),
+   GPUs the accounting sees idle, then the stable id.
+
+Non-preemptible work is not a candidate at all, and the rules above (the victim-priority rule, the
+floors, fences) decide who may be a victim; the order only decides who goes first.
 
 The search runs on the cycle's working ledger and free index and undoes every change it made
 unless it succeeds (explicit undo); the snapshot is never touched.
@@ -36,9 +49,29 @@ from scheduler.quota import Ledger, Shortfall, Vec, below_floor, over_guarantee,
 from scheduler.snapshot import Cluster, demand
 
 
-def candidate_key(r: Running) -> tuple[bool, int, float, bool, str]:
+QueueRank = tuple[int, ...]
+CandidateKey = tuple[QueueRank, bool, int, float, bool, str]
+
+
+def candidate_key(r: Running, ranks: Mapping[str, QueueRank]) -> CandidateKey:
+    """``r``'s place in the candidate order (module docstring); ``ranks``: :func:`queue_ranks`."""
     w = r.workload
-    return (w.originator, w.priority, -r.start_s, not r.idle, w.id)
+    return (ranks[w.queue], w.originator, w.priority, -r.start_s, not r.idle, w.id)
+
+
+def queue_ranks(cluster: Cluster) -> Mapping[str, QueueRank]:
+    """Each queue's rank in the victim order: the ``priority`` of each queue on its chain from the
+    top (the root left out) down to it, padded with 0 to the tree's depth so that every rank has
+    the same length (a rank reversed, each priority negated, is the order reversed: the
+    forecasts' timeline reads it so). A pure function of the cluster, kept in its memo."""
+    memo = cluster.memo
+    got = memo.queue_ranks
+    if got is None:
+        queues = cluster.config.queues
+        tops = {q: tuple(queues[c].priority for c in reversed(chain[:-1])) for q, chain in cluster.chains.items()}
+        depth = max(map(len, tops.values()), default=0)
+        got = memo.queue_ranks = {q: t + (0,) * (depth - len(t)) for q, t in tops.items()}
+    return got
 
 
 class Candidate(NamedTuple):
@@ -61,10 +94,11 @@ def candidates(cluster: Cluster, ledger: Ledger, running: Sequence[Running],
     if eq is not None:                 # a queue above its gpu_eq guarantee lends too
         ge = cluster.guarantee
         over |= {q for q in cluster.chains if GPU_EQ in ge[q] and ledger.used(q, GPU_EQ) > ge[q][GPU_EQ]}
+    ranks = queue_ranks(cluster)
     if memo is not None:
-        return [c for c in _in_order(memo, running, eq) if c.queue in over]
+        return [c for c in _in_order(memo, running, eq, ranks) if c.queue in over]
     rs = [r for r in running if r.workload.preemptible and r.workload.queue in over]
-    rs.sort(key=candidate_key)
+    rs.sort(key=lambda r: candidate_key(r, ranks))
     return [_candidate(r, eq) for r in rs]
 
 
@@ -73,7 +107,8 @@ def _candidate(r: Running, eq: Mapping[str, Decimal] | None) -> Candidate:
     return Candidate(w.id, w.queue, w.priority, r.placement.gpu_type, demand(w, r.placement.gpu_type, eq), r)
 
 
-def _in_order(memo: CycleMemo, running: Sequence[Running], eq: Mapping[str, Decimal] | None) -> list[Candidate]:
+def _in_order(memo: CycleMemo, running: Sequence[Running], eq: Mapping[str, Decimal] | None,
+              ranks: Mapping[str, QueueRank]) -> list[Candidate]:
     """Every preemptible one of ``running`` as a :class:`Candidate`, in candidate order, kept in
     ``memo.candidates`` (:class:`~scheduler.memo.CandidateOrder`) and updated by the ids that came and went (a set difference at C speed, then a
     bisection per change): the same list as sorting them all, at a cost that follows the change."""
@@ -86,11 +121,11 @@ def _in_order(memo: CycleMemo, running: Sequence[Running], eq: Mapping[str, Deci
             for i in gone:
                 c = by_id.pop(i, None)
                 if c is not None:
-                    k = bisect_left(keys, candidate_key(c.running))
+                    k = bisect_left(keys, candidate_key(c.running, ranks))
                     del keys[k], cands[k]
             for r in compress(running, map(came.__contains__, map(id, running))):
                 if r.workload.preemptible:
-                    key = candidate_key(r)
+                    key = candidate_key(r, ranks)
                     k = bisect_left(keys, key)
                     keys.insert(k, key)
                     c = _candidate(r, eq)
@@ -98,10 +133,10 @@ def _in_order(memo: CycleMemo, running: Sequence[Running], eq: Mapping[str, Deci
                     by_id[id(r)] = c
             memo.candidates = CandidateOrder(running, ids, keys, cands, by_id)
             return cands
-    rs = sorted((r for r in running if r.workload.preemptible), key=candidate_key)
-    cands = [_candidate(r, eq) for r in rs]
+    keyed = sorted((candidate_key(r, ranks), r) for r in running if r.workload.preemptible)
+    cands = [_candidate(r, eq) for _, r in keyed]
     if len(ids) == len(running):
-        memo.candidates = CandidateOrder(running, ids, [candidate_key(r) for r in rs], cands,
+        memo.candidates = CandidateOrder(running, ids, [k for k, _ in keyed], cands,
                                          {id(c.running): c for c in cands})
     return cands
 

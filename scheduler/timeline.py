@@ -58,6 +58,7 @@ from scheduler.memo import CycleMemo
 from scheduler.model import Decisions, Gpus, Placement, Running, Workload
 from scheduler.ordering import QueueKey, queue_key
 from scheduler.placement import FreeIndex
+from scheduler.preemption import QueueRank, queue_ranks
 from scheduler.quota import Ledger, below_floor, over_guarantee, over_guarantee_pinned, over_max
 from accounting.queues import GPU_EQ
 from scheduler.snapshot import UNBOUNDED, Cluster, Snapshot, demand
@@ -220,10 +221,11 @@ class _Run:
         # starts later goes near the end, cheaply; what stops stays until a search meets it
         self.victims: dict[str, list[tuple[_VKey, str]]] = {}
         self.vkeys: dict[str, _VKey] = {}
+        self.ranks = queue_ranks(cluster)
         self.vstale: dict[str, int] = {}
         for r in base.running:
             if r.workload.preemptible:
-                k = self.vkeys[r.workload.id] = _victim_key(r, self.running[r.workload.id][2])
+                k = self.vkeys[r.workload.id] = _victim_key(r, self.running[r.workload.id][2], self.ranks)
                 self.victims.setdefault(r.placement.gpu_type, []).append((k, r.workload.id))
         for lst in self.victims.values():
             lst.sort()
@@ -333,7 +335,7 @@ class _Run:
         end = t + max(mid - d, 0.0)
         self.running[w.id] = (Running(w, placement, t), end, self.seq)
         if w.preemptible:
-            k = self.vkeys[w.id] = _victim_key(self.running[w.id][0], self.seq)
+            k = self.vkeys[w.id] = _victim_key(self.running[w.id][0], self.seq, self.ranks)
             insort(self.victims.setdefault(placement.gpu_type, []), (k, w.id))
         at, t_lo, t_hi = self.trigger          # the start on the low and high paths: after the
         s_lo, s_hi = t_lo + (t - at), t_hi + (t - at)      # finish that made room, there
@@ -569,14 +571,16 @@ class _Run:
         return self.starts
 
 
-_VKey = tuple[bool, int, float, bool, str, int]
+_VKey = tuple[tuple[int, ...], bool, int, float, bool, str, int]
 
 
-def _victim_key(r: Running, seq: int) -> _VKey:
+def _victim_key(r: Running, seq: int, ranks: Mapping[str, QueueRank]) -> _VKey:
     """:func:`scheduler.preemption.candidate_key` reversed (but for the id among equals): the
-    first victim last; ``seq`` tells this run of the workload from an earlier one."""
+    first victim last; ``seq`` tells this run of the workload from an earlier one. ``ranks``:
+    :func:`scheduler.preemption.queue_ranks` (all of one length, so negating each priority
+    reverses their order)."""
     w = r.workload
-    return (not w.originator, -w.priority, r.start_s, r.idle, w.id, seq)
+    return (tuple(-p for p in ranks[w.queue]), not w.originator, -w.priority, r.start_s, r.idle, w.id, seq)
 
 
 def _order(w: Workload) -> tuple[int, float, str]:

@@ -47,7 +47,12 @@ The mapping (:func:`workload_of`). The scheduler's Workload is one pod set (``po
     the types the gang may run on (all types when it selects none). The fewest, so that where one
     node of the pool is not time-sliced (or a type has no node seen) the request stays whole GPUs:
     the scheduler then counts at least what the pod will hold, never less. ``k / R`` of more than
-    one GPU but not whole is refused.
+    one GPU but not whole is refused. ``nvidia.com/gpu.shared: k`` (the device plugin's
+    ``renameByDefault: true``, which advertises a time-sliced node's replicas under that name, and
+    GFD still labels them ``nvidia.com/gpu.replicas``) is read the same way, as the collector bills
+    it; as only time-sliced nodes advertise it, a gang selecting no type may run on the time-sliced
+    types alone (those with ``R`` above 1; none seen: refused, naming the annotation). A gang asking both ``nvidia.com/gpu`` and
+    ``nvidia.com/gpu.shared`` is refused (different nodes: not one GPU type).
 * **originator** = True: the workload holds the Ray head, so it is preempted after plain pods.
 * **gpu_types**: the ``gpuq.io/gpu-types`` annotation (``H100,A100``, in preference order), else
   the value of ``nvidia.com/gpu.product`` (``node_label_key``) that the GPU templates already
@@ -95,6 +100,7 @@ from kubernetes.client.exceptions import ApiException
 from accounting.quantity import cpu_millicores, memory_bytes
 from gpuq.gpu_share import (
     GPU_RESOURCE,
+    SHARED_GPU_RESOURCE,
     KAI_DEVICES,
     KAI_FRACTION,
     MIG_PREFIX,
@@ -109,6 +115,7 @@ from scheduler.actuators.k8s_events import EventRecorder, Involved
 from scheduler.actuators.kubernetes import (
     CANCELLED_ANNOTATION,
     GPU_PRODUCT_LABEL,
+    GPU_RESOURCES,
     PLURALS,
     RAY_GROUP,
     RAY_VERSION,
@@ -153,7 +160,7 @@ class SourceKeys:
 
     queue_labels: tuple[str, ...] = ("kueue.x-k8s.io/queue-name", "queue", "yunikorn.apache.org/queue")
     queue_annotations: tuple[str, ...] = ("yunikorn.apache.org/queue",)
-    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)
+    gpu_resources: tuple[str, ...] = GPU_RESOURCES     # nvidia.com/gpu and nvidia.com/gpu.shared
     node_label_key: str = GPU_PRODUCT_LABEL
 
 
@@ -384,6 +391,17 @@ def workload_of(kind: str, obj: Mapping[str, Any], *, keys: SourceKeys = SourceK
         types = _mig_gang_types(profile, types, mig_types, labels, f"{MIG_PREFIX}{profile}")
         per_pod: list[Gpus] = list(asked)
     else:
+        renamed = [pod_gpus(t.get("spec") or {}, (SHARED_GPU_RESOURCE,)) if SHARED_GPU_RESOURCE in keys.gpu_resources
+                   else 0 for _, t in templates]
+        asks_renamed = any(r and n for r, n in zip(renamed, counts))
+        if asks_renamed and any(d - r and n for d, r, n in zip(devices, renamed, counts)):
+            raise ObjectError(f"{SHARED_GPU_RESOURCE} and {GPU_RESOURCE} in one gang: the device plugin advertises "
+                              "them on different nodes, and a gang is one GPU type")
+        if asks_renamed and not types:      # advertised by time-sliced nodes only: those types
+            types = tuple(sorted(t for t, r in replicas.items() if r > 1))
+            if not types:
+                raise ObjectError(f"{SHARED_GPU_RESOURCE}: no time-sliced GPU type seen (no schedulable node "
+                                  "labelled nvidia.com/gpu.replicas above 1); name one in gpuq.io/gpu-types")
         pool = types or tuple(replicas)
         shared = min((replicas.get(t, 1) for t in pool), default=1)     # time-slicing (module docstring)
         per_pod = [time_sliced(d, shared) if d else template_share(t) for d, (_, t) in zip(devices, templates)]

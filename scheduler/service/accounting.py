@@ -266,8 +266,7 @@ class LiveAccounting:
         window = Window(start_s, end_s)
         points = queue_series(read_allocations(self.store, window, now_s), self.resolver(), window,
                               step_s, now_s)
-        return [{"queue": p.queue, "t": p.t_s, "allocated": p.allocated, "guaranteed": p.guaranteed,
-                 "max": p.max} for p in points if queue is None or p.queue == queue]
+        return [p.as_dict() for p in points if queue is None or p.queue == queue]
 
     def ping(self) -> bool:
         try:

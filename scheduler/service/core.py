@@ -66,6 +66,7 @@ from accounting.ledger import admission_rows
 from accounting.model import Allocation, PendingDemand, milli
 from accounting.queue_names import leaf_problem
 from accounting.queues import ROOT, QueueConfig
+from accounting.resolve import local_queue
 from scheduler import events as ev
 from scheduler.actuators.base import FENCED, ActionResult, Actuator, Fence, Target, may_act, with_retries
 from scheduler.service.acting import Lanes
@@ -342,6 +343,7 @@ class SchedulerService:
             closed = self._done.get(workload.id)
             if closed is not None and actor and caller_name(closed.owner) != caller_name(actor):
                 raise TakenWorkload(workload.id, closed.state)
+            workload = self._named(workload, target.namespace)
             why = self._not_allowed(workload.queue, target.namespace)
             if why is not None:
                 if not hold_not_allowed:
@@ -457,6 +459,23 @@ class SchedulerService:
             return None
         own = next((q for q in self._nsq.own_queues(namespace) if q != queue), None)
         return f"{why}; not admitted (what it runs anyway is billed to {own or '(unassigned)'})"
+
+    def _named(self, workload: Workload, namespace: str) -> Workload:
+        """``workload`` with the queue it names as one of ``namespace``'s LocalQueues
+        (``mapping.local_queues``, :func:`accounting.resolve.local_queue`: the accounting's first
+        step too), else as it is; the namespace rules and the placement rules then apply to that
+        queue."""
+        queue = local_queue(self._config, workload.queue, namespace)
+        return workload if queue is None or queue == workload.queue else dataclasses.replace(workload, queue=queue)
+
+    def as_held(self, workload: Workload, namespace: str, placed: bool = True) -> Workload:
+        """``workload`` as the service holds it once submitted for ``namespace``: its LocalQueue
+        resolved and, with ``placed``, the queue the placement rules put it in (not made here). For
+        the world's sync to compare what an object asks now with what the service holds."""
+        with self._lock:
+            w = self._named(workload, namespace)
+            path = self._nsq.place(w.queue, namespace) if placed else None
+            return w if path is None or path == w.queue else dataclasses.replace(w, queue=path)
 
     def _placed(self, queue: str, namespace: str) -> str:
         """``queue`` as the placement rules place work of ``namespace`` (made now if need be)."""
@@ -1148,12 +1167,17 @@ class SchedulerService:
             used: dict[str, Gpus] = {}
             on: dict[str, list[str]] = {}
             own = (e.running for e in self._entries.values() if e.running is not None)
+            shared: dict[str, dict[str, Gpus]] = {}
             for r in (*own, *self._foreign.running):       # foreign work holds its GPUs too
                 for name, n in r.placement.nodes:
                     used[name] = used.get(name, 0) + n
                     on.setdefault(name, []).append(r.workload.id)
+                for name, slot, share in r.placement.shares:      # which device each share is on
+                    d = shared.setdefault(name, {})
+                    d[str(slot)] = d.get(str(slot), 0) + share
             return [NodeView(n.name, n.gpu_type, n.gpus, gpus_out(used.get(n.name, 0)),
-                             gpus_out(n.gpus - used.get(n.name, 0)), tuple(on.get(n.name, ())))
+                             gpus_out(n.gpus - used.get(n.name, 0)), tuple(on.get(n.name, ())),
+                             {k: gpus_out(v) for k, v in sorted(shared.get(n.name, {}).items(), key=lambda kv: int(kv[0]))})
                     for n in cluster.nodes]
 
     def preemptions(self, limit: int = 100) -> list[PreemptionRecord]:
@@ -1251,6 +1275,7 @@ class SchedulerService:
         """``namespace``: the target's; QueueNotAllowed as for :meth:`submit` (a queue the
         namespace's placement rule makes is made: asking counts as its first use)."""
         with self._lock:
+            workload = self._named(workload, namespace)
             why = self._not_allowed(workload.queue, namespace)
             if why is not None:
                 raise QueueNotAllowed(workload.queue, namespace, why)

@@ -1,4 +1,4 @@
-"""``gpuq serve`` with ``queues_from: kueue``: gpuq advises, Kueue acts (docs/KUEUE.md, "Live").
+"""``gpuq serve`` with ``queues_from: kueue``: gpuq advises, Kueue acts (docs/KUEUE.md, "Live mode").
 
 The Kubernetes collector stores Kueue's objects as they change (``kueue_objects``,
 :mod:`collector.k8s_kueue`); this module reads them back from the store, as the accounting reads
@@ -82,6 +82,8 @@ class KueueQueues:
 
     path = "Kueue's objects (kueue_objects)"
     required_at_start = False          # the collector may not have listed them yet: start empty
+    kinds: tuple[str, ...] = TREE_KINDS     # what the tree is built from
+    scheduler = "kueue"
 
     def __init__(self, read: Reader) -> None:
         self._read = read
@@ -91,20 +93,24 @@ class KueueQueues:
         self.generation = 0
         self.findings: tuple[Any, ...] = ()
 
-    def poll(self) -> Reload:
+    def _import(self, objects: list[dict[str, Any]]) -> Any:
+        """The importer's answer (:class:`accounting.queue_import.report.Imported`) for these objects."""
         from accounting.queue_import.kueue import from_kueue
 
+        return from_kueue(objects, source="kueue")
+
+    def poll(self) -> Reload:
         try:
-            objects = self._read(TREE_KINDS)
+            objects = self._read(self.kinds)
         except Exception as exc:  # noqa: BLE001 - the store is down: keep what is in force
-            log.warning("cannot read Kueue's objects from the store, the queue tree stays: %s", exc)
+            log.warning("cannot read %s from the store, the queue tree stays: %s", self.path, exc)
             return Reload.UNCHANGED
         digest = hashlib.sha256(json.dumps(objects, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
         if digest == self._digest:
             return Reload.UNCHANGED
         self._digest = digest
         try:
-            imported = from_kueue(objects, source="kueue")
+            imported = self._import(objects)
         except Exception as exc:  # noqa: BLE001 - the importer names the object it could not read
             self.error = QueueConfigError(self.path, f"cannot import: {exc}")
             return Reload.REJECTED
@@ -116,7 +122,7 @@ class KueueQueues:
             return Reload.REJECTED
         if imported.findings != self.findings:
             for f in imported.findings:
-                log.warning("kueue, not carried over exactly: %s", f.line())
+                log.warning("%s, not carried over exactly: %s", self.scheduler, f.line())
             self.findings = imported.findings
         self.config, self.error = config, None
         self.generation += 1

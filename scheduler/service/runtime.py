@@ -75,6 +75,22 @@ def kueue_workloads(store: Any, accounting: Any, service: Any) -> Any:
     return kueue
 
 
+def yunikorn_applications(store: Any, accounting: Any, service: Any) -> Any:
+    """YuniKorn's pending applications (:class:`scheduler.service.yunikorn.YuniKornApplications`) in
+    ``service``'s ``/workloads`` and ``explain`` (their GPUs are pending pods, which the accounting
+    counts already); their queue is the one the accounting resolves the queue their pods name to (the
+    namespace's own where they name none)."""
+    from scheduler.service.kueue import store_reader
+    from scheduler.service.yunikorn import YuniKornApplications
+
+    def queue_of(namespace: str, queue: str, _: str) -> str:
+        return str(accounting.resolver().queue(queue, namespace))
+
+    apps = YuniKornApplications(store_reader(store), queue_of)
+    service.external = apps
+    return apps
+
+
 def _has_sources(settings: Any) -> bool:
     c = settings.collector
     return bool(c.ray or c.dcgm or c.kubernetes or c.nvml.enabled)
@@ -128,8 +144,15 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             log.warning("queues_from: kueue: gpuq advises; Kueue acts (the %s actuator acts on nothing); the "
                         "queue tree follows Kueue's objects", settings.scheduler.actuator)
             tree = KueueQueues(store_reader(store))
-        elif settings.queues_from != "file":
-            log.warning("queues_from: %s is not followed yet: the queue tree is empty", settings.queues_from)
+        elif settings.queues_from == "yunikorn":
+            from scheduler.service.kueue import store_reader
+            from scheduler.service.yunikorn import YuniKornQueues
+
+            yk = settings.yunikorn
+            log.warning("queues_from: yunikorn: gpuq advises; YuniKorn acts (the %s actuator acts on nothing); the "
+                        "queue tree follows the queues.yaml of the ConfigMap yunikorn-configs (else yunikorn-defaults) "
+                        "of namespace %s, partition %s", settings.scheduler.actuator, yk.namespace, yk.partition)
+            tree = YuniKornQueues(store_reader(store), yk.namespace, yk.partition)
         accounting = LiveAccounting(store, queues_file=settings.queues_file, params=idle_params(settings),
                                     starvation_s=settings.accounting.starvation_s,
                                     declared=declared([(n.name, n.gpu_type, n.gpus) for n in nodes or ()],
@@ -157,8 +180,10 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             log.warning("acting is PAUSED since %s by %s (%s): POST /admin/resume to act again",
                         iso(service.paused.since_s), service.paused.by or "?", service.paused.reason or "no reason")
         accounting.follow(service)
-        if tree is not None:
+        if settings.queues_from == "kueue":
             kueue = kueue_workloads(store, accounting, service)
+        elif settings.queues_from == "yunikorn":
+            kueue = yunikorn_applications(store, accounting, service)
         # admitted but unseen for this long is actuator drift; the dry-run actuator acts on nothing
         grace = None if sc.actuator == "dry-run" else max(120.0, 4 * settings.accounting.interval_s)
         log.info("nodes: the accounting's inventory (%s)", "the collectors' nodes and %d declared in the nodes file"
@@ -169,7 +194,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             now = clock()
             accounting.reload(accept=service.set_config)
             if kueue is not None:
-                kueue.refresh()                     # Kueue's Workloads: views and pending demand
+                kueue.refresh()                     # Kueue's Workloads (YuniKorn's pending applications): views, demand
             r = accounting.refresh(now)
             service.set_nodes(r.nodes)              # the one inventory (nodes file included)
             service.set_idle_targets(r.idle)

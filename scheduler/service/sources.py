@@ -66,11 +66,11 @@ def sync_listed(service: SchedulerService, source: WorkloadLister, now: float, t
     refused = getattr(source, "refused", None)
     for w, t in pending:
         hold = service.policy_hold(w.id)
-        if hold is not None and hold[0] != w:
+        if hold is not None and hold[0] != service.as_held(w, t.namespace):
             service.remove(w.id, now, "its object changed while held for its queue's policy")
         state = service.state_of(w.id)
         held_in = service.not_allowed_queue(w.id) if state == "pending" else None
-        if held_in is not None and held_in != w.queue:                     # relabelled: taken again
+        if held_in is not None and held_in != service.as_held(w, t.namespace, placed=False).queue:   # relabelled
             service.remove(w.id, now, f"its object now names queue {w.queue}")
             state = "cancelled"
         if state in (None, "finished", "cancelled"):

@@ -104,6 +104,9 @@ class NodeView:
     used: int | float                  # shares held count as shares (issue 19)
     free: int | float
     workloads: tuple[str, ...]
+    # the devices gpuq's gangs of shares hold part of: device slot -> the share in use (issue 19).
+    # A slot is one device for as long as shares hold it, not the device's index on the node
+    devices: dict[str, int | float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
