@@ -47,7 +47,8 @@ def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
                         "(docs/PERFORMANCE.md, \"Start-time forecasts\")")
     p.add_argument("--compare", metavar="QUEUES_B.yaml",
                    help="also replay the same work under this queue file and print both results side "
-                   "by side; --out is then optional")
+                   "by side; --out is then optional (with --base QUEUES_A.yaml and --map MAP: see "
+                   "gpuq simulate SCENARIO --compare B --help)")
     p.add_argument("--baseline", metavar="POLICY[,POLICY]",
                    help="also replay it with simpler schedulers (fifo, per-queue, or all) and print "
                    "the waits, utilization and fairness side by side; --out is then optional")
@@ -441,9 +442,32 @@ def explain_text(w: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"running on {w['gpu_type']} ({where}) since {_iso(w['start_s'])}")
     elif w.get("message"):
         lines.append(f"{w['reason_code']}: {w['message']}")
+    advice = w.get("advice")
+    if advice:                        # another scheduler's workload (queues_from: kueue): gpuq's view beside
+        lines.append(f"gpuq would: {advice_text(advice)}")
     if w.get("preempted"):
         lines.append(f"preempted {w['preempted']} time(s)")
     return "\n".join(lines) + "\n"
+
+
+def advice_text(a: dict[str, Any]) -> str:
+    """What gpuq's scheduler would do (:class:`scheduler.service.views.Advice`) in a few words:
+    "admit on node-a:4 (A100)", "preempt kueue/ns/x, then admit on ...", "wait: quota_max: ..."."""
+    where = ", ".join(f"{n}:{g}" for n, g in (a.get("placement") or {}).items())
+    where += f" ({a['gpu_type']})" if a.get("gpu_type") else ""
+    outcome = a.get("outcome")
+    if outcome == "admit":
+        return f"admit on {where}"
+    if outcome == "preempt":
+        victims = ", ".join(v["id"] for v in a.get("victims") or ())
+        delay = "after its preemption delay, " if a.get("after_delay") else ""
+        return f"{delay}preempt {victims}, then admit on {where}"
+    if outcome == "wait":
+        at = f" (position {a['position']})" if a.get("position") is not None else ""
+        return f"wait: {a.get('reason_code')}: {a.get('message')}{at}"
+    if outcome == "reject":
+        return f"never run it: {a.get('message')}"
+    return f"no advice: {a.get('message')}"
 
 
 def eta_text(eta: dict[str, str], now: float) -> str:

@@ -140,12 +140,13 @@ def _drill(client: Client, now: list[dict], names: list[str]) -> None:
     active = [w for w in work if w["state"] in ("pending", "running")]
     st.markdown(f"**Workloads in {q} and below** ({len(active)} pending or running)")
     if not active:
-        st.info(f"No pending or running workloads in {q} submitted through gpuq.")
+        st.info(f"No pending or running workloads in {q} (gpuq's, or Kueue's with queues_from: kueue).")
         return
     table(pd.DataFrame([{
         "id": w["id"], "queue": w["queue"], "state": w["state"], "GPUs": w["gpus"], "GPU type": w["gpu_type"],
         "placement": placement(w["placement"]),
         "priority": w["priority"], "submitted": when(w["submit_s"]), "reason": w["reason_code"],
+        **({"gpuq would": w["advice"]["summary"].removeprefix("gpuq would ")} if w.get("advice") else {}),
         "message": w["message"], "idle": w["idle"]} for w in active]))
 
 

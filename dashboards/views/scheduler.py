@@ -28,6 +28,14 @@ def page() -> None:
     _history_what_if(st.session_state["gpuq_client"])
 
 
+def _advice(w: dict) -> dict[str, str]:
+    """The "gpuq would" column: for another scheduler's pending workload (``queues_from: kueue``:
+    the reason beside it is Kueue's), what gpuq's scheduler would do with it (its advice's summary);
+    no column at all where nothing has advice (gpuq schedules alone)."""
+    a = w.get("advice")
+    return {"gpuq would": a["summary"].removeprefix("gpuq would ")} if a else {}
+
+
 def body(client: Client, rng: Range) -> None:
     work = fetch(client, "/workloads")
     shown_rng = fit(client, rng)
@@ -51,7 +59,7 @@ def body(client: Client, rng: Range) -> None:
             "queue": w["queue"], "position": w["position"], "id": w["id"], "GPUs": w["gpus"],
             "GPU types": ", ".join(w["gpu_types"]) or "any", "priority": w["priority"],
             "waiting": duration(max(0.0, now - w["submit_s"])), "expected start": expected(w.get("eta"), now),
-            "reason": w["reason_code"], "message": w["message"]}
+            "reason": w["reason_code"], **_advice(w), "message": w["message"]}
             for w in pending]))
     else:
         st.success("Nothing is waiting.")

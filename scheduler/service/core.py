@@ -1321,6 +1321,13 @@ class SchedulerService:
                           preemption_delay_s=self.settings.preemption_delay_s)
         return self.forecasts.dry_run(out, seen[0] if seen else None, now)
 
+    def advice_input(self) -> tuple[Snapshot, Mapping[str, tuple[str, ...]]]:
+        """What the advisor (:mod:`scheduler.service.advisor`) decides on: the snapshot the next
+        cycle would see (not the cycle's: a copy it runs on a memo of its own) and, per foreign
+        running workload, the workload ids of its rows (another scheduler's work by its id)."""
+        with self._lock:
+            return self._snapshot(), self._foreign.workload_ids
+
     def restore(self, stored: Iterable[ev.StoredEvent]) -> int:
         """Rebuild the state from stored events (before any submit); return the events replayed.
         The forecasts learn the finished workloads' running times from the same events."""

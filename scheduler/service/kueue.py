@@ -25,20 +25,22 @@ everything the collectors write:
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from accounting.errors import QueueConfigError
 from accounting.model import PendingDemand, milli
 from accounting.queues import QueueConfig, parse_queue_config
 from accounting.watcher import Reload
-from scheduler.model import gpus_out
-from scheduler.service.views import FINISHED, PENDING, RUNNING, WorkloadView
+from scheduler.model import Gpus, Workload, exact, gpus_out
+from scheduler.service.views import FINISHED, PENDING, RUNNING, Advice, WorkloadView
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +195,29 @@ def _requested(obj: Mapping[str, Any]) -> tuple[int, float]:
     return pods, gpus
 
 
+def gang(obj: Mapping[str, Any]) -> tuple[int, float] | str:
+    """A pending Workload as one of gpuq's gangs: (pods, GPUs per pod) of its pod sets that ask
+    GPUs (a Ray head without GPUs takes none), or why it cannot be one (gpuq's gangs are uniform:
+    pod sets asking different GPUs per pod are not)."""
+    sizes: dict[float, int] = {}
+    for ps in (obj.get("spec") or {}).get("podSets") or ():
+        count = int(ps.get("count") or 0)
+        spec = ((ps.get("template") or {}).get("spec")) or {}
+        per_pod = 0.0
+        for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+            res = c.get("resources") or {}
+            per_pod += _gpus_of((res.get("requests") or {}).get(GPU, (res.get("limits") or {}).get(GPU, 0)))
+        if per_pod > 0 and count > 0:
+            sizes[per_pod] = sizes.get(per_pod, 0) + count
+    if len(sizes) > 1:
+        return ("its pod sets ask different GPUs per pod (" + ", ".join(
+            f"{n} x {g:g}" for g, n in sorted(sizes.items())) + "); gpuq's gangs are uniform")
+    if not sizes:
+        return "it asks no GPUs"
+    (per, pods), = sizes.items()
+    return pods, per
+
+
 def _flavors(obj: Mapping[str, Any]) -> str:
     admission = (obj.get("status") or {}).get("admission") or {}
     parts = []
@@ -238,6 +263,8 @@ class KueueWorkloads:
         self._lock = threading.Lock()
         self._views: dict[str, WorkloadView] = {}
         self._demand: tuple[PendingDemand, ...] = ()
+        self._asks: dict[str, Workload | str] = {}      # pending, as the advisor's workloads
+        self._advice: dict[str, Advice] = {}            # the advisor's last answers, by id
         self._combined: tuple[tuple[PendingDemand, ...], tuple[PendingDemand, ...], tuple[PendingDemand, ...]] | None = None
 
     def refresh(self) -> None:
@@ -248,17 +275,40 @@ class KueueWorkloads:
         except Exception as exc:  # noqa: BLE001 - keep the last views
             log.warning("cannot read Kueue's Workloads from the store: %s", exc)
             return
-        views, demand = build(workloads, local, self._queue_of)
+        views, demand, asks = build(workloads, local, self._queue_of)
         with self._lock:
-            self._views, self._demand = views, demand
+            self._views, self._demand, self._asks = views, demand, asks
+            self._advice = {wid: a for wid, a in self._advice.items() if wid in asks}
 
     def views(self) -> list[WorkloadView]:
         with self._lock:
-            return list(self._views.values())
+            advice = self._advice
+            return [v if v.id not in advice else dataclasses.replace(v, advice=advice[v.id])
+                    for v in self._views.values()]
 
     def get(self, workload_id: str) -> WorkloadView | None:
         with self._lock:
-            return self._views.get(workload_id)
+            v = self._views.get(workload_id)
+            a = self._advice.get(workload_id)
+        return v if v is None or a is None else dataclasses.replace(v, advice=a)
+
+    def advise(self, service: Any, now: float) -> None:
+        """gpuq's own scheduler's advice on each pending Workload (:mod:`scheduler.service.advisor`):
+        one run of the core on the live cycle's snapshot with them all added, the Workloads Kueue
+        admitted (those whose pods run) as victims it may choose. Called every accounting interval,
+        after :meth:`refresh` and the service's observed allocations."""
+        from scheduler.service.advisor import advise
+
+        with self._lock:
+            asks, views = self._asks, self._views
+        if not asks:
+            with self._lock:
+                self._advice = {}
+            return
+        running = {wid: v.priority for wid, v in views.items() if v.state == RUNNING}
+        got = advise(service, asks, running, now)
+        with self._lock:
+            self._advice = got
 
     def demand(self, scheduled: Sequence[PendingDemand]) -> tuple[PendingDemand, ...]:
         """The scheduler's pending demand and Kueue's pending Workloads: the same tuple while both
@@ -274,8 +324,11 @@ class KueueWorkloads:
 
 
 def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str], str],
-          queue_of: Callable[[str, str, str], str]) -> tuple[dict[str, WorkloadView], tuple[PendingDemand, ...]]:
-    """Views (by id) and pending demand of the Workloads (pure: the module's rules)."""
+          queue_of: Callable[[str, str, str], str],
+          ) -> tuple[dict[str, WorkloadView], tuple[PendingDemand, ...], dict[str, Workload | str]]:
+    """Views (by id), pending demand, and the pending Workloads the advisor decides on: each as one
+    of gpuq's workloads (id, queue, gang, Kueue's priority, queued since), or why it cannot be one
+    (pure: the module's rules)."""
     rows = []
     for obj in workloads:
         meta = obj.get("metadata") or {}
@@ -302,6 +355,7 @@ def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str]
     position = {key: i for lst in order.values() for i, (_, _, key) in enumerate(sorted(lst), 1)}
     views: dict[str, WorkloadView] = {}
     demand = []
+    asks: dict[str, Workload | str] = {}
     for obj, ns, name, lq, cq, state, queued, created in rows:
         meta = obj.get("metadata") or {}
         wid = f"{PREFIX}{ns}/{name}"
@@ -328,4 +382,12 @@ def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str]
             actuator_message=actuator)
         if state == PENDING and gpus > 0 and (obj.get("spec") or {}).get("active", True) is not False:
             demand.append(PendingDemand("", ns, wid, queue, milli(gpus), queued))
-    return views, tuple(demand)
+            shape = gang(obj)
+            asks[wid] = shape if isinstance(shape, str) else Workload(
+                wid, queue, pods=shape[0], gpus_per_pod=_exact(shape[1]), priority=priority, submit_s=queued)
+    return views, tuple(demand), asks
+
+
+def _exact(gpus: float) -> Gpus:
+    """GPUs per pod as the core counts them: an int when whole, else exact thousandths."""
+    return int(gpus) if gpus == int(gpus) else exact(Decimal(str(round(gpus, 3))))

@@ -199,6 +199,8 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             service.set_nodes(r.nodes)              # the one inventory (nodes file included)
             service.set_idle_targets(r.idle)
             service.set_observed(r.observed, accounting.queue_of, r.node_name, now, grace)
+            if kueue is not None:
+                kueue.advise(service, now)          # gpuq's advice beside Kueue's reasons (advisor)
             if check_books(accounting, service, r, now):    # the books against the scheduler's record
                 log.warning("the books do not balance: %d cells, %g GPUs (gpuq check)", len(service.books),
                             unbalanced(service.books))

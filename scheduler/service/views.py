@@ -99,6 +99,9 @@ class WorkloadView:
     # issue 21: its last checkpoint as reported (scheduler clock), and what its preemptions cost
     last_checkpoint_s: float | None = None
     lost_gpu_seconds: float = 0.0
+    # another scheduler's pending workload (queues_from: kueue): what gpuq's own scheduler would do
+    # with it (scheduler.service.advisor); None for gpuq's own workloads and while not advised yet
+    advice: Advice | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +157,29 @@ class DryRun:
     also_admitted: tuple[str, ...] = ()
     after_delay: DryRun | None = None
     eta: dict[str, str] | None = None       # when it would start (as WorkloadView.eta); None: rejected
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """What gpuq's scheduler would do with a workload another scheduler holds pending
+    (:mod:`scheduler.service.advisor`), decided by the core on the snapshot of the live cycle with
+    that scheduler's pending workloads added. ``outcome``: ``admit`` (fits now, at ``placement``),
+    ``preempt`` (admitted after ``victims`` stop), ``wait`` (with gpuq's ``reason_code``,
+    ``message`` and ``position`` in its queue), ``reject`` (can never run here) or ``none`` (gpuq
+    cannot decide on it: ``message`` says why). ``after_delay``: a ``preempt`` that would come only
+    once the workload's preemption delay is over (``at_s``). ``summary``: the one line people read
+    (``gpuq explain``, the dashboards)."""
+
+    outcome: str
+    at_s: float
+    summary: str
+    gpu_type: str | None = None
+    placement: dict[str, int | float] | None = None
+    victims: tuple[Victim, ...] = ()
+    reason_code: str | None = None
+    message: str | None = None
+    position: int | None = None
+    after_delay: bool = False
 
 
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
