@@ -269,8 +269,9 @@ def test_serve_follows_kueue(store: Any, served: Any, tmp_path: Path) -> None:
         # the workers' pods run (the recording) and are joined to the Workload: counted for llm once
         assert rows[("llm", "*")]["allocated"] == 4 and rows[("llm", "*")]["pending"] == 4
         view = api("GET", f"/workloads/{WID}", "view-t").json()
-        assert (view["state"], view["queue"], view["pods"], view["gpus"], view["position"]) == (
-            "pending", "llm", 3, 4, 1)
+        # the GPU pods of the gang: 2 workers x 2 GPUs (the head asks none)
+        assert (view["state"], view["queue"], view["pods"], view["gpus_per_pod"], view["gpus"], view["position"]) == (
+            "pending", "llm", 2, 2, 4, 1)
         assert view["reason_code"] == "kueue_Pending"
         assert "insufficient unused quota for nvidia.com/gpu in flavor a100" in view["message"]
 

@@ -361,6 +361,9 @@ def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str]
         wid = f"{PREFIX}{ns}/{name}"
         queue = queue_of(ns, lq, cq)
         pods, gpus = _requested(obj)
+        shape = gang(obj)
+        if isinstance(shape, tuple) and abs(shape[0] * shape[1] - gpus) < 1e-9:
+            pods = shape[0]        # the pods that ask GPUs (a Ray head without GPUs is not one of them)
         refs = sorted((meta.get("ownerReferences") or ()), key=lambda r: not r.get("controller"))
         owner = refs[0] if refs else {}
         reserved = _condition(obj, "QuotaReserved")
