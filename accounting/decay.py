@@ -42,6 +42,12 @@ def decayed_interval(gpus: float, start_s: float, end_s: float, now_s: float, ha
     return gpus * half_life_s / LN2 * (factor(now_s - end_s, half_life_s) - factor(now_s - start_s, half_life_s))
 
 
+def even_factor(length_s: float, half_life_s: float) -> float:
+    """What a GPU-second used evenly over a period of ``length_s`` counts, relative to one used at
+    the period's end: ``decayed_interval(1 / length_s, 0, length_s, length_s, H)``."""
+    return half_life_s / (LN2 * length_s) * (1.0 - factor(length_s, half_life_s))
+
+
 def decayed_hours(hours: Iterable[tuple[float, str, float]], now_s: float, half_life_s: float,
                   length_s: float = HOUR) -> dict[str, float]:
     """Decayed GPU-seconds per queue from rollup rows ``(start of the period, queue, GPU-seconds)``,
