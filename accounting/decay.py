@@ -31,7 +31,7 @@ HOUR = 3600.0
 
 def factor(age_s: float, half_life_s: float) -> float:
     """The weight of a GPU-second used ``age_s`` ago: ``2 ** -(age_s / half_life_s)``."""
-    return 2.0 ** (-age_s / half_life_s)
+    return math.pow(2.0, -age_s / half_life_s)
 
 
 def decayed_interval(gpus: float, start_s: float, end_s: float, now_s: float, half_life_s: float) -> float:
