@@ -5,6 +5,8 @@ the preemptions it suffered. A viewer token scoped to queues sees its own queues
 chosen stays in the URL (``?queue=research.vision``)."""
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import streamlit as st
 
@@ -37,11 +39,11 @@ def body(client: Client, rng: Range) -> None:
     t = fetch(client, f"/queues/{queue}/tenant")
     if t is None:
         return
-    star = next((r for r in t["now"] if r["gpu_type"] == "*"), {})
+    star: dict[str, Any] = next((r for r in t["now"] if r["gpu_type"] == "*"), {})
     usage = t["usage"]
     on = usage.get("half_life_s", 0) > 0
-    items = [("Allocated", gpus(star.get("allocated", 0.0))),
-             ("Guaranteed", gpus(t["guaranteed"].get("gpu", 0)))]
+    items: list[tuple[str, ...]] = [("Allocated", gpus(star.get("allocated", 0.0))),
+                                    ("Guaranteed", gpus(t["guaranteed"].get("gpu", 0)))]
     if "entitlement" in t:
         items.append(("Entitlement", gpus(t["entitlement"]), "its share of the GPUs beyond the guarantees"))
     items.append(("Pending", f"{len(t['pending'])} workloads"))
