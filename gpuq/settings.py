@@ -183,6 +183,9 @@ class SchedulerSettings(_Section):
     cycle_interval_s: float = Field(default=1.0, gt=0)
     preemption: bool = True
     preemption_delay_s: float = Field(default=30.0, ge=0)
+    # fair share over time (issue 21): a queue's GPU use decayed with this half-life lowers its place
+    # in the order of queues (scheduler/ordering.py); 0: off, today's order
+    usage_half_life_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     retry_attempts: int = Field(default=4, ge=1)        # actuator calls, with backoff
     retry_backoff_s: float = Field(default=0.2, ge=0)
     actuator_timeout_s: float = Field(default=10.0, gt=0)   # one actuator request (kubernetes)
@@ -197,8 +200,9 @@ class SchedulerSettings(_Section):
 class ApiToken(_Section):
     """A bearer token. An operator's actions are scoped: ``namespaces`` (Kubernetes namespaces of
     its targets) and ``queues`` (queue subtree roots: ``research`` allows ``research.vision``);
-    ``"*"`` allows all. Both must be set on an operator token; viewers read everything and admins
-    are unscoped, so neither takes a scope (see docs/API.md). ``max_priority`` and
+    ``"*"`` allows all. Both must be set on an operator token. A viewer reads everything, or with
+    ``queues`` only those queues' subtrees (a tenant's token, issue 21: docs/SECURITY.md); admins
+    are unscoped (see docs/API.md). ``max_priority`` and
     ``non_preemptible`` narrow what the operator's workloads may ask below their queue's policy
     (docs/SECURITY.md); every caller, admins included, is bounded by the queue's."""
 
@@ -218,8 +222,13 @@ class ApiToken(_Section):
         if self.role == "operator" and (not self.namespaces or not self.queues):
             raise ValueError("an operator token needs both namespaces and queues (its scope; "
                              "['*'] allows all)")
-        if self.role != "operator" and scoped:
-            raise ValueError(f"namespaces and queues scope an operator's actions; {self.role} tokens take none")
+        if self.role == "viewer" and self.namespaces is not None:
+            raise ValueError("a viewer token takes queues (the queues it reads), not namespaces")
+        if self.role == "viewer" and self.queues is not None and not self.queues:
+            raise ValueError("a viewer token's queues is not empty (leave it out to read every queue)")
+        if self.role == "admin" and scoped:
+            raise ValueError("namespaces and queues scope an operator's actions or a viewer's reads; admin tokens "
+                             "take none")
         if self.role != "operator" and (self.max_priority is not None or self.non_preemptible is not None):
             raise ValueError(f"max_priority and non_preemptible narrow an operator's submits; {self.role} "
                              "tokens take none (the queue file's policy bounds every caller)")

@@ -63,7 +63,7 @@ from scheduler.model import (
     Workload,
     pending_reason,
 )
-from scheduler.ordering import QueueKey, grouped, queue_key
+from scheduler.ordering import QueueKey, ScoredKey, grouped, queue_key, queue_scores, scored_key
 from scheduler.placement import FreeIndex, node_slots
 from scheduler.preemption import NoPlan, Plan, Pool, candidates, own_candidates, plan, protected
 from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_guarantee_pinned, over_max
@@ -88,7 +88,7 @@ def schedule(snap: Snapshot, now: float) -> Decisions:
     groups = grouped(memo, snap.pending, snap.changes)
     cycle.qchanges = memo.grouped_changes
     cycle.check_queues(groups)
-    key = cycle.queue_key
+    key: Callable[[str], QueueKey | ScoredKey] = cycle.queue_key if snap.usage is None else cycle.scored_key
     heap = [(key(q), q) for q in groups]
     heapq.heapify(heap)
     cursor = dict.fromkeys(groups, 0)
@@ -152,6 +152,7 @@ class _Cycle:
         self.ctx = _Context(self.cluster, now, snap.settings.preemption_delay_s, self.known)
         self.preemption = snap.settings.preemption
         self.pool: Pool | None = None        # victim candidates, built on first need
+        self.scores: dict[str, float] | None = None   # fair share over time: queue -> score (scored_key)
         # a gang shape that found no room stays without room until capacity is freed (admissions
         # only take): (type, gpus per pod, pods) -> its message; cleared by every preemption
         self.no_room: dict[tuple[str, Gpus, int], str] = {}
@@ -174,6 +175,15 @@ class _Cycle:
         k = queue_key(self.cluster, self.ledger, q)
         self.qkeys[q] = KeptKey(used, k)
         return k
+
+    def scored_key(self, q: str) -> ScoredKey:
+        """:func:`scheduler.ordering.scored_key` (fair share over time: the snapshot carries usage),
+        the scores computed once per cycle and nothing kept across cycles (they change with time)."""
+        scores = self.scores
+        if scores is None:
+            assert self.snap.usage is not None
+            scores = self.scores = queue_scores(self.cluster, self.snap.usage)
+        return scored_key(self.cluster, self.ledger, q, scores)
 
     def check_queues(self, groups: dict[str, list[Workload]]) -> None:
         leaves = self.leaves

@@ -442,3 +442,22 @@ def test_a_short_history_gets_points() -> None:
     assert step_for(300) == 15 and 300 / step_for(300) >= 20
     for span in (300, 4 * 3600, 86400, 30 * 86400):
         assert 10 <= span / step_for(span) <= POINTS
+
+
+def test_my_queue_page_shows_the_tenant_page(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tenant's page (issue 21): the queue chosen in the URL, its numbers those of
+    GET /queues/{queue}/tenant; fair share over time is off in the seed, and says so."""
+    monkeypatch.setenv("GPUQ_DASHBOARD__API_URL", api_url)
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params["range"] = "24h"
+    at.run()
+    at.query_params["queue"] = "prod"
+    at.switch_page("views/tenant.py").run()
+    assert not at.exception and not errors(at)
+    assert [s.value for s in at.selectbox if s.label == "Queue"] == ["prod"]
+    t = httpx.get(api_url + "/queues/prod/tenant").json()
+    m = metrics(at)
+    assert m["Guaranteed"] == f"{t['guaranteed']['gpu']} GPUs" == "56 GPUs"
+    assert m["Allocated"] == f"{next(r for r in t['now'] if r['gpu_type'] == '*')['allocated']:g} GPUs"
+    assert m["Pending"] == f"{len(t['pending'])} workloads"
+    assert any("usage_half_life_s: 0" in c.value for c in at.caption)

@@ -23,13 +23,17 @@ from accounting.model import Allocation, NodeCapacity, PendingDemand, Window
 from accounting.now import NowSnapshot, NowView, compute_now
 from accounting.queues import QueueConfig
 from accounting.resolve import Resolver
-from accounting.rollup import materialize_hours
+from accounting.decay import HOUR, decayed_interval
+from accounting.rollup import decayed_materialized, materialize_hours
 from accounting.series import queue_series
-from accounting.store_adapter import read_allocations
+from accounting.store_adapter import read_allocations, read_usage
 from accounting.watcher import QueueConfigWatcher, Reload
 from scheduler.model import Node
 
 log = logging.getLogger(__name__)
+
+DECAY_REFRESH_S = 60.0        # LiveAccounting.decayed_usage reads the store at most this often
+TAIL_MAX_S = 48 * 3600.0      # and reads live at most this far back (materialize_hours' own reach)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,8 @@ class LiveAccounting:
         # configuration (the file's with the queues placement rules made: accounting.access)
         self._current: Callable[[], QueueConfig] = lambda: self._config
         self._resolver: tuple[QueueConfig, Resolver] | None = None
+        # the last decayed usage (half-life, when, queue -> decayed GPU-seconds): decayed_usage
+        self._decayed: tuple[float, float, dict[str, float]] | None = None
         if self.watcher is not None:
             self.collector.watch_config(lambda: self.error is not None)
         if self.watcher is not None and config is None:
@@ -209,6 +215,35 @@ class LiveAccounting:
 
     def materialize(self, now_s: float) -> list[float]:
         return materialize_hours(self.store, now_s, self.params)
+
+    def decayed_usage(self, now_s: float, half_life_s: float) -> dict[str, float]:
+        """Fair share over time (issue 21): each queue's decayed GPU-seconds at ``now_s``
+        (:mod:`accounting.decay`), as the accounting has it: the materialised hours
+        (:func:`accounting.rollup.decayed_materialized`, one aggregation in the store) and, after
+        the newest of them (or over the last :data:`TAIL_MAX_S` when there is none), the rest read
+        live from the allocations an hour at a time, each hour taken as used evenly. Raw queues and
+        namespaces resolve to the configuration's queues as every view does. Kept for
+        :data:`DECAY_REFRESH_S` (the scores move by hours, a cycle comes every second): the store
+        is read at most that often."""
+        hit = self._decayed
+        if hit is not None and hit[0] == half_life_s and 0 <= now_s - hit[1] < DECAY_REFRESH_S:
+            return hit[2]
+        resolver = self.resolver()
+        out: dict[str, float] = {}
+        rows, tail = decayed_materialized(self.store, now_s, half_life_s)
+        for raw, ns, v in rows:
+            q = resolver.queue(raw, ns)
+            out[q] = out.get(q, 0.0) + v
+        t = max(tail if tail is not None else now_s - TAIL_MAX_S, now_s - TAIL_MAX_S)
+        while t < now_s:
+            end = min(t + HOUR, now_s)
+            for a in read_usage(self.store, Window(t, end), now_s, by_workload=False):
+                if a.gpu_seconds > 0:
+                    q = resolver.queue(a.queue, a.namespace)
+                    out[q] = out.get(q, 0.0) + decayed_interval(a.gpu_seconds / (end - t), t, end, now_s, half_life_s)
+            t = end
+        self._decayed = (half_life_s, now_s, out)
+        return out
 
     # -- what the API serves ------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:

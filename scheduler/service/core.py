@@ -155,6 +155,10 @@ class SchedulerService:
         self._fence = fence
         self._fenced_at: float | None = None          # the first cycle that found the fence closed
         self.settings = settings or Settings()
+        # fair share over time (issue 21; settings.usage_half_life_s > 0): each queue's decayed
+        # GPU-seconds from the accounting (set_usage) and when; every snapshot carries it
+        self._usage: Mapping[str, float] | None = None
+        self._usage_at: float | None = None
         self.cluster_name = cluster
         self.stats = ServiceStats()
         self._config = config
@@ -299,6 +303,23 @@ class SchedulerService:
         """Running workloads whose GPUs the accounting sees idle (preferred victims)."""
         with self._lock:
             self._set_idle(frozenset(workload_ids))
+
+    def set_usage(self, usage: Mapping[str, float], at_s: float) -> None:
+        """Fair share over time: each queue's decayed GPU-seconds at ``at_s`` (the accounting's,
+        :meth:`scheduler.service.accounting.LiveAccounting.decayed_usage`); the snapshots of the
+        cycles, dry runs and forecasts from now on carry it (:attr:`scheduler.snapshot.Snapshot.usage`).
+        Ignored while ``usage_half_life_s`` is 0: the snapshots then carry none."""
+        if self.settings.usage_half_life_s <= 0:
+            return
+        with self._lock:
+            self._usage, self._usage_at = dict(usage), at_s
+
+    def usage_now(self) -> tuple[Mapping[str, float], float] | None:
+        """The decayed usage the snapshots carry and when it was read, or None (off, or not yet)."""
+        with self._lock:
+            if self._usage is None or self._usage_at is None:
+                return None
+            return self._usage, self._usage_at
 
     def set_idle_targets(self, keys: Collection[tuple[str, str]]) -> None:
         """Idle flags from the accounting's ``(namespace, workload)`` keys: a running workload is
@@ -626,6 +647,8 @@ class SchedulerService:
         changed, self._dirty = self._dirty, set()
         foreign = self._foreign.running
         snap = self._kept.snapshot(cluster, self._entries, changed, self._idle, foreign, self.settings, extra, core)
+        if self._usage is not None:
+            snap = dataclasses.replace(snap, usage=self._usage)
         if self.check_snapshots:
             fresh = scratch(cluster, self._entries.values(), self._idle, foreign, self.settings, extra)
             why = difference(snap, fresh)

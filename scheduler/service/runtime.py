@@ -168,7 +168,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         # the actuators retry with backoff themselves, and the next cycle is the retry after that
         limit = sc.preemption_limit
         service = SchedulerService(accounting.config, actuator, nodes=nodes or (),
-                                   settings=CoreSettings(sc.preemption, sc.preemption_delay_s), sink=writer,
+                                   settings=CoreSettings(sc.preemption, sc.preemption_delay_s, sc.usage_half_life_s), sink=writer,
                                    cluster=cluster, retry_attempts=1, workers=sc.actuator_workers,
                                    budget_s=sc.actuator_budget_s, refused_backoff_s=sc.refused_backoff_s,
                                    brake=PreemptionBrake(limit.per_queue_per_hour, limit.cluster_per_hour),
@@ -198,6 +198,8 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             r = accounting.refresh(now)
             service.set_nodes(r.nodes)              # the one inventory (nodes file included)
             service.set_idle_targets(r.idle)
+            if sc.usage_half_life_s > 0:            # fair share over time: the queues' decayed usage
+                service.set_usage(accounting.decayed_usage(now, sc.usage_half_life_s), now)
             service.set_observed(r.observed, accounting.queue_of, r.node_name, now, grace)
             if kueue is not None:
                 kueue.advise(service, now)          # gpuq's advice beside Kueue's reasons (advisor)

@@ -21,6 +21,13 @@ victim and makes no event. At its start it takes its node when the GPUs are free
 node of its GPU type with the fewest free GPUs that has room (the replay may have placed work
 where history did not), else it is *displaced*: not held, and named in the summary. A scenario
 without ``fixed:`` runs exactly as before: nothing of this is touched.
+
+Fair share over time (``scheduler.usage_half_life_s`` > 0, issue 21): each queue's decayed usage
+(:class:`accounting.decay.DecayedUsage`) follows the replay's own starts and stops (admits,
+finishes, preemptions, and fixed load held in a queue) on the simulated clock, and every cycle's
+snapshot carries it at the cycle's time (:attr:`scheduler.snapshot.Snapshot.usage`): a pure
+function of the events so far, the same on every run. Off (0, the default), no snapshot carries
+usage and nothing of this runs.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from accounting.decay import DecayedUsage
 from scheduler.cycle import never_fits, schedule
 from scheduler.events import event as make_event
 from scheduler.forecast import MIN_SAMPLES, RUNS, ArrivalModel, DurationModel, Forecaster
@@ -187,6 +195,10 @@ class _Sim:
         self.held: list[HeldLoad] = []
         self.displaced: list[str] = []
         self.devices = Devices(sc.cluster)
+        # fair share over time (scheduler.usage_half_life_s > 0): each queue's decayed usage, fed by
+        # every start and stop below; None when off (the snapshots then carry no usage)
+        h = sc.settings.usage_half_life_s
+        self.decayed = DecayedUsage(h) if h > 0 else None
 
     def emit(self, t: float, event: str, w: Workload, **extra: Any) -> None:
         self.events.append(make_event(t, event, w.id, w.queue, **extra))
@@ -258,6 +270,8 @@ class _Sim:
         r = Running(w, Placement(gpu_type, ((node, f.gpus),)), t)
         self.occ = occupancy_after(self.cluster, self.occ, (), (r,))
         self.devices.take(w.id, r.placement)
+        if self.decayed is not None and f.queue is not None:
+            self.decayed.change(f.queue, float(f.gpus), t)
         self.holding[f.id] = (f, r)
         if f.end_s is not None:
             heapq.heappush(self.fixed_ends, (f.end_s, self.next_fixed, f.id))
@@ -276,6 +290,8 @@ class _Sim:
         f, r = self.holding.pop(fid)
         self.occ = occupancy_after(self.cluster, self.occ, (r,), ())
         self.devices.give(r.workload.id)
+        if self.decayed is not None and f.queue is not None:
+            self.decayed.change(f.queue, -float(f.gpus), t)
         self._log_hold(f, r, t)
 
     def _log_hold(self, f: Fixed, r: Running, t: float) -> None:
@@ -294,6 +310,8 @@ class _Sim:
             self.settle()
         self.stopped.append(r)
         self.gpu_seconds_add(r, t)
+        if self.decayed is not None:
+            self.decayed.change(r.workload.queue, -float(r.workload.gpus), t)
 
     def gpu_seconds_add(self, r: Running, t: float) -> None:
         gs = float(r.workload.gpus) * (t - r.start_s)
@@ -322,7 +340,8 @@ class _Sim:
         running = tuple(self.running.values())
         if self.holding:                    # fixed load runs too: never a victim (not preemptible)
             running += tuple(r for _, r in self.holding.values())
-        snap = Snapshot(self.cluster, running, pending, self.occ, self.sc.settings, changes)
+        usage = self.decayed.at(now) if self.decayed is not None else None
+        snap = Snapshot(self.cluster, running, pending, self.occ, self.sc.settings, changes, usage)
         t0 = time.perf_counter()
         decisions = self.schedule_fn(snap, now)
         self.core_s += time.perf_counter() - t0
@@ -385,6 +404,8 @@ class _Sim:
             protect = self.min_runtime.get(w.queue)
             if protect:                  # a cycle when it may first be a victim (issue 21)
                 heapq.heappush(self.protected, (now + protect, w.id))
+            if self.decayed is not None:
+                self.decayed.change(w.queue, float(w.gpus), now)
             started.append(r)
             self.seq += 1
             end = now + self.left[w.id]
