@@ -339,6 +339,11 @@ def status_text(st: dict[str, Any]) -> str:
     held = st.get("preemptions_limited") or {}
     if held:
         lines.append("held back by the limit: " + ", ".join(f"{q} {n}" for q, n in held.items()))
+    cost = st.get("preemption_cost") or {}
+    if cost.get("lost_gpu_seconds"):
+        lines.append(f"lost to preemption in the last {cost.get('window_s', 0) / 3600:g} h: "
+                     f"{cost['lost_gpu_seconds'] / 3600:.3f} GPU-h ("
+                     + ", ".join(f"{q} {x / 3600:.3f}" for q, x in (cost.get("by_queue") or {}).items()) + ")")
     return "\n".join(lines) + "\n"
 
 

@@ -346,13 +346,17 @@ def api_metrics(url: str, page: str) -> dict[str, float]:
         return {"Pending workloads": len(pending), "Pending GPUs": sum(w["gpus"] for w in pending),
                 "Running workloads": sum(w["state"] == "running" for w in work),
                 "Admitted (24h)": sum(e["event"] == "admit" for e in events),
-                "Preempted (24h)": sum(e["event"] == "preempt" for e in events)}
+                "Preempted (24h)": sum(e["event"] == "preempt" for e in events),
+                "Lost to preemption (24h)": sum(r["lost_gpu_seconds"] for r in api_get(
+                    url, "/accounting/usage", by="queue", **day)) / 3600}
     assert page == "cost", page
     rows = api_get(url, "/accounting/usage", by="queue,gpu_type", **day)
     used, idle_s = sum(r["gpu_seconds"] for r in rows), sum(r["idle_gpu_seconds"] for r in rows)
     return {"GPU-hours (24h)": used / 3600, "Idle GPU-hours": idle_s / 3600,
             "Idle share": 100 * idle_s / used if used else 0.0, "Cost": sum(r["cost"] for r in rows),
-            "Idle cost": sum(r["idle_cost"] for r in rows)}
+            "Idle cost": sum(r["idle_cost"] for r in rows),
+            "Lost to preemption": sum(r["lost_gpu_seconds"] for r in api_get(url, "/accounting/usage", by="queue",
+                                                                             **day)) / 3600}
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.(\d+))?")

@@ -527,6 +527,9 @@ class KubernetesWorkloadSource:
         self._seen: dict[str, tuple[str, str]] = {}      # workload id -> (uid, generation) as last listed
         # workload id -> (uid, generation, problem) told by a BadAnnotation Event: told once per generation
         self.warned: dict[str, tuple[str, str, str]] = {}
+        # workload id -> its gpuq.io/last-checkpoint as last listed (Unix seconds; issue 21): not part
+        # of the Workload, which a checkpoint must not change (a changed Workload is taken again as new)
+        self.checkpoints: dict[str, float] = {}
 
     def refused(self, workload: Workload, target: Target, code: str, message: str) -> dict[str, str]:
         """Tell the object's owners that the scheduler holds it (``code``: ``queue_not_allowed``) with
@@ -565,6 +568,7 @@ class KubernetesWorkloadSource:
 
         out, skipped = [], []
         seen: dict[str, tuple[str, str]] = {}
+        checkpoints: dict[str, float] = {}
         replicas = dict(self.replicas())
         for kind in self.kinds:
             for obj in self.list_objects(kind):
@@ -580,9 +584,12 @@ class KubernetesWorkloadSource:
                 if got is not None:
                     out.append((*got, obj))
                     seen[got[0].id] = (str(meta.get("uid") or ""), str(meta.get("generation") or ""))
+                    at = last_checkpoint(meta.get("annotations") or {}, problems.append)
+                    if at is not None:
+                        checkpoints[got[0].id] = at
                     if problems:
                         self._tell_problem(*got, seen[got[0].id], "; ".join(problems))
-        self.skipped, self._seen = tuple(skipped), seen
+        self.skipped, self._seen, self.checkpoints = tuple(skipped), seen, checkpoints
         self.warned = {wid: told for wid, told in self.warned.items() if wid in seen}
         return sorted(out, key=lambda x: x[0].id)
 

@@ -209,7 +209,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
     def checkpoint(workload_id: str, body: CheckpointIn, caller: operator) -> Any:
         current = service.explain(workload_id)
         caller.check_target(current.queue, current.target.get("namespace", ""))
-        return readable.workload(service.checkpoint(workload_id, body.seconds()))
+        return readable.workload(service.checkpoint(workload_id, body.seconds(), clock()))
 
     @app.delete("/workloads/{workload_id:path}", tags=["workloads"], response_model=WorkloadView,
                 summary="Cancel a pending or running workload", responses={404: {}, 409: {}, 502: {}})

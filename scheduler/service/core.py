@@ -70,7 +70,7 @@ from accounting.resolve import local_queue
 from scheduler import events as ev
 from scheduler.actuators.base import FENCED, ActionResult, Actuator, Fence, Target, may_act, with_retries
 from scheduler.service.acting import Lanes
-from scheduler.service.brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Pause, PreemptionBrake
+from scheduler.service.brakes import COST_WINDOW_S, LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Pause, PreemptionBrake
 from scheduler.cycle import never_fits, schedule
 from scheduler.model import (
     Decisions,
@@ -127,7 +127,7 @@ from scheduler.service.ledger import (DRIFT, MISPLACED, Foreign, Mismatch, admis
 from scheduler.service.dryrun import dry_run
 from scheduler.service.forecasts import Forecasts
 from scheduler.service.kept import KeptSnapshot, difference, scratch
-from scheduler.service.replay import STATE_TABLE, Journal
+from scheduler.service.replay import CHECKPOINT, STATE_TABLE, Journal
 from scheduler.snapshot import Cluster, Settings, Snapshot, build_cluster
 
 log = logging.getLogger(__name__)
@@ -198,6 +198,9 @@ class SchedulerService:
         self._lanes = Lanes(workers)
         self._budget_s = budget_s
         self.brake = brake or PreemptionBrake()
+        # (t, victim queue, lost GPU-seconds) of the preemptions of the last COST_WINDOW_S (issue 21:
+        # what they cost, in status()); filled at start from the store (load_brakes), as the brake is
+        self._lost_recent: deque[tuple[float, str, float]] = deque()
         self._paused: Pause | None = None
         self._refused_backoff_s = refused_backoff_s
         self._pos = Positions()                   # queue positions of the pending, kept at each transition
@@ -934,11 +937,26 @@ class SchedulerService:
 
     def load_brakes(self, store: Any, now: float) -> None:
         """At start: the pause in force and the preemptions of the brake's window, from the store."""
-        from scheduler.service.brakes import last_pause, recent_preemptions
+        from scheduler.service.brakes import last_pause, recent_losses, recent_preemptions
 
         with self._lock:
             self._paused = last_pause(store, self.cluster_name)
             self.brake.load(recent_preemptions(store, self.cluster_name, now - self.brake.window_s))
+            self._lost_recent.extendleft(reversed(recent_losses(store, self.cluster_name, now - COST_WINDOW_S)))
+
+    def preemption_cost(self, now: float) -> dict[str, Any]:
+        """What the preemptions of the last ``COST_WINDOW_S`` (a day) up to ``now`` threw away, in
+        all and by the victim's queue (GPU-seconds, as their ``preempt`` events store them)."""
+        with self._lock:
+            recent = self._lost_recent
+            while recent and recent[0][0] <= now - COST_WINDOW_S:
+                recent.popleft()
+            by: dict[str, float] = {}
+            for t, q, lost in recent:
+                if t <= now:
+                    by[q] = by.get(q, 0.0) + lost
+            return {"window_s": COST_WINDOW_S, "lost_gpu_seconds": round(sum(by.values()), 6),
+                    "by_queue": {q: round(x, 6) for q, x in sorted(by.items())}}
 
     def status(self, now: float) -> dict[str, Any]:
         """The scheduler's acting status (``GET /scheduler/status``)."""
@@ -955,6 +973,7 @@ class SchedulerService:
                 "preemptions_last_hour": dict(sorted(counts.items())),
                 "preemptions_limited": dict(sorted(b.limited.items())),
                 "last_cycle_s": self.stats.last_cycle_s, "cycles": self.stats.cycles,
+                "preemption_cost": self.preemption_cost(now),
             }
 
     # -- state transitions (each records its event) ------------------------------------------------
@@ -998,6 +1017,7 @@ class SchedulerService:
             bump(self.stats.preemptions, v.workload.queue)
             q = v.workload.queue
             self.stats.lost_gpu_seconds[q] = self.stats.lost_gpu_seconds.get(q, 0.0) + lost
+            self._lost_recent.append((ev.round_t(now), q, lost))
 
     def _finish(self, e: Entry, now: float, record: bool = True) -> None:
         self._close(e, FINISHED, now, None)
@@ -1152,16 +1172,28 @@ class SchedulerService:
             eta=self.forecasts.eta(w.id) if e.state == PENDING else None,
             last_checkpoint_s=e.last_checkpoint_s, lost_gpu_seconds=round(e.lost_gpu_seconds, 6))
 
-    def checkpoint(self, workload_id: str, at_s: float) -> WorkloadView:
+    def checkpoint(self, workload_id: str, at_s: float, now: float | None = None) -> WorkloadView:
         """Its submitter reports a checkpoint taken at ``at_s`` (issue 21): a preemption from now on
         throws away only the work since then. A report older than the last one is kept as the
-        last (a late or repeated report never moves it back)."""
+        last (a late or repeated report never moves it back, and changes nothing: the Kubernetes
+        source reports the annotation at every sync). One that moves it is kept in
+        ``scheduler_state`` (reported at ``now``; default: the last event's time), so a restart
+        still counts from it (:mod:`scheduler.service.replay`)."""
         with self._lock:
             e = self._active(workload_id)
-            self._touch(e)
             if e.last_checkpoint_s is None or at_s > e.last_checkpoint_s:
+                self._touch(e)
                 e.last_checkpoint_s = at_s
+                self._seq += 1          # its own seq: a restart replays it in order (no scheduler_events row)
+                t = ev.round_t(self._last_t if now is None else max(now, self._last_t))
+                self._journal.write(self._sink, ev.event(t, CHECKPOINT, workload_id, e.workload.queue, at_s=at_s),
+                                    self._seq)
             return self._view(e)
+
+    def checkpoints(self) -> dict[str, float]:
+        """The open workloads' last reported checkpoints (id -> Unix seconds)."""
+        with self._lock:
+            return {wid: e.last_checkpoint_s for wid, e in self._entries.items() if e.last_checkpoint_s is not None}
 
     def explain(self, workload_id: str) -> WorkloadView:
         with self._lock:
@@ -1360,7 +1392,7 @@ class SchedulerService:
             self._kept.drop()                       # (and the reasons are all read again)
             self._dirty, self._retold, self._told = set(), set(), {}
             n = self._replay(s for s in stored if s.event["event"] not in PAUSE_KINDS)
-            self.forecasts.learn(stored)
+            self.forecasts.learn(s for s in stored if s.event["event"] != CHECKPOINT)
             for e in self._entries.values():        # the queues placement rules made before the restart
                 path, ns = e.workload.queue, e.target.namespace
                 if path not in self._config.queues and self._nsq.place(path, ns) == path:
@@ -1418,7 +1450,11 @@ class SchedulerService:
                 skipped += 1
                 continue
             journal.record(e, se.seq)
-            if kind == "admit":
+            if kind == CHECKPOINT:
+                at = float(e.get("at_s", 0.0))
+                if entry.last_checkpoint_s is None or at > entry.last_checkpoint_s:
+                    entry.last_checkpoint_s = at
+            elif kind == "admit":
                 placement = placement_of_event(e["gpu_type"], e["placement"], e.get("shares"))
                 self._start(entry, placement, t, "restored", record=False)
             elif kind == "preempt" and entry.running is not None:
