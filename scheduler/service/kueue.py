@@ -319,7 +319,7 @@ class KueueWorkloads:
             with self._lock:
                 self._advice, self._eta = {}, {}
             return
-        got = advise(service, asks, self.running(service), now)
+        got = advise(service, self.shaped(service, asks), self.running(service), now)
         eta: dict[str, dict[str, str]] = {}
         if got.snapshot is not None and got.first is not None:
             try:                            # gpuq's forecast of them, forward from the same run
@@ -330,6 +330,11 @@ class KueueWorkloads:
             self._advice, self._eta = got.advice, eta
 
     scheduler = "Kueue"
+
+    def shaped(self, service: Any, asks: Mapping[str, Workload | str]) -> Mapping[str, Workload | str]:
+        """The pending workloads as the advisor takes them (Kueue's: as built; their types are their
+        flavors', which the advisor reads from their queue)."""
+        return asks
 
     def running(self, service: Any) -> dict[str, int]:
         """The admitted workloads the advice may name as victims: their priority by id."""
