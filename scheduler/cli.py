@@ -425,6 +425,9 @@ def explain_main(argv: list[str], settings: Any) -> int:
     return _show(w, args.format, explain_text)
 
 
+OTHER = {"kueue": "Kueue", "yunikorn": "YuniKorn"}     # the schedulers gpuq advises beside, as people write them
+
+
 def explain_text(w: dict[str, Any], now: float | None = None) -> str:
     """``gpuq explain``'s text; ``now`` (default: this machine's clock) is what the forecast's
     "in about 12 min" counts from."""
@@ -438,8 +441,11 @@ def explain_text(w: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"  {w['message']}")
         where = f"position {w['position']} in {w['queue']}" if w.get("position") is not None else ""
         eta = w.get("eta")
+        other = str((w.get("target") or {}).get("scheduler") or "")
         if eta:
-            lines.append(f"{eta_text(eta, time.time() if now is None else now)}{', ' + where if where else ''}")
+            # another scheduler's workload: gpuq's forecast, as gpuq would run it, not that scheduler's
+            whose = f"gpuq's forecast (gpuq's policy, {OTHER.get(other, other)}'s quotas): " if other else ""
+            lines.append(f"{whose}{eta_text(eta, time.time() if now is None else now)}{', ' + where if where else ''}")
         else:
             lines.append(f"{where + '; ' if where else ''}no start-time forecast yet")
     elif w["state"] == "running":

@@ -207,3 +207,56 @@ def test_a_workload_within_its_preemption_delay_is_told_what_it_would_preempt_af
     assert a["summary"].startswith("gpuq would wait its preemption delay, then preempt kueue/team-speech/asr-b")
     assert explain_text(world.advice("kueue/team-llm/fresh"), now=NOW).splitlines()[-1] == (
         "gpuq would: after its preemption delay, preempt kueue/team-speech/asr-b, then admit on a100-0:4 (a100)")
+
+
+def finished(ns: str, name: str, cq: str, pods: int, gpus: int, ran_s: float, end: float) -> dict[str, Any]:
+    """A Workload Kueue admitted to ``cq`` that finished at ``end`` after ``ran_s`` seconds."""
+    wl = workload(ns, name, [(pods, gpus)], admitted=True, cq=cq)
+    iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))      # noqa: E731
+    for c in wl["status"]["conditions"]:
+        c["lastTransitionTime"] = iso(end - ran_s)
+    wl["status"]["conditions"].append({"type": "Finished", "status": "True", "reason": "Succeeded", "message": "done",
+                                       "lastTransitionTime": iso(end)})
+    return wl
+
+
+def test_kueues_pending_workloads_get_gpuqs_start_time_forecast() -> None:
+    # as the first test's world, with a history: llm's and speech's finished Workloads ran 30 min each
+    speech_a = workload("team-speech", "asr-a", [(1, 4)], admitted=True, cq="speech")
+    pending = [workload("team-llm", "small", [(1, 4)], priority=5),       # fits now
+               workload("team-llm", "late", [(1, 8)], priority=1),        # needs all of a100-0
+               workload("team-llm", "mixed", [(1, 2), (1, 4)])]           # no gang: no forecast
+    done = [finished("team-llm" if i % 2 else "team-speech", f"old-{i}", "llm" if i % 2 else "speech", 1, 4, 1800.0,
+                     NOW - 600 * i) for i in range(1, 9)]
+    world = World([FLAVOR, cluster_queue("llm", 8), cluster_queue("speech", 4), local_queue("team-llm", "llm"),
+                   local_queue("team-speech", "speech"), speech_a, *pending, *done])
+    speech = world.paths["speech"]
+    world.account([pod("team-speech", "kueue/team-speech/asr-a", "asr-a-0", "a100-0", 4, speech, NOW - 600)])
+
+    old = world.advice("kueue/team-llm/old-1")
+    assert old["state"] == "finished" and old["end_s"] - old["start_s"] == 1800.0
+    small = world.advice("kueue/team-llm/small")
+    assert small["advice"]["outcome"] == "admit"
+    assert small["eta"]["p50"] == small["eta"]["at"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW))
+    assert small["advice"]["placement"] == {"a100-0": 4}          # beside asr-a
+    # late needs all of a100-0: gpuq's forecast goes forward from the advisor's own run (small
+    # started there now), with the durations Kueue's finished Workloads taught (30 min each, all
+    # alike: no spread), not the 1 h prior: it starts when small ends, asr-a having ended before
+    late = world.advice("kueue/team-llm/late")
+    assert late["advice"]["outcome"] == "wait" and late["eta"] is not None
+    p10, p50, p90 = (_seconds(late["eta"][k]) for k in ("p10", "p50", "p90"))
+    assert NOW < p10 <= p50 <= p90
+    assert 1800 <= p50 - NOW <= 1801                  # on the scheduler's grid (1 s)
+    assert world.advice("kueue/team-llm/mixed")["eta"] is None
+    assert world.advice("kueue/team-speech/asr-a")["eta"] is None
+    text = explain_text(late, now=NOW)
+    assert "gpuq's forecast (gpuq's policy, Kueue's quotas): expected to start in about" in text
+    # the list carries the same forecast
+    listed = {w["id"]: w for w in world.api("GET", "/workloads", "view-t").json()}
+    assert listed["kueue/team-llm/late"]["eta"] == late["eta"]
+
+
+def _seconds(text: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

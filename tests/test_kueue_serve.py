@@ -49,7 +49,7 @@ def until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
     while True:
         try:
             got = check()
-        except (httpx.HTTPError, KeyError, TypeError):
+        except (httpx.HTTPError, KeyError, TypeError, StopIteration):
             got = None
         if got:
             return got
@@ -134,7 +134,8 @@ def drawn(page: Any, path: str, title: str) -> None:
 def test_the_dashboards_show_kueues_workloads_with_its_reason_and_gpuqs_advice(run: Run, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    advice = until("advised", lambda: run.get(f"/workloads/{WID}")["advice"])
+    # (before the tree from Kueue is in, the advice says its queue is no leaf yet: wait past that)
+    advice = until("advised", lambda: (a := run.get(f"/workloads/{WID}")["advice"]) and a["outcome"] != "none" and a)
     until("the admitted one shown", lambda: run.get(f"/workloads/{ADMITTED}")["state"] == "running")
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -180,6 +181,9 @@ def test_gpuq_serve_follows_kueue_and_advises_acting_on_nothing(run: Run) -> Non
     # too, and says why in its own words; it would not put the Workload on the MIG slices
     assert a["outcome"] == "wait" and a["reason_code"] and a["placement"] is None
     assert "a100" in a["message"]
+    # gpuq's start-time forecast of it, as gpuq would run it (forward from the advisor's run)
+    eta = until("forecast", lambda: run.get(f"/workloads/{WID}")["eta"])
+    assert eta["p10"] <= eta["p50"] <= eta["p90"] and eta["p10"] > eta["at"]
 
     explain = subprocess.run([sys.executable, "-m", "gpuq.cli", "explain", WID, "--config", str(run.cfg)],
                              cwd=run.cfg.parent, env=_env(), capture_output=True, text=True, timeout=30, check=False)
@@ -188,6 +192,8 @@ def test_gpuq_serve_follows_kueue_and_advises_acting_on_nothing(run: Run) -> Non
     assert lines[0].startswith(f"workload {WID} in queue llm: pending (")
     assert "reason: kueue_Pending" in lines
     assert f"gpuq would: wait: {a['reason_code']}: {a['message']} (position 1)" in lines
+    assert any(line.startswith("gpuq's forecast (gpuq's policy, Kueue's quotas): expected to start")
+               and line.endswith(", position 1 in llm") for line in lines), lines
 
     # Kueue admits it: running, no advice
     admitted = copy.deepcopy(STATES["pending"])

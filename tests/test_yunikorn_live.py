@@ -178,10 +178,13 @@ def test_serve_follows_the_configmap_and_shows_pending_applications(store: Any, 
         col.settle(key, LIST_RV)
         now = time.time()
 
-        def account() -> None:
+        def account() -> None:              # gpuq serve's accounting interval (scheduler.service.runtime)
             acc.reload(accept=svc.set_config)
             apps.refresh()
-            acc.refresh(now)
+            r = acc.refresh(now)
+            svc.set_nodes(r.nodes)
+            svc.set_observed(r.observed, acc.queue_of, r.node_name, now, None)
+            apps.advise(svc, now)
 
         account()
         assert acc.error is None and acc.config.leaves() == ()       # k8shim's own ConfigMap: root alone
@@ -198,6 +201,18 @@ def test_serve_follows_the_configmap_and_shows_pending_applications(store: Any, 
         assert view["target"]["scheduler"] == "yunikorn" and view["target"]["application"] == "llm-pretrain"
         assert svc.explain(APP).reason_code == "yunikorn_SchedulingSkipped"
         assert APP in [w["id"] for w in api("GET", "/workloads?state=pending", "view-t").json()]
+        # gpuq's advice beside YuniKorn's reason: the gang of its pending pods (2 x 8 GPUs) on whole
+        # GPUs (the MIG nodes' slices are other resources): the recorded cluster's one A100 node has 14
+        a = view["advice"]
+        assert (a["outcome"], a["reason_code"]) == ("reject", "never_fits"), a
+        assert a["message"] == ("needs 2 pods x 8 GPUs of type NVIDIA-A100-SXM4-80GB; all its nodes together "
+                                "hold 1 such pods")
+        assert view["eta"] is None
+        from scheduler.cli import explain_text
+
+        text = explain_text(view, now=now)
+        assert "reason: yunikorn_SchedulingSkipped" in text
+        assert f"gpuq would: never run it: {a['message']}" in text
 
         # a bad edit keeps the last good tree; the error names the ConfigMap and the field
         bad = GPU_QUEUES.replace("guaranteed: {nvidia.com/gpu: 16}", "guaranteed: {nvidia.com/gpu: lots}", 1)
@@ -223,3 +238,20 @@ def test_serve_follows_the_configmap_and_shows_pending_applications(store: Any, 
         col.settle("pods", rv)
         account()
         assert api("GET", f"/workloads/{APP}", "view-t").status_code == 404
+
+
+def test_a_pending_application_is_one_gang_of_its_pending_pods() -> None:
+    from scheduler.service.yunikorn import build
+
+    def pod(name: str, gpus: int, app: str = "train") -> dict[str, Any]:
+        p = bert(name, f"uid-{name}", app, pending=True, gpus=gpus)
+        return p
+
+    views, asks = build([pod("w-0", 4), pod("w-1", 4), pod("x-0", 2, "mixed"), pod("x-1", 4, "mixed"),
+                         pod("c-0", 0, "cpu")], lambda ns, q, _: "research.nlp")
+    ns = BERT["metadata"]["namespace"]
+    train = asks[f"yunikorn/{ns}/train"]
+    assert not isinstance(train, str)
+    assert (train.queue, train.pods, train.gpus_per_pod) == ("research.nlp", 2, 4)
+    assert asks[f"yunikorn/{ns}/mixed"] == "its pending pods ask different GPUs (1 x 2, 1 x 4); gpuq's gangs are uniform"
+    assert f"yunikorn/{ns}/cpu" not in asks and f"yunikorn/{ns}/cpu" in views       # shown, nothing to advise

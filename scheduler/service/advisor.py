@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from accounting.queues import ROOT
@@ -49,18 +50,37 @@ from scheduler.snapshot import Snapshot, snapshot
 ADMIT, PREEMPT, WAIT, REJECT, NONE = "admit", "preempt", "wait", "reject", "none"
 
 
-def advise(service: Any, asks: Mapping[str, Workload | str], running: Mapping[str, int], now: float) -> dict[str, Advice]:
-    """:func:`decide` on ``service``'s snapshot now."""
+@dataclass(frozen=True, slots=True)
+class Advised:
+    """One advisor run: the advice per pending workload id and, when the core ran, the snapshot
+    it decided on (the live cycle's with the other scheduler's pending workloads added and its
+    admitted ones adopted) and its decisions at ``now``: what the start-time forecast of those
+    workloads goes forward from (:meth:`scheduler.service.forecasts.Forecasts.external`)."""
+
+    advice: dict[str, Advice]
+    snapshot: Snapshot | None = None
+    first: Decisions | None = None
+    targets: tuple[str, ...] = ()           # the pending workloads the run decided on
+
+
+def advise(service: Any, asks: Mapping[str, Workload | str], running: Mapping[str, int], now: float) -> Advised:
+    """:func:`run` on ``service``'s snapshot now."""
     snap, ids = service.advice_input()
-    return decide(snap, ids, asks, running, now, service.settings.preemption_delay_s)
+    return run(snap, ids, asks, running, now, service.settings.preemption_delay_s)
 
 
 def decide(snap: Snapshot, ids: Mapping[str, Sequence[str]], asks: Mapping[str, Workload | str],
            running: Mapping[str, int], now: float, delay_s: float) -> dict[str, Advice]:
-    """The advice per pending workload id. ``snap``: the live cycle's snapshot; ``ids``: the
-    workload ids of each foreign running workload's rows; ``asks``: the other scheduler's pending
-    workloads by id (a :class:`Workload`, or why it cannot be one); ``running``: its admitted
-    workloads' priorities by id (the victims it may choose among)."""
+    """The advice per pending workload id (:func:`run`'s)."""
+    return run(snap, ids, asks, running, now, delay_s).advice
+
+
+def run(snap: Snapshot, ids: Mapping[str, Sequence[str]], asks: Mapping[str, Workload | str],
+        running: Mapping[str, int], now: float, delay_s: float) -> Advised:
+    """The advice per pending workload id, and the run it came from. ``snap``: the live cycle's
+    snapshot; ``ids``: the workload ids of each foreign running workload's rows; ``asks``: the
+    other scheduler's pending workloads by id (a :class:`Workload`, or why it cannot be one);
+    ``running``: its admitted workloads' priorities by id (the victims it may choose among)."""
     cluster = dataclasses.replace(snap.cluster, memo=CycleMemo())   # never the live cycle's memo
     out: dict[str, Advice] = {}
     workloads: list[Workload] = []
@@ -82,7 +102,7 @@ def decide(snap: Snapshot, ids: Mapping[str, Sequence[str]], asks: Mapping[str, 
             continue
         workloads.append(ask)
     if not workloads:
-        return out
+        return Advised(out)
     world = _adopt(snap.running, ids, running)
     base = snapshot(cluster, world, [*snap.pending, *workloads], snap.settings)
     by_id = {r.workload.id: r for r in world}
@@ -98,7 +118,7 @@ def decide(snap: Snapshot, ids: Mapping[str, Sequence[str]], asks: Mapping[str, 
                 a = dataclasses.replace(after, after_delay=True, summary=(
                     f"gpuq would wait its preemption delay, then {after.summary.removeprefix('gpuq would ')}"))
         out[w.id] = a
-    return out
+    return Advised(out, base, d, tuple(w.id for w in workloads))
 
 
 def _flavor_types(q: Any) -> tuple[str, ...]:

@@ -265,6 +265,7 @@ class KueueWorkloads:
         self._demand: tuple[PendingDemand, ...] = ()
         self._asks: dict[str, Workload | str] = {}      # pending, as the advisor's workloads
         self._advice: dict[str, Advice] = {}            # the advisor's last answers, by id
+        self._eta: dict[str, dict[str, str]] = {}        # gpuq's start-time forecasts of the pending, by id
         self._combined: tuple[tuple[PendingDemand, ...], tuple[PendingDemand, ...], tuple[PendingDemand, ...]] | None = None
 
     def refresh(self) -> None:
@@ -279,18 +280,31 @@ class KueueWorkloads:
         with self._lock:
             self._views, self._demand, self._asks = views, demand, asks
             self._advice = {wid: a for wid, a in self._advice.items() if wid in asks}
+            self._eta = {wid: e for wid, e in self._eta.items() if wid in asks}
+
+    def _with(self, v: WorkloadView) -> WorkloadView:
+        """``v`` with the advisor's advice and forecast (``_lock`` held)."""
+        a, e = self._advice.get(v.id), self._eta.get(v.id)
+        return v if a is None and e is None else dataclasses.replace(v, advice=a, eta=e)
 
     def views(self) -> list[WorkloadView]:
         with self._lock:
-            advice = self._advice
-            return [v if v.id not in advice else dataclasses.replace(v, advice=advice[v.id])
-                    for v in self._views.values()]
+            return [self._with(v) for v in self._views.values()]
 
     def get(self, workload_id: str) -> WorkloadView | None:
         with self._lock:
             v = self._views.get(workload_id)
-            a = self._advice.get(workload_id)
-        return v if v is None or a is None else dataclasses.replace(v, advice=a)
+            return None if v is None else self._with(v)
+
+    def finished(self) -> list[tuple[Workload, float]]:
+        """The finished workloads whose running time is known (reservation to finish), as the
+        forecasts' duration model learns them (:meth:`Forecasts.external`)."""
+        with self._lock:
+            views = list(self._views.values())
+        return [(Workload(v.id, v.queue, pods=max(v.pods, 1), gpus_per_pod=_exact(float(v.gpus_per_pod) or 1.0),
+                          priority=v.priority), v.end_s - v.start_s)
+                for v in views if v.state == FINISHED and v.start_s is not None and v.end_s is not None
+                and v.end_s >= v.start_s]
 
     def advise(self, service: Any, now: float) -> None:
         """gpuq's own scheduler's advice on each pending Workload (:mod:`scheduler.service.advisor`):
@@ -300,15 +314,32 @@ class KueueWorkloads:
         from scheduler.service.advisor import advise
 
         with self._lock:
-            asks, views = self._asks, self._views
+            asks = self._asks
         if not asks:
             with self._lock:
-                self._advice = {}
+                self._advice, self._eta = {}, {}
             return
-        running = {wid: v.priority for wid, v in views.items() if v.state == RUNNING}
-        got = advise(service, asks, running, now)
+        got = advise(service, self.shaped(service, asks), self.running(service), now)
+        eta: dict[str, dict[str, str]] = {}
+        if got.snapshot is not None and got.first is not None:
+            try:                            # gpuq's forecast of them, forward from the same run
+                eta = service.forecasts.external(got.snapshot, got.first, now, got.targets, self.finished())
+            except Exception:  # noqa: BLE001 - the advice stands without a forecast
+                log.exception("the start-time forecast of %s's pending workloads failed", self.scheduler)
         with self._lock:
-            self._advice = got
+            self._advice, self._eta = got.advice, eta
+
+    scheduler = "Kueue"
+
+    def shaped(self, service: Any, asks: Mapping[str, Workload | str]) -> Mapping[str, Workload | str]:
+        """The pending workloads as the advisor takes them (Kueue's: as built; their types are their
+        flavors', which the advisor reads from their queue)."""
+        return asks
+
+    def running(self, service: Any) -> dict[str, int]:
+        """The admitted workloads the advice may name as victims: their priority by id."""
+        with self._lock:
+            return {wid: v.priority for wid, v in self._views.items() if v.state == RUNNING}
 
     def demand(self, scheduled: Sequence[PendingDemand]) -> tuple[PendingDemand, ...]:
         """The scheduler's pending demand and Kueue's pending Workloads: the same tuple while both
@@ -369,6 +400,10 @@ def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str]
         reserved = _condition(obj, "QuotaReserved")
         start = _time((reserved or {}).get("lastTransitionTime")) if state == RUNNING else None
         finished = _condition(obj, "Finished")
+        if state == FINISHED and admission:     # its last reservation, where Kueue still shows it
+            admitted = _condition(obj, "Admitted") or reserved
+            if admitted is not None and str(admitted.get("status")) == "True":
+                start = _time(admitted.get("lastTransitionTime"))
         code, message = pending_reason(obj) if state == PENDING else (None, None)
         actuator = (f"admitted by Kueue to ClusterQueue {cq}: {_flavors(obj)}" if state == RUNNING
                     else f"Kueue ClusterQueue {cq or '?'} (LocalQueue {ns}/{lq or '?'})")

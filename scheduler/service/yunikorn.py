@@ -23,18 +23,22 @@ and its pending pods as they change (``kueue_objects``, kinds ``ConfigMap`` and 
   when no node fits; ``yunikorn_NotAttempted`` before it tried), and a position among the pending
   applications of its queue (priority, then the oldest pod's creation). Running applications are
   not listed here: their pods count in the ledger as one workload each (the collector gives them the
-  application's id).
+  application's id). Each pending application also gets gpuq's advice and forecast, as Kueue's
+  Workloads do (:meth:`KueueWorkloads.advise`): one gang of its pending pods asking GPUs
+  (:func:`gang`), on whole-GPU node types; the running applications that are one foreign group
+  each are the victims it may name (:meth:`YuniKornApplications.running`).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from accounting.queue_import.report import Imported
-from scheduler.model import gpus_out
-from scheduler.service.kueue import GPU, KueueQueues, KueueWorkloads, Reader, _gpus_of
+from scheduler.model import Workload, gpus_out
+from scheduler.service.kueue import GPU, KueueQueues, KueueWorkloads, Reader, _exact, _gpus_of
 from scheduler.service.views import PENDING, WorkloadView
 
 log = logging.getLogger(__name__)
@@ -118,8 +122,10 @@ def pending_reason(pods: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
     return "yunikorn_NotAttempted", "YuniKorn: not tried yet (no PodScheduled condition on its pods)"
 
 
-def build(pods: Iterable[Mapping[str, Any]], queue_of: Callable[[str, str, str], str]) -> dict[str, WorkloadView]:
-    """Views (by id) of the pending applications (pure: the module's rules)."""
+def build(pods: Iterable[Mapping[str, Any]], queue_of: Callable[[str, str, str], str],
+          ) -> tuple[dict[str, WorkloadView], dict[str, Workload | str]]:
+    """Views (by id) of the pending applications, and each as the advisor's pending workload (or why
+    it cannot be one): pure, the module's rules."""
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -142,9 +148,14 @@ def build(pods: Iterable[Mapping[str, Any]], queue_of: Callable[[str, str, str],
         order.setdefault(queue, []).append((-priority, created, f"{ns}/{app}"))
     position = {key: i for lst in order.values() for i, (_, _, key) in enumerate(sorted(lst), 1)}
     views: dict[str, WorkloadView] = {}
+    asks: dict[str, Workload | str] = {}
     for ns, app, members, raw, queue, created, priority in rows:
         wid = f"{PREFIX}{ns}/{app.removeprefix('pod/')}"
         gpus = sum(pod_gpus(p) for p in members)
+        shape = gang(members)
+        if not isinstance(shape, str) or shape != NO_GPUS:
+            asks[wid] = shape if isinstance(shape, str) else Workload(
+                wid, queue, pods=shape[0], gpus_per_pod=_exact(shape[1]), priority=priority, submit_s=created)
         first = members[0].get("metadata") or {}
         refs = sorted(first.get("ownerReferences") or (), key=lambda r: not r.get("controller"))
         owner = refs[0] if refs else {}
@@ -161,7 +172,29 @@ def build(pods: Iterable[Mapping[str, Any]], queue_of: Callable[[str, str, str],
                     "application": "" if app.startswith("pod/") else app, "scheduler": "yunikorn"},
             actuator_message=f"YuniKorn queue {raw or '(its placement rules)'}: {len(members)} pods pending "
                              f"({names}{', ...' if len(members) > 5 else ''})")
-    return views
+    return views, asks
+
+
+NO_GPUS = "it asks no GPUs"
+
+
+def gang(pods: Iterable[Mapping[str, Any]]) -> tuple[int, float] | str:
+    """A pending application as one of gpuq's gangs: (pods, GPUs per pod) of its pending pods that
+    ask GPUs, or why it cannot be one (pods asking different GPUs are not one uniform gang). Only
+    the pods still pending count: the application's pods YuniKorn placed already run (the ledger's
+    work of its workload id), and what waits is the rest."""
+    sizes: dict[float, int] = {}
+    for p in pods:
+        g = pod_gpus(p)
+        if g > 0:
+            sizes[g] = sizes.get(g, 0) + 1
+    if len(sizes) > 1:
+        return ("its pending pods ask different GPUs (" + ", ".join(f"{n} x {g:g}" for g, n in sorted(sizes.items()))
+                + "); gpuq's gangs are uniform")
+    if not sizes:
+        return NO_GPUS
+    (per, n), = sizes.items()
+    return n, per
 
 
 class YuniKornApplications(KueueWorkloads):
@@ -175,6 +208,35 @@ class YuniKornApplications(KueueWorkloads):
         except Exception as exc:  # noqa: BLE001 - keep the last views
             log.warning("cannot read YuniKorn's pending pods from the store: %s", exc)
             return
-        views = build(pods, self._queue_of)
+        views, asks = build(pods, self._queue_of)
         with self._lock:
-            self._views = views
+            self._views, self._asks = views, asks
+            self._advice = {wid: a for wid, a in self._advice.items() if wid in asks}
+            self._eta = {wid: e for wid, e in self._eta.items() if wid in asks}
+
+    scheduler = "YuniKorn"
+
+    def running(self, service: Any) -> dict[str, int]:
+        """The running applications the advice may name as victims (YuniKorn preempts too): each
+        foreign running group that is exactly one application's pods (workload id
+        ``yunikorn/<namespace>/<application>``), with its pods' priority."""
+        snap, ids = service.advice_input()
+        out: dict[str, int] = {}
+        for r in snap.running:
+            names = ids.get(r.workload.id, ())
+            if len(names) == 1 and names[0].startswith(PREFIX):
+                out[names[0]] = r.workload.priority
+        return out
+
+    def shaped(self, service: Any, asks: Mapping[str, Workload | str]) -> Mapping[str, Workload | str]:
+        """Pods asking ``nvidia.com/gpu`` run on whole GPUs: the advice places them on the node
+        types that are not MIG slices (a MIG node offers its slices under other resource names)."""
+        from gpuq.gpu_share import mig_slice_milli
+
+        snap, _ = service.advice_input()
+        whole = tuple(sorted({n.gpu_type for n in snap.cluster.nodes if not mig_slice_milli(n.gpu_type)}))
+        return {wid: a if isinstance(a, str) or a.gpu_types else dataclasses.replace(a, gpu_types=whole)
+                for wid, a in asks.items()}
+
+    def finished(self) -> list[tuple[Workload, float]]:
+        return []               # running applications are not followed here: nothing learnt of their times
