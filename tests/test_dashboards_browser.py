@@ -128,6 +128,8 @@ def _check_equivalents(page: Any, dashboard: str) -> None:
     assert last["research.nlp"]["allocated_eq"] == pytest.approx(last["research.nlp"]["allocated"] * 0.5)
     assert last["research.vision"]["allocated_eq"] == pytest.approx(last["research.vision"]["allocated"])
     page.get_by_text("in GPUs and in GPU-equivalents side by side").wait_for(timeout=5_000)
+    # the caption comes before vega-embed has drawn the grid (seen under load): wait for the column
+    page.locator(".vega-embed svg text", has_text="GPU-equivalents").first.wait_for(timeout=20_000)
     headers = page.locator(".vega-embed svg text").all_text_contents()
     assert "GPU-equivalents" in headers and "GPUs" in headers, headers
 
