@@ -164,6 +164,14 @@ class KueueIndex:
             if a.source == SOURCE and a.open and a.workload_id not in self._open:
                 self._open[a.workload_id] = a
 
+    def stored_names(self, okind: str) -> list[str]:
+        """The names of the objects of that kind the store held live at start (cluster-scoped kinds)."""
+        return sorted(k[2] for k in self._stored if k[0] == okind)
+
+    def cluster_queues(self) -> list[str]:
+        """The names of the ClusterQueues known now."""
+        return sorted(k[2] for k in self.objects if k[0] == "ClusterQueue")
+
     def prime(self, kind: str, items: Iterable[Mapping[str, Any]]) -> None:
         """Fill the index without rows (a restart that resumes the watch)."""
         for obj in items:

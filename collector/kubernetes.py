@@ -50,6 +50,8 @@ from collector.errors import CollectorError, WatchError
 from collector.k8s_alloc import Allocation
 from collector.k8s_extract import QueueKeys, QueueLookup
 from collector.k8s_kueue import KUEUE_KINDS, KueueIndex, Key, key_of
+from collector.k8s_kueue_visibility import KIND as SUMMARY_KIND
+from collector.k8s_kueue_visibility import VisibilityPoller, run_poller
 from collector.k8s_owners import OWNER_KINDS
 from collector.k8s_state import ClusterTracker, Rows, merge
 from collector.k8s_yunikorn import CONFIGMAPS, YuniKornIndex
@@ -146,20 +148,30 @@ class KubernetesWatcher:
                     except WatchError as exc:
                         if not stream.absent(exc):
                             raise
+                poller = self._visibility(api_client)
+                if poller is not None:
+                    self._write_summaries(poller.poll(self._cluster_queues(), self._clock())[0])
                 return
             stored = self._stored_open()
             with self._lock:
                 self.tracker.remember_stored(stored)
             self._remember_kueue()
-            self._watch_all(streams, stop)
+            self._watch_all(streams, stop, self._visibility(api_client))
         finally:
             with self._lock:
                 self._emit = None                 # a straggling thread emits nothing more
             api_client.close()  # type: ignore[no-untyped-call]
 
-    def _watch_all(self, streams: list[ResourceStream], stop: threading.Event) -> None:
+    def _watch_all(self, streams: list[ResourceStream], stop: threading.Event,
+                   poller: VisibilityPoller | None = None) -> None:
         first = [s.synced for s in streams if s.spec.kind != "pods"]   # nodes and owners
         threads = []
+        if poller is not None:          # after the ClusterQueues' first list
+            ready = [s.synced for s in streams if s.spec.kind == "clusterqueues"]
+            threads.append(threading.Thread(
+                target=run_poller, name=f"k8s-{self.cluster}-kueue-visibility", daemon=True,
+                args=(poller, self._cluster_queues, self._write_summaries, self._clock, stop, ready)))
+            threads[-1].start()
         for stream in streams:
             resume = self._resume_point(stream.spec)
             is_pods = stream.spec.kind == "pods"
@@ -287,6 +299,25 @@ class KubernetesWatcher:
         for table in _TABLE_ORDER:
             if rows.get(table):
                 self._emit(table, rows[table])
+
+    def _visibility(self, api_client: ApiClient) -> VisibilityPoller | None:
+        """The poller of Kueue's visibility API (``queues_from: kueue`` and an interval set), else None."""
+        interval = self.target.kueue_visibility_interval_s
+        if self.tracker.kueue is None or interval <= 0:
+            return None
+        with self._lock:
+            stored = self.tracker.kueue.stored_names(SUMMARY_KIND)
+        return VisibilityPoller(api_client, cluster=self.cluster, server=self.server, interval_s=interval,
+                                absent_retry_s=self.options.absent_retry_s, stored=stored,
+                                timeout=(self.options.connect_timeout_s, self.options.list_read_timeout_s))
+
+    def _cluster_queues(self) -> list[str]:
+        with self._lock:
+            return self.tracker.kueue.cluster_queues() if self.tracker.kueue is not None else []
+
+    def _write_summaries(self, rows: list[tuple[Any, ...]]) -> None:
+        with self._lock:
+            self._write({"kueue_objects": rows})
 
     def _stored_open(self) -> list[Allocation]:
         if self._open_allocations is None:

@@ -110,6 +110,9 @@ class KubernetesTarget(_Section):
     context: str | None = None
     namespaces: list[str] = []           # empty = all namespaces
     watch_timeout_s: int = Field(default=300, ge=1)
+    # queues_from: kueue: how often Kueue's visibility API is asked for each ClusterQueue's pending
+    # Workloads (their positions in Kueue's order; collector/k8s_kueue_visibility.py); 0: never
+    kueue_visibility_interval_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
 
 
 class NvmlSettings(_Section):

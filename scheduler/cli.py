@@ -439,9 +439,11 @@ def explain_text(w: dict[str, Any], now: float | None = None) -> str:
     if w["state"] == "pending":
         lines.append(f"reason: {w['reason_code']}")
         lines.append(f"  {w['message']}")
-        where = f"position {w['position']} in {w['queue']}" if w.get("position") is not None else ""
         eta = w.get("eta")
         other = str((w.get("target") or {}).get("scheduler") or "")
+        where = f"position {w['position']} in {w['queue']}" if w.get("position") is not None else ""
+        if where and w.get("position_source") == "kueue":      # Kueue's visibility API, not gpuq's rank
+            where += f" (from {OTHER.get(other, other) or 'Kueue'})"
         if eta:
             # another scheduler's workload: gpuq's forecast, as gpuq would run it, not that scheduler's
             whose = f"gpuq's forecast (gpuq's policy, {OTHER.get(other, other)}'s quotas): " if other else ""

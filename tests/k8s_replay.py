@@ -8,6 +8,12 @@ a cluster without the CRDs, for the plurals named in ``absent``), and Kueue's (`
 ``resourceflavors``, ``cohorts``, ``clusterqueues``, ``localqueues``, ``workloads``) in the versions of
 ``kueue_versions`` only (404 for the others, as a Kueue that does not serve them):
 
+Kueue's visibility API (``visibility.kueue.x-k8s.io``, the versions of ``visibility_versions``; none by
+default, 404 as where it is not served): ``GET .../clusterqueues/<name>/pendingworkloads`` answers the
+``PendingWorkloadsSummary`` of :attr:`ReplayServer.visibility` for that ClusterQueue (``offset``/``limit``
+applied, ``apiVersion`` the version asked), Kueue's NotFound Status naming the queue for one it lacks,
+and :attr:`ReplayServer.visibility_status` (e.g. 403) instead when set.
+
 * list: ``{"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": ...},
   "items": [...]}``, paged with ``limit``/``continue`` (a consistent snapshot, like etcd);
 * watch (``?watch=true&resourceVersion=N&allowWatchBookmarks=true&timeoutSeconds=S``): chunked
@@ -111,12 +117,16 @@ class ReplayServer:
                  resource_version: int = 1, max_watch_s: float = 30.0, *,
                  rayclusters: Iterable[dict[str, Any]] = (), rayjobs: Iterable[dict[str, Any]] = (),
                  absent: Iterable[str] = (), kueue: dict[str, Iterable[dict[str, Any]]] | None = None,
-                 kueue_versions: Iterable[str] = ("v1beta1",), configmaps: Iterable[dict[str, Any]] = ()) -> None:
+                 kueue_versions: Iterable[str] = ("v1beta1",), configmaps: Iterable[dict[str, Any]] = (),
+                 visibility: dict[str, dict[str, Any]] | None = None, visibility_versions: Iterable[str] = ()) -> None:
         self._cond = threading.Condition()
         self._rv = resource_version
         self._res = {kind: _Resource() for kind in KINDS}
         self.absent = frozenset(absent)
         self.kueue_versions = tuple(kueue_versions)      # the versions of kueue.x-k8s.io served (404 others)
+        self.visibility = copy.deepcopy(visibility or {})    # ClusterQueue -> PendingWorkloadsSummary
+        self.visibility_versions = tuple(visibility_versions)   # of visibility.kueue.x-k8s.io (none: 404)
+        self.visibility_status: int | None = None       # answered instead of the summary (403: forbidden)
         for kind, items in (("pods", pods), ("nodes", nodes), ("rayclusters", rayclusters),
                             ("rayjobs", rayjobs), ("configmaps", configmaps), *(kueue or {}).items()):
             for obj in items:
@@ -258,6 +268,26 @@ class ReplayServer:
         return predicate()
 
     # -- serving (called from the handler threads) ------------------------------------------------
+    def _pending_workloads(self, version: str, name: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """Kueue's pendingworkloads subresource (pkg/visibility/storage/pending_workloads_cq.go)."""
+        with self._cond:
+            status, summary = self.visibility_status, copy.deepcopy(self.visibility.get(name))
+        if status == 403:
+            return 403, _status(403, "Forbidden", f'clusterqueues.visibility.kueue.x-k8s.io "{name}" is forbidden: '
+                                "User \"system:serviceaccount:gpuq:gpuq\" cannot get resource "
+                                '"clusterqueues/pendingworkloads" in API group "visibility.kueue.x-k8s.io" at the '
+                                "cluster scope")
+        if status is not None:
+            return status, _status(status, "InternalError", "an error on the server has prevented the request")
+        if summary is None:
+            body = _status(404, "NotFound", f'clusterqueue.visibility.kueue.x-k8s.io "{name}" not found')
+            body["details"] = {"name": name, "group": "visibility.kueue.x-k8s.io", "kind": "clusterqueue"}
+            return 404, body
+        offset, limit = int(query.get("offset") or 0), int(query.get("limit") or 1000)
+        summary["items"] = (summary.get("items") or [])[offset:offset + limit]
+        summary["apiVersion"] = f"visibility.kueue.x-k8s.io/{version}"
+        return 200, summary
+
     def _list(self, kind: str, ns: str | None, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
         token = query.get("continue")
         limit = int(query.get("limit") or 0)
@@ -345,7 +375,11 @@ def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
                     kind, ns = segs[5], segs[4]
             req = Request("GET", parts.path, query, kind, ns)
             server.requests.append(req)
-            if not kind or kind in server.absent:
+            if (len(segs) == 6 and segs[:2] == ["apis", "visibility.kueue.x-k8s.io"]
+                    and segs[2] in server.visibility_versions and (segs[3], segs[5]) == ("clusterqueues",
+                                                                                        "pendingworkloads")):
+                self._json(*server._pending_workloads(segs[2], segs[4], query))
+            elif not kind or kind in server.absent:
                 self._json(404, _status(404, "NotFound", f"the server could not find {parts.path}"))
             elif req.watch:
                 self._watch(kind, ns, query)

@@ -459,13 +459,16 @@ def test_queues_from_kueue_reads_kueue_and_loads(chart: Any, tmp_path: Path) -> 
     only), and the config follows Kueue with the dry-run actuator, no queue file."""
     objs = objects(render(chart, {"queues": {"from": "kueue"}}))
     rules = by(objs, "ClusterRole", f"{FULL}-{NAMESPACE}-collector")["rules"]
-    assert rules[-1] == {"apiGroups": ["kueue.x-k8s.io"], "verbs": ["get", "list", "watch"],
+    assert rules[-2] == {"apiGroups": ["kueue.x-k8s.io"], "verbs": ["get", "list", "watch"],
                          "resources": ["resourceflavors", "cohorts", "clusterqueues", "localqueues", "workloads"]}
+    # Kueue's visibility API: the pending Workloads of a ClusterQueue, read with one GET each
+    assert rules[-1] == {"apiGroups": ["visibility.kueue.x-k8s.io"], "verbs": ["get"],
+                         "resources": ["clusterqueues/pendingworkloads"]}
     (tmp_path / "gpuq.yaml").write_text(by(objs, "ConfigMap", f"{FULL}-config")["data"]["gpuq.yaml"])
     s = load_settings(tmp_path / "gpuq.yaml")
     assert (s.queues_from, s.queues_file, s.scheduler.actuator) == ("kueue", None, "dry-run")
     default = by(objects(render(chart, {})), "ClusterRole", f"{FULL}-{NAMESPACE}-collector")["rules"]
-    assert all("kueue.x-k8s.io" not in r["apiGroups"] for r in default)
+    assert all("kueue.x-k8s.io" not in g for r in default for g in r["apiGroups"])
 
 
 def test_queues_from_yunikorn_reads_its_two_configmaps_by_name_and_loads(chart: Any, tmp_path: Path) -> None:

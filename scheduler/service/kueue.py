@@ -19,8 +19,11 @@ everything the collectors write:
   their queue in ``/queues``. Admitted (quota reserved): ``running``, with their ClusterQueue, flavor
   assignment and pod counts; pending: ``pending`` with Kueue's own reason (the ``QuotaReserved``
   condition's reason and message, after an eviction the ``Evicted`` one's too) and a position among the
-  pending Workloads of their ClusterQueue in Kueue's order (priority, then the time it was queued:
-  created, or evicted last), since Kueue's visibility API is not read; finished: ``finished``.
+  pending Workloads of their ClusterQueue: Kueue's own (``positionInClusterQueue`` of its visibility
+  API, 0-based there, 1-based here), where the collector stored a fresh answer for that ClusterQueue
+  naming the Workload (:mod:`collector.k8s_kueue_visibility`), else computed in Kueue's order as the
+  Workloads show it (priority, then the time it was queued: created, or evicted last);
+  ``position_source`` says which (``kueue`` | ``computed``); finished: ``finished``.
   Their GPUs held count through the ledger (source ``kueue``, :mod:`accounting.ledger`), not here.
 """
 from __future__ import annotations
@@ -31,6 +34,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -45,6 +49,10 @@ from scheduler.service.views import FINISHED, PENDING, RUNNING, Advice, Workload
 log = logging.getLogger(__name__)
 
 TREE_KINDS = ("ResourceFlavor", "Cohort", "ClusterQueue", "LocalQueue")
+SUMMARY = "PendingWorkloadsSummary"     # the collector's stored answers of Kueue's visibility API
+# an answer older than this many of its polling intervals, plus the slack, is stale (its collector stopped);
+# the slack covers the writer's batching and the store between the collector's poll and serve's read
+FRESH_INTERVALS, FRESH_SLACK_S = 3, 60.0
 GPU = "nvidia.com/gpu"
 PREFIX = "kueue/"
 Reader = Callable[[Sequence[str]], list[dict[str, Any]]]
@@ -257,9 +265,11 @@ class KueueWorkloads:
     """The stored Workloads as views and pending demand (the module's second point). :meth:`refresh`
     reads them (every accounting interval); the reads are served from what it built."""
 
-    def __init__(self, read: Reader, queue_of: Callable[[str, str, str], str]) -> None:
+    def __init__(self, read: Reader, queue_of: Callable[[str, str, str], str],
+                 clock: Callable[[], float] = time.time) -> None:
         self._read = read
         self._queue_of = queue_of                # (namespace, local queue, cluster queue) -> queue path
+        self._clock = clock                      # wall clock: the visibility answers' age
         self._lock = threading.Lock()
         self._views: dict[str, WorkloadView] = {}
         self._demand: tuple[PendingDemand, ...] = ()
@@ -273,10 +283,11 @@ class KueueWorkloads:
             workloads = self._read(("Workload",))
             local = {((o.get("metadata") or {}).get("namespace", ""), (o.get("metadata") or {}).get("name", "")):
                      str((o.get("spec") or {}).get("clusterQueue") or "") for o in self._read(("LocalQueue",))}
+            summaries = self._read((SUMMARY,))
         except Exception as exc:  # noqa: BLE001 - keep the last views
             log.warning("cannot read Kueue's Workloads from the store: %s", exc)
             return
-        views, demand, asks = build(workloads, local, self._queue_of)
+        views, demand, asks = build(workloads, local, self._queue_of, kueue_positions(summaries, self._clock()))
         with self._lock:
             self._views, self._demand, self._asks = views, demand, asks
             self._advice = {wid: a for wid, a in self._advice.items() if wid in asks}
@@ -354,12 +365,37 @@ class KueueWorkloads:
             return out
 
 
+def kueue_positions(summaries: Iterable[Mapping[str, Any]], now: float) -> dict[tuple[str, str, str], int]:
+    """Kueue's own positions (``positionInClusterQueue``, 0-based) by (ClusterQueue, namespace, name),
+    from the stored visibility answers still fresh at ``now``: fetched at most ``FRESH_INTERVALS`` of
+    their polling intervals and ``FRESH_SLACK_S`` ago (an answer the collector stopped renewing is not
+    trusted)."""
+    out: dict[tuple[str, str, str], int] = {}
+    for s in summaries:
+        stamp = s.get("gpuq") or {}
+        fetched = _time(stamp.get("fetched"))
+        try:
+            interval = float(stamp.get("interval_s") or 0)
+        except (TypeError, ValueError):
+            interval = 0.0
+        if fetched is None or interval <= 0 or now - fetched > FRESH_INTERVALS * interval + FRESH_SLACK_S:
+            continue
+        cq = str((s.get("metadata") or {}).get("name") or "")
+        for item in s.get("items") or ():
+            meta = (item or {}).get("metadata") or {}
+            pos = item.get("positionInClusterQueue")
+            if isinstance(pos, int) and not isinstance(pos, bool) and pos >= 0:
+                out[(cq, str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = pos
+    return out
+
+
 def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str], str],
-          queue_of: Callable[[str, str, str], str],
+          queue_of: Callable[[str, str, str], str], kueue_position: Mapping[tuple[str, str, str], int] | None = None,
           ) -> tuple[dict[str, WorkloadView], tuple[PendingDemand, ...], dict[str, Workload | str]]:
     """Views (by id), pending demand, and the pending Workloads the advisor decides on: each as one
     of gpuq's workloads (id, queue, gang, Kueue's priority, queued since), or why it cannot be one
-    (pure: the module's rules)."""
+    (pure: the module's rules). ``kueue_position``: Kueue's own 0-based positions by (ClusterQueue,
+    namespace, name) (:func:`kueue_positions`); a pending Workload it names shows that one."""
     rows = []
     for obj in workloads:
         meta = obj.get("metadata") or {}
@@ -384,6 +420,7 @@ def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str]
             order.setdefault(cq, []).append((-int((obj.get("spec") or {}).get("priority") or 0), queued,
                                              f"{ns}/{name}"))
     position = {key: i for lst in order.values() for i, (_, _, key) in enumerate(sorted(lst), 1)}
+    kueue_position = kueue_position or {}
     views: dict[str, WorkloadView] = {}
     demand = []
     asks: dict[str, Workload | str] = {}
@@ -405,6 +442,10 @@ def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str]
             if admitted is not None and str(admitted.get("status")) == "True":
                 start = _time(admitted.get("lastTransitionTime"))
         code, message = pending_reason(obj) if state == PENDING else (None, None)
+        at, source = None, None
+        if state == PENDING:
+            got = kueue_position.get((cq, ns, name))
+            at, source = (got + 1, "kueue") if got is not None else (position.get(f"{ns}/{name}"), "computed")
         actuator = (f"admitted by Kueue to ClusterQueue {cq}: {_flavors(obj)}" if state == RUNNING
                     else f"Kueue ClusterQueue {cq or '?'} (LocalQueue {ns}/{lq or '?'})")
         priority = int((obj.get("spec") or {}).get("priority") or 0)
@@ -414,7 +455,7 @@ def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str]
             duration_s=None, start_s=start,
             end_s=_time((finished or {}).get("lastTransitionTime")) if state == FINISHED else None,
             gpu_type=None, placement=None, reason_code=code, message=message,
-            position=position.get(f"{ns}/{name}") if state == PENDING else None, preempted=0, idle=False,
+            position=at, position_source=source, preempted=0, idle=False,
             target={"kind": str(owner.get("kind") or "Workload"), "namespace": ns,
                     "name": str(owner.get("name") or name), "workload": name, "scheduler": "kueue"},
             actuator_message=actuator)

@@ -102,6 +102,9 @@ class WorkloadView:
     # another scheduler's pending workload (queues_from: kueue): what gpuq's own scheduler would do
     # with it (scheduler.service.advisor); None for gpuq's own workloads and while not advised yet
     advice: Advice | None = None
+    # another scheduler's pending workload: whose ``position`` it is, ``kueue`` (Kueue's visibility
+    # API) or ``computed`` (gpuq's rank in that scheduler's order); None for gpuq's own
+    position_source: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
