@@ -19,6 +19,9 @@ configured namespace when namespaces are set), each in its own thread
 get their node's GPU model and their owner's queue from the start; an owner seen after its pods
 re-attributes their open allocations (:mod:`collector.k8s_state`). Where KubeRay's CRDs are not
 installed (404) its streams log it once and pods are attributed from their own labels.
+With ``kueue=True`` Kueue's five kinds are streams too (:mod:`collector.k8s_kueue`), and one more
+thread polls Kueue's visibility API for each ClusterQueue known, every
+``target.kueue_visibility_interval_s`` (:mod:`collector.k8s_kueue_visibility`).
 
 Resume: each stream's resourceVersion is emitted as a ``collector_state`` row
 (``source="kubernetes"``, ``key`` = ``nodes`` / ``pods`` / ``pods/<ns>``) after the rows it covers:

@@ -198,6 +198,7 @@ def test_serve_follows_the_configmap_and_shows_pending_applications(store: Any, 
         assert (view["state"], view["queue"], view["pods"], view["gpus"], view["position"], view["reason_code"]) == (
             "pending", "research.nlp", 2, 16, 1, "yunikorn_SchedulingSkipped")
         assert view["message"] == f"YuniKorn: {SKIPPED}"
+        assert view["position_source"] == "computed"                   # YuniKorn's REST API is not read
         assert view["target"]["scheduler"] == "yunikorn" and view["target"]["application"] == "llm-pretrain"
         assert svc.explain(APP).reason_code == "yunikorn_SchedulingSkipped"
         assert APP in [w["id"] for w in api("GET", "/workloads?state=pending", "view-t").json()]

@@ -166,7 +166,7 @@ def build(pods: Iterable[Mapping[str, Any]], queue_of: Callable[[str, str, str],
             gpus_per_pod=gpus_out(gpus / len(members)), gpus=gpus_out(gpus), gpu_types=(), priority=priority,
             preemptible=True, submit_s=created, duration_s=None, start_s=None, end_s=None, gpu_type=None,
             placement=None, reason_code=code, message=message, position=position[f"{ns}/{app}"], preempted=0,
-            idle=False,
+            idle=False, position_source="computed",      # YuniKorn's REST API is not read
             target={"kind": str(owner.get("kind") or "Pod"), "namespace": ns,
                     "name": str(owner.get("name") or first.get("name") or ""),
                     "application": "" if app.startswith("pod/") else app, "scheduler": "yunikorn"},
