@@ -24,7 +24,8 @@ Not served (404 from every version, e.g. no ``APIService`` or the feature gate o
 marked deleted (gpuq computes positions again), and asked again only every ``absent_retry_s`` (the
 streams' 5 minutes). A 404 whose Status names the ClusterQueue is Kueue saying it does not know that
 queue (yet): that queue has no summary, the others go on. Other failures (5xx, the API server
-unreachable) are logged and the next round asks again; the stored rows age out meanwhile.
+unreachable) are logged (the same failure round after round once) and the next round asks again; the
+stored rows age out meanwhile.
 """
 from __future__ import annotations
 
@@ -80,6 +81,7 @@ class VisibilityPoller:
         self.version_index = 0               # of VERSIONS: the one served (found by the first answer)
         self.live: set[str] = set(stored)    # the ClusterQueues whose summary is stored live
         self.unavailable: str | None = None  # why not served, once logged; None while it answers
+        self.failing = ""                    # the last round's other failures, as logged ("" when none)
 
     # -- one round ---------------------------------------------------------------------------------
     def poll(self, cluster_queues: Iterable[str], now: dt.datetime) -> tuple[list[Row], float]:
@@ -110,9 +112,11 @@ class VisibilityPoller:
             rows.extend(summary_row(self.cluster, n, None, now, self.interval_s) for n in sorted(self.live))
             self.live.clear()
             return rows, self.absent_retry_s
-        if failed:
-            log.warning("kubernetes cluster %r at %s: Kueue's visibility API: %s; asking again in %.0f s",
-                        self.cluster, self.server, "; ".join(failed), self.interval_s)
+        said = "; ".join(failed)
+        if said and said != self.failing:          # the same failure round after round: once (a 503 lasting)
+            log.warning("kubernetes cluster %r at %s: Kueue's visibility API: %s; asking again every %.0f s",
+                        self.cluster, self.server, said, self.interval_s)
+        self.failing = said
         if self.unavailable is not None and len(failed) < len(names):
             log.info("kubernetes cluster %r at %s: Kueue's visibility API (%s/%s) answers again", self.cluster,
                      self.server, GROUP, VERSIONS[self.version_index])

@@ -197,8 +197,12 @@ def test_the_collector_stores_kueues_answer_per_cluster_queue_falling_back_to_v1
 
 def test_not_served_is_logged_once_and_asked_again_slowly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with server_with() as server, caplog.at_level(logging.WARNING, "collector.k8s_kueue_visibility"), \
-            collecting(server, tmp_path) as (sink, _):
-        wait_until(lambda: len(visibility_asked(server)) >= 6)     # three rounds of v1beta2 then v1beta1
+            collecting(server, tmp_path, interval_s=0.05) as (sink, _):
+        wait_until(lambda: len(visibility_asked(server)) >= 2)     # a round: v1beta2, then v1beta1
+        time.sleep(0.45)
+        # asked again every absent_retry_s (0.3 s), not every interval (0.05 s: some 18 more requests)
+        assert len(visibility_asked(server)) <= 6
+        wait_until(lambda: len(visibility_asked(server)) >= 6)     # three rounds
         gap = [r for r in caplog.records if "not served" in r.getMessage()]
         assert len(gap) == 1
         assert "visibility.kueue.x-k8s.io/v1beta2 nor v1beta1: 404" in gap[0].getMessage()
@@ -219,6 +223,15 @@ def test_a_cluster_queue_kueue_does_not_know_has_no_answer_and_the_others_go_on(
         wait_until(lambda: len(summaries(sink)) >= 2)
         assert {r["name"] for r in summaries(sink)} == {"llm"}       # batch: Kueue's NotFound names it
         assert not caplog.records
+        # Kueue's visibility server down (503 from the aggregator): logged once over the rounds, asked
+        # again at each, the stored answer left to age out
+        server.visibility_status = 503
+        n = len(visibility_asked(server))
+        wait_until(lambda: len(visibility_asked(server)) >= n + 6)
+        down = [r.getMessage() for r in caplog.records]
+        assert len(down) == 1 and "llm: clusterqueues/llm/pendingworkloads: HTTP 503" in down[0], down
+        assert summaries(sink)[-1]["deleted"] == 0
+        server.visibility_status = None
         # the ClusterQueue deleted: its stored answer goes too
         server.delete("clusterqueues", CQ)
         wait_until(lambda: summaries(sink)[-1]["deleted"] == 1)
