@@ -11,12 +11,31 @@ level by level from the root, whose pool is the cluster capacity: each child fir
 parent's pool (the GPUs nobody is guaranteed, and the guarantees their owners leave unused) is
 poured into the children that want more, in proportion to ``weight``, each capped at
 ``min(demand, max)``. When the guarantees alone exceed the pool (capacity is down), they are
-scaled down in proportion. The shares of the children never exceed the parent's share.
+scaled down in proportion. The shares of the children never exceed the parent's share. A queue
+of ``weight`` 0 gets nothing beyond ``min(guaranteed, demand, max)``.
+
+**Entitlement** (issue 21; what ``scheduler.reclaim: fair_share`` reclaims toward, in whole GPUs:
+:func:`entitlements`): the same division as KAI-Scheduler's fair share, of the ``gpu`` resource
+only. Per level from the root (whose pool is the cluster's GPUs), each child first gets
+``min(guaranteed, demand)``; what is left of the parent's entitlement is divided among the children
+that still want more (demand and max not reached, ``weight`` above 0) in rounds: each gets
+``left x weight / (sum of their weights)`` rounded down to whole GPUs, or all it still wants when
+that is less (then another round divides what that one left); when a round leaves nobody
+satisfied, the GPUs the rounding left go one each to the children with the largest fraction cut
+off by the rounding (ties: the larger weight, then queue-file order), each capped by what it still
+wants. A child's entitlement is the pool its children divide. When the guarantees alone exceed
+the pool (capacity down) each child is entitled to ``min(guaranteed, demand)`` and no more.
+Amounts are exact: whole GPUs, but where a demand or max of shares (thousandths) caps a queue.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from math import floor
+
+from accounting.queues import GPU_EQ, Amount, Queue
 
 _EPS = 1e-9
 
@@ -40,7 +59,7 @@ def water_fill(pool: float, claims: Sequence[Claim]) -> dict[str, float]:
     left = pool - base
     want = {c.name: max(0.0, min(c.demand, c.cap) - share[c.name]) for c in claims}
     while left > _EPS:
-        active = [c for c in claims if want[c.name] > _EPS]
+        active = [c for c in claims if want[c.name] > _EPS and c.weight > 0]   # weight 0: nothing beyond
         if not active:
             break
         total_w = sum(c.weight for c in active)
@@ -61,3 +80,99 @@ def dominant_share(allocated: dict[str, float], denominators: dict[str, float | 
         if d is not None and d > 0:
             best = max(best, amount / d)
     return best
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """What one queue brings to :func:`entitlements`, in GPUs of any type: its ``gpu`` guarantee,
+    its demand (running plus pending, its subtree's), its own ``gpu`` max (``None``: none) and its
+    ``weight``."""
+
+    guaranteed: Amount
+    demand: Amount
+    cap: Amount | None = None
+    weight: float = 1.0
+
+
+def entitlements(pool: Amount, children: Mapping[str, Sequence[str]], wants: Mapping[str, Want],
+                 root: str) -> dict[str, Amount]:
+    """Each queue's entitlement below ``root`` (the module docstring's division), ``pool`` the GPUs
+    ``root`` divides, ``children`` each queue's children in queue-file order (a queue absent from
+    ``wants`` wants nothing). Pure and exact; the root itself maps to ``pool``."""
+    out: dict[str, Amount] = {root: pool}
+    stack = [(root, Fraction(pool))]
+    while stack:
+        parent, got = stack.pop()
+        kids = children.get(parent, ())
+        if not kids:
+            continue
+        shares = _divide(got, [(k, wants.get(k, _NOTHING)) for k in kids])
+        for k in kids:
+            out[k] = _amount(shares[k])
+            stack.append((k, shares[k]))
+    return out
+
+
+_NOTHING = Want(0, 0, None, 0.0)
+
+
+def want_of(queue: Queue, demand: Amount) -> Want:
+    """What ``queue`` brings to :func:`entitlements` with ``demand`` GPUs (its subtree's running and
+    pending): its ``gpu`` guarantee (a queue guaranteed in ``gpu_eq`` only brings that, rounded down
+    to whole GPUs: the division is of raw GPUs), its ``gpu`` max and its weight. The one reading of
+    a queue for the division, the scheduler's and the accounting's alike."""
+    g = queue.guaranteed.get("gpu")
+    if g is None:
+        g = floor(queue.guaranteed.get(GPU_EQ, 0))
+    return Want(g, demand, queue.max.get("gpu"), queue.weight)
+
+
+def _amount(f: Fraction) -> Amount:
+    if f.denominator == 1:
+        return int(f)
+    return Decimal(f.numerator) / Decimal(f.denominator)
+
+
+def _divide(pool: Fraction, claims: Sequence[tuple[str, Want]]) -> dict[str, Fraction]:
+    """One level of :func:`entitlements`: ``pool`` among ``claims`` (in queue-file order)."""
+    want: dict[str, Fraction] = {}
+    share: dict[str, Fraction] = {}
+    for name, c in claims:
+        w = Fraction(c.demand)
+        if c.cap is not None:
+            w = min(w, Fraction(c.cap))
+        want[name] = max(w, Fraction(0))
+        share[name] = min(Fraction(c.guaranteed), want[name])
+    left = pool - sum(share.values())
+    weights = {name: Fraction(c.weight) for name, c in claims}
+    cut: dict[str, Fraction] = {}                   # what the last round's rounding cut off, per child
+    while left > 0:
+        active = [n for n, _ in claims if weights[n] > 0 and share[n] < want[n]]
+        if not active:
+            break
+        total = sum(weights[n] for n in active)
+        this_round, satisfied = left, False
+        cut = {}
+        for n in active:
+            fair = this_round * weights[n] / total
+            rest = want[n] - share[n]
+            if rest <= fair:                        # all it still wants: another round divides the rest
+                give, satisfied = rest, True
+            else:
+                give = Fraction(floor(fair))
+                if fair > give:
+                    cut[n] = fair - give
+            give = min(give, left)
+            share[n] += give
+            left -= give
+        if not satisfied:
+            break
+    order = {n: i for i, (n, _) in enumerate(claims)}
+    for n in sorted(cut, key=lambda n: (-cut[n], -weights[n], order[n])):
+        if left <= 0:
+            break
+        give = min(Fraction(1), left, want[n] - share[n])
+        if give > 0:
+            share[n] += give
+            left -= give
+    return share

@@ -175,6 +175,9 @@ class SchedulerSettings(_Section):
     cycle_interval_s: float = Field(default=1.0, gt=0)
     preemption: bool = True
     preemption_delay_s: float = Field(default=30.0, ge=0)
+    # what a preemption may restore (issue 21): a queue's guarantee only (YuniKorn's rule), or also its
+    # entitlement, the GPUs beyond the guarantees divided by queue weight (docs/SCENARIOS.md)
+    reclaim: Literal["guarantee", "fair_share"] = "guarantee"
     retry_attempts: int = Field(default=4, ge=1)        # actuator calls, with backoff
     retry_backoff_s: float = Field(default=0.2, ge=0)
     actuator_timeout_s: float = Field(default=10.0, gt=0)   # one actuator request (kubernetes)

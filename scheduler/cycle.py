@@ -66,9 +66,18 @@ from scheduler.model import (
 from scheduler.ordering import QueueKey, grouped, queue_key
 from scheduler.placement import FreeIndex, node_slots
 from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
-from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_guarantee_pinned, over_max
+from scheduler.quota import (
+    Ledger,
+    Shortfall,
+    cycle_entitlements,
+    never_within_max,
+    over_guarantee,
+    over_guarantee_pinned,
+    over_max,
+    within_entitlement,
+)
 from accounting.queues import GPU_EQ
-from scheduler.snapshot import PINNED, UNBOUNDED, Cluster, Snapshot, demand
+from scheduler.snapshot import FAIR_SHARE, PINNED, UNBOUNDED, Cluster, Snapshot, demand
 from scheduler.verdicts import (
     AllFull,
     AwaitingDelay,
@@ -88,6 +97,8 @@ def schedule(snap: Snapshot, now: float) -> Decisions:
     groups = grouped(memo, snap.pending, snap.changes)
     cycle.qchanges = memo.grouped_changes
     cycle.check_queues(groups)
+    if snap.settings.reclaim == FAIR_SHARE and cycle.preemption:
+        cycle.entitle(groups)
     key = cycle.queue_key
     heap = [(key(q), q) for q in groups]
     heapq.heapify(heap)
@@ -140,6 +151,11 @@ class _Cycle:
                 frozenset(q for q, cfg in c.config.queues.items() if cfg.strict_fifo),
                 dict(c.gpu_guarantee))
         self.leaves, self.strict, self.guarantees = table
+        # reclaim: fair_share (:meth:`entitle`): each queue's entitlement this cycle, and per leaf
+        # what its usage may reach by preempting, max(gpu guarantee, entitlement); under
+        # ``guarantee``: None, and the gpu guarantees
+        self.entitled: Mapping[str, Gpus] | None = None
+        self.limits: Mapping[str, Gpus] = self.guarantees
         self.qchanges: QueueChanges = {}        # what this cycle's grouping changed (schedule sets it)
         self.fit_lists = self.memo.fit_lists
         self.known = _known(self.memo, len(snap.pending))
@@ -155,6 +171,15 @@ class _Cycle:
         self.all_full: AllFull = {}
         self.no_plan: dict[tuple[str, tuple[str, ...], Gpus, int, int], NoPlan] = {}
         self.ineligible: dict[tuple[str, Gpus, int], str] = {}
+
+    def entitle(self, groups: dict[str, list[Workload]]) -> None:
+        """``reclaim: fair_share``: find the cycle's entitlements (once per cycle, before any walk:
+        :func:`scheduler.quota.cycle_entitlements`); a leaf may then preempt up to the larger of its
+        gpu guarantee and its entitlement, and its reasons name both."""
+        ent = self.entitled = cycle_entitlements(self.cluster, self.ledger, groups, self.memo)
+        g = self.guarantees
+        self.limits = {q: max(g[q], ent.get(q, 0)) for q in self.leaves}
+        self.ctx = self.ctx._replace(entitled=ent)
 
     def queue_key(self, q: str) -> QueueKey:
         """:func:`scheduler.ordering.queue_key`, kept across cycles per queue while the queue's
@@ -202,6 +227,7 @@ class _Cycle:
         all_full, preemption = self.all_full, self.preemption
         used = self.ledger.used(q, "gpu")
         g = self.guarantees[q]
+        lim = self.limits[q]                 # g, or under reclaim: fair_share max(g, entitlement)
         strict = q in self.strict
         part = self.walked.get(q)
         if part is None:
@@ -209,7 +235,7 @@ class _Cycle:
                 a = self.counts.get(q)
                 if a is None or a.lst is not lst:
                     a = self.counts_of(q, lst)
-                if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > g) \
+                if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > lim) \
                         and (not a.pinned or self.ledger.used(q, PINNED_GPU) + min(a.pinned) > g):
                     n = len(lst)
                     self.parts[q] = _Quiet(self.ctx, q, lst, preemption, (0, n, all_full, used), a,
@@ -221,9 +247,10 @@ class _Cycle:
         start, n = i, len(lst)
         seen: dict[int, Settled | _MayPreempt] = {}      # Fit.key -> what the shape found in this walk
         pinned = self.ledger.used(q, PINNED_GPU)
-        # what the queue may still take within its guarantee, found once: a workload's test is one
-        # compare (``used + gpus > g`` as ``gpus > left``: the same for ints, and for exact shares)
-        left, pinned_left = g - used, g - pinned
+        # what the queue may still take within its guarantee (its entitlement), found once: a
+        # workload's test is one compare (``used + gpus > lim`` as ``gpus > left``: the same for
+        # ints, and for exact shares)
+        left, pinned_left = lim - used, g - pinned
         v: Verdict | None
         while i < n:
             fit = fits[i]
@@ -394,8 +421,10 @@ class _Cycle:
     def _not_eligible(self, queue: str, used: Gpus, gpus: Gpus, g: int) -> str:
         why = self.ineligible.get((queue, used + gpus, g))
         if why is None:
+            ent = self.entitled
             why = self.ineligible[(queue, used + gpus, g)] = reasons.not_eligible(
-                Shortfall(queue, "gpu", g, used, gpus))
+                Shortfall(queue, "gpu", g, used, gpus)) if ent is None else reasons.not_entitled(
+                queue, used + gpus, g, ent.get(queue, 0))
         return why
 
     def _pre_class(self, w: Workload, fit: Fit, miss: Settled) -> Settled | _MayPreempt:
@@ -407,17 +436,23 @@ class _Cycle:
             return miss                # its queue holds at least that much: above its guarantee too
         cluster, ledger = self.cluster, self.ledger
         used, g = ledger.used(w.queue, "gpu"), cluster.gpu_guarantee[w.queue]
-        if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no
+        if used + w.gpus > self.limits[w.queue]:   # the gpu guarantee (entitlement) binds on every type: a quick no
             return Settled(code, f"{message}; {self._not_eligible(w.queue, used, w.gpus, g)}")
         types = fit.types
         if len(cluster.guarantee[w.queue]) == 1 and g != UNBOUNDED:   # a gpu guarantee only: just checked
+            return _MayPreempt(message, types, self.snap.settings.preemption_delay_s)
+        ent = self.entitled
+        if within_entitlement(ledger, w.queue, w.gpus, ent):      # within its entitlement on every type
             return _MayPreempt(message, types, self.snap.settings.preemption_delay_s)
         eq = cluster.equivalents
         eligible = [t for t in types if over_guarantee(cluster, ledger, w.queue, demand(w, t, eq)) is None]
         if not eligible:
             short = over_guarantee(cluster, ledger, w.queue, demand(w, types[0], eq))
             assert short is not None
-            return Settled(code, f"{message}; {reasons.not_eligible(short)}")
+            why = reasons.not_eligible(short)
+            if ent is not None:
+                why += f"; and {reasons.amount(used + w.gpus)} gpu, above its entitlement {reasons.amount(ent.get(w.queue, 0))}"
+            return Settled(code, f"{message}; {why}")
         return _MayPreempt(message, tuple(eligible), self.snap.settings.preemption_delay_s)
 
     def _plan_verdict(self, w: Workload, pre: _MayPreempt) -> Admission | Settled:
@@ -436,13 +471,18 @@ class _Cycle:
         basis = "gpu" if cluster.gpu_guarantee[w.queue] != UNBOUNDED else GPU_EQ   # what its guarantee is in
         holds, g = ledger.used(w.queue, basis), cluster.guarantee[w.queue][basis]
         needed = w.gpus if basis == "gpu" else dict(vec)[GPU_EQ]
+        ent = self.entitled
+        if ent is not None and over_guarantee(cluster, ledger, w.queue, vec) is not None:
+            # above its guarantee: this preemption restores its entitlement (fair_share)
+            why = reasons.preempted_entitled(w.queue, ledger.used(w.queue, "gpu"), w.gpus, ent.get(w.queue, 0),
+                                             cluster.gpu_guarantee[w.queue])
+        else:
+            why = reasons.preempted(w.queue, holds, needed, g, basis)
         ledger.add(cluster.chains[w.queue], vec)
         victims = tuple(r.workload.id for r in result.victims)
         self.no_room.clear()
         self.all_full = {}               # a new one: parts built earlier keep reading the old one
-        self.preemptions.append(
-            Preemption(w.id, w.queue, victims, reasons.preempted(w.queue, holds, needed, g, basis))
-        )
+        self.preemptions.append(Preemption(w.id, w.queue, victims, why))
         admission = Admission(w, placement, victims)
         self.admissions.append(admission)
         return admission
@@ -451,7 +491,7 @@ class _Cycle:
         if self.pool is None:
             self.pool = Pool(candidates(self.cluster, self.ledger, self.snap.running, self.memo),
                              self.cluster.fences)
-        result = plan(self.cluster, self.ledger, self.index, self.pool, w, types)
+        result = plan(self.cluster, self.ledger, self.index, self.pool, w, types, self.entitled)
         self.pool.compact()
         return result
 
@@ -498,6 +538,7 @@ class _Context(NamedTuple):
     now: float
     delay_s: float
     known: dict[str, Known]
+    entitled: Mapping[str, Gpus] | None = None     # reclaim: fair_share's entitlements (the reasons name them)
 
 
 class _Part:
@@ -513,8 +554,11 @@ class _Part:
 
     def _build(self, segments: Sequence[Segment], vs: list[Verdict]) -> list[PendingReason]:
         q, lst = self.queue, self.lst
-        cluster, now, delay_s, known = self.ctx
-        head, tail = _facts(cluster, q).why_not
+        cluster, now, delay_s, known, entitled = self.ctx
+        if entitled is None:
+            head, tail = _facts(cluster, q).why_not
+        else:
+            head, tail = reasons.above_entitlement_parts(q, cluster.gpu_guarantee[q], entitled.get(q, 0))
         no_fit = ReasonCode.NO_FIT
         out: list[PendingReason] = []
         j = 0
@@ -584,7 +628,8 @@ class _Quiet(_Part):
         # they are that list (what the service reads every cycle; the counts are this list's only
         # while unchanged).
         q, lst, pre, counts, pinned = self.queue, self.lst, self.preemption, self.counts, self.pinned
-        cluster, _, _, known = self.ctx
+        cluster, _, _, known, entitled = self.ctx
+        ent = None if entitled is None else entitled.get(q, 0)
         _, _, all_full, used = self.segment
         built = cluster.memo.built
         rooms: tuple[Settled, ...] | None = None
@@ -592,7 +637,7 @@ class _Quiet(_Part):
             rooms = tuple([all_full[r] for r in counts.rooms])
             rec = built.get(q)
             if rec is not None and rec.lst is lst and rec.preemption is pre and rec.used == used \
-                    and rec.pinned == pinned and rec.rooms == rooms:
+                    and rec.entitled == ent and rec.pinned == pinned and rec.rooms == rooms:
                 return rec.reasons
         g = cluster.gpu_guarantee[q]
         vs: list[Verdict] = []
@@ -606,7 +651,7 @@ class _Quiet(_Part):
             vs.append(v)
         out = self._build((self.segment,), vs)
         if rooms is not None:
-            built[q] = BuiltReasons(lst, pre, used, pinned, rooms, out)
+            built[q] = BuiltReasons(lst, pre, used, ent, pinned, rooms, out)
         return out
 
 

@@ -2,9 +2,12 @@
 
 Rules (FORMAT.md and issue 4; each has a test in tests/test_scheduler_preemption.py):
 
-* only for a preemptor whose leaf queue stays at or below its guarantee after admission;
+* only for a preemptor whose leaf queue stays at or below its guarantee after admission (with
+  ``scheduler.reclaim: fair_share``, issue 21: or at or below its entitlement, in GPUs of any
+  type: :func:`scheduler.quota.within_entitlement`);
 * a victim's leaf queue and each of its ancestors not shared with the preemptor stay at or
   above their guarantee after the victims leave (so victims come only from queues above it);
+  with ``fair_share`` also at or above their entitlement (:func:`scheduler.quota.below_entitlement`);
 * victim priority <= preemptor priority; non-preemptible workloads are never victims; no victim
   across a preemption fence (fenced subtrees neither lose nor take by preemption);
 * victims are whole gangs; the set is minimal: candidates are added in candidate order until the
@@ -43,9 +46,18 @@ from typing import NamedTuple
 
 from accounting.queues import GPU_EQ
 from scheduler.memo import CandidateOrder, CycleMemo
-from scheduler.model import Running, Workload
+from scheduler.model import Gpus, Running, Workload
 from scheduler.placement import FreeIndex
-from scheduler.quota import Ledger, Shortfall, Vec, below_floor, over_guarantee, over_max
+from scheduler.quota import (
+    Ledger,
+    Shortfall,
+    Vec,
+    below_entitlement,
+    below_floor,
+    over_guarantee,
+    over_max,
+    within_entitlement,
+)
 from scheduler.snapshot import Cluster, demand
 
 
@@ -238,11 +250,13 @@ def plan(
     pool: Pool,
     w: Workload,
     types: tuple[str, ...],
+    entitled: Mapping[str, Gpus] | None = None,
 ) -> Plan | NoPlan:
     """Find victims for ``w`` on the first of ``types`` where a set exists, and apply its removal
     to ``ledger`` and ``index`` (the caller then places ``w``). The search adds to ``pool.dead``
     the victims it takes and the candidates whose own queue is at its floor. On failure nothing
-    else is changed."""
+    else is changed. ``entitled``: the cycle's entitlements under ``reclaim: fair_share``
+    (:func:`scheduler.quota.cycle_entitlements`), ``None`` under ``guarantee``."""
     chain = cluster.chains[w.queue]
     shared = frozenset(chain)
     fence = cluster.fences[w.queue]
@@ -254,7 +268,7 @@ def plan(
     for t in types:
         vec = demand(w, t, cluster.equivalents)
         s = over_guarantee(cluster, ledger, w.queue, vec)
-        if s is not None:
+        if s is not None and not within_entitlement(ledger, w.queue, w.gpus, entitled):
             ineligible = ineligible or s
             continue
         ineligible = None
@@ -269,6 +283,8 @@ def plan(
             if not ((need_nodes and vtype == t) or (need_quota and _shares(cluster, need_quota, vq, vv))):
                 continue
             short = below_floor(cluster, ledger, vq, vv, shared)
+            if short is None and entitled is not None:
+                short = below_entitlement(cluster, ledger, vq, vv, shared, entitled)
             if short is not None:
                 if short.queue == vq:
                     pool.kill(vid, vq, vprio)   # its own queue is at its floor: no preemptor can take it
