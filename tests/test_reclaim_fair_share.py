@@ -161,3 +161,17 @@ def test_the_now_view_shows_the_entitlement_beside_the_guarantee() -> None:
     assert got == {"root": 80, "research": 30, "research.vision": 28, "research.nlp": 2, "prod": 0}
     assert rows[("research.vision", "H100")].entitlement is None      # the gpu resource only
     assert list(rows[("prod", "*")].as_dict()).count("entitlement") == 1
+
+
+def test_the_dashboard_s_queues_table_and_gpuq_queues_show_the_entitlement() -> None:
+    from accounting.cli import QUEUE_COLUMNS
+    from dashboards.views.queues import _now_table
+
+    view = compute_now(NowSnapshot(T0 + 10, (alloc("v1", gpus=8, start=0, end=None, node="h0"),),
+                                   (node("h0", 8, "H100"),)), resolver())
+    rows = [r.as_dict() for r in view.rows if r.gpu_type == "*"]
+    table = _now_table(rows)
+    cols = list(table.columns)
+    assert cols.index("entitlement (GPUs)") == cols.index("guaranteed (GPUs)") + 1
+    assert dict(zip(table["queue"], table["entitlement (GPUs)"]))["research.vision"] == 8
+    assert QUEUE_COLUMNS.index("entitlement") == QUEUE_COLUMNS.index("guaranteed") + 1
