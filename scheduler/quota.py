@@ -174,6 +174,9 @@ def cycle_entitlements(cluster: Cluster, ledger: Ledger, pending: Mapping[str, l
     (the result is then the same); each leaf's pending sum is kept while its list is the same object.
     A queue reads as :func:`accounting.fairshare.want_of` says (the accounting's ``/queues`` too)."""
     sums = memo.pending_gpus
+    if len(sums) > len(pending):         # a queue no longer waiting: its old list is let go
+        for q in [q for q in sums if q not in pending]:
+            del sums[q]
     demand: dict[str, Gpus] = {}
     for q, lst in pending.items():
         kept = sums.get(q)
