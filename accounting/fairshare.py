@@ -98,18 +98,21 @@ def entitlements(pool: Amount, children: Mapping[str, Sequence[str]], wants: Map
                  root: str) -> dict[str, Amount]:
     """Each queue's entitlement below ``root`` (the module docstring's division), ``pool`` the GPUs
     ``root`` divides, ``children`` each queue's children in queue-file order (a queue absent from
-    ``wants`` wants nothing). Pure and exact; the root itself maps to ``pool``."""
+    ``wants`` wants nothing). Pure and exact: amounts are counted in integer thousandths of a GPU
+    and weights as exact integers (each float weight times the common power of two that makes all
+    of them whole), so the division is integer arithmetic (the scheduler runs it every cycle of the
+    ``fair_share`` mode, over every queue). The root itself maps to ``pool``."""
     out: dict[str, Amount] = {root: pool}
-    stack = [(root, Fraction(pool))]
+    stack = [(root, _milli(pool))]
     while stack:
         parent, got = stack.pop()
         kids = children.get(parent, ())
         if not kids:
             continue
-        shares = _divide(got, [(k, wants.get(k, _NOTHING)) for k in kids])
-        for k in kids:
-            out[k] = _amount(shares[k])
-            stack.append((k, shares[k]))
+        shares = _divide(got, [wants.get(k, _NOTHING) for k in kids])
+        for k, share in zip(kids, shares):
+            out[k] = _amount(share)
+            stack.append((k, share))
     return out
 
 
@@ -127,52 +130,62 @@ def want_of(queue: Queue, demand: Amount) -> Want:
     return Want(g, demand, queue.max.get("gpu"), queue.weight)
 
 
-def _amount(f: Fraction) -> Amount:
-    if f.denominator == 1:
-        return int(f)
-    return Decimal(f.numerator) / Decimal(f.denominator)
+def _milli(x: Amount) -> int:
+    """GPUs as integer thousandths (rounded down below a thousandth, which GPU amounts never hold)."""
+    return int(x * _MILLI) if type(x) is int else floor(Fraction(x) * _MILLI)
 
 
-def _divide(pool: Fraction, claims: Sequence[tuple[str, Want]]) -> dict[str, Fraction]:
-    """One level of :func:`entitlements`: ``pool`` among ``claims`` (in queue-file order)."""
-    want: dict[str, Fraction] = {}
-    share: dict[str, Fraction] = {}
-    for name, c in claims:
-        w = Fraction(c.demand)
+def _amount(m: int) -> Amount:
+    whole, rest = divmod(m, _MILLI)
+    return whole if rest == 0 else Decimal(m) / _MILLI
+
+
+_MILLI = 1000
+
+
+def _divide(pool: int, claims: Sequence[Want]) -> list[int]:
+    """One level of :func:`entitlements`: ``pool`` thousandths among ``claims`` (in queue-file
+    order), each one's share in thousandths."""
+    n = len(claims)
+    want = [0] * n
+    share = [0] * n
+    ws = [Fraction(c.weight) for c in claims]
+    scale = max((w.denominator for w in ws), default=1)      # powers of two: the largest makes all whole
+    weight = [int(w * scale) for w in ws]
+    for i, c in enumerate(claims):
+        w = _milli(c.demand)
         if c.cap is not None:
-            w = min(w, Fraction(c.cap))
-        want[name] = max(w, Fraction(0))
-        share[name] = min(Fraction(c.guaranteed), want[name])
-    left = pool - sum(share.values())
-    weights = {name: Fraction(c.weight) for name, c in claims}
-    cut: dict[str, Fraction] = {}                   # what the last round's rounding cut off, per child
+            w = min(w, _milli(c.cap))
+        want[i] = max(w, 0)
+        share[i] = min(_milli(c.guaranteed), want[i])
+    left = pool - sum(share)
+    cut: dict[int, int] = {}      # the last round's fraction cut off by the rounding, over its total weight
     while left > 0:
-        active = [n for n, _ in claims if weights[n] > 0 and share[n] < want[n]]
-        if not active:
+        asking = [i for i in range(n) if weight[i] > 0 and share[i] < want[i]]
+        if not asking:
             break
-        total = sum(weights[n] for n in active)
-        this_round, satisfied = left, False
-        cut = {}
-        for n in active:
-            fair = this_round * weights[n] / total
-            rest = want[n] - share[n]
-            if rest <= fair:                        # all it still wants: another round divides the rest
+        total = sum(weight[i] for i in asking)
+        pot, satisfied, cut = left, False, {}
+        whole = total * _MILLI
+        for i in asking:
+            fair = pot * weight[i]            # this one's part of the pot, times ``total``
+            rest = want[i] - share[i]
+            if rest * total <= fair:          # all it still wants: another round divides the rest
                 give, satisfied = rest, True
             else:
-                give = Fraction(floor(fair))
-                if fair > give:
-                    cut[n] = fair - give
+                give = fair // whole * _MILLI
+                if fair > give * total:
+                    cut[i] = fair - give * total
             give = min(give, left)
-            share[n] += give
+            share[i] += give
             left -= give
         if not satisfied:
             break
-    order = {n: i for i, (n, _) in enumerate(claims)}
-    for n in sorted(cut, key=lambda n: (-cut[n], -weights[n], order[n])):
+    for i in sorted(cut, key=lambda i: (-cut[i], -weight[i], i)):
         if left <= 0:
             break
-        give = min(Fraction(1), left, want[n] - share[n])
+        give = min(_MILLI, left, want[i] - share[i])
         if give > 0:
-            share[n] += give
+            share[i] += give
             left -= give
     return share
