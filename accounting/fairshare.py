@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from math import floor
+from typing import NamedTuple
 
 from accounting.queues import GPU_EQ, Amount, Queue
 
@@ -82,8 +83,7 @@ def dominant_share(allocated: dict[str, float], denominators: dict[str, float | 
     return best
 
 
-@dataclass(frozen=True, slots=True)
-class Want:
+class Want(NamedTuple):
     """What one queue brings to :func:`entitlements`, in GPUs of any type: its ``gpu`` guarantee,
     its demand (running plus pending, its subtree's), its own ``gpu`` max (``None``: none) and its
     ``weight``."""
@@ -149,9 +149,11 @@ def _divide(pool: int, claims: Sequence[Want]) -> list[int]:
     n = len(claims)
     want = [0] * n
     share = [0] * n
-    ws = [Fraction(c.weight) for c in claims]
-    scale = max((w.denominator for w in ws), default=1)      # powers of two: the largest makes all whole
-    weight = [int(w * scale) for w in ws]
+    weight = [int(c.weight) for c in claims]
+    if any(w != c.weight for w, c in zip(weight, claims)):    # a weight not whole: exact integers of them all
+        ws = [Fraction(c.weight) for c in claims]
+        scale = max(w.denominator for w in ws)                # powers of two: the largest makes all whole
+        weight = [int(w * scale) for w in ws]
     for i, c in enumerate(claims):
         w = _milli(c.demand)
         if c.cap is not None:
