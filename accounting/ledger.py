@@ -9,6 +9,11 @@ Sources, in order of precedence (:data:`SOURCES`):
 ``ray_job``
     the GPUs (fractions included) of a Ray job's running tasks and alive actors outside placement
     groups on a node, its ``entrypoint_num_gpus`` among them (:mod:`collector.ray_alloc`);
+``kueue``
+    a Kueue Workload holding quota (``queues_from: kueue``; :mod:`collector.k8s_kueue`): one row
+    with no node (Kueue assigns flavors, not nodes), counted until its workload is seen by one of
+    the above on **any** node (cut there as an admission is), so a Workload admitted by Kueue
+    counts from its admission and its pods, once they run, instead of it;
 ``admission``
     what gpuq admitted and has not been seen yet by any of the above (the scheduler).
 
@@ -43,10 +48,13 @@ from fractions import Fraction
 from accounting.model import Allocation, milli
 from gpuq.gpu_share import base_model, mig_fraction, mig_profile_of, milli_floor
 
-SOURCES = ("pod", "placement_group", "ray_job", "admission")
+SOURCES = ("pod", "placement_group", "ray_job", "kueue", "admission")
 _RANK = {s: i for i, s in enumerate(SOURCES)}
 ADMISSION = "admission"
+KUEUE = "kueue"
+RESERVATIONS = (KUEUE, ADMISSION)  # rows that hold quota before (or without) anything is seen on a node
 _ADMIT = len(SOURCES) - 1          # the admission's rank (and any unknown source's)
+_KUEUE = _RANK[KUEUE]              # below it: observed rows
 
 
 def rank(source: str) -> int:
@@ -86,12 +94,14 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
     allocs = list(allocations)
     best: dict[tuple[str, str], int] = {}
     seen: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
+    seen_any: dict[str, list[tuple[float, float | None]]] = {}      # per workload, any node (Kueue's rows)
     queue: dict[tuple[str, str], str] = {}
     for a in allocs:
         if a.workload_id:
             r, k = rank(a.source), (a.workload_id, a.node)
-            if r < _ADMIT:
+            if r < _KUEUE:
                 seen.setdefault(k, []).append((a.start_s, a.end_s))
+                seen_any.setdefault(a.workload_id, []).append((a.start_s, a.end_s))
                 if since_s is None or a.end_s is None or a.end_s > since_s:
                     best[k] = min(r, best.get(k, r))
             if a.queue > queue.get(k, ""):
@@ -100,12 +110,13 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
     for a in allocs:
         if a.workload_id:
             r, k = rank(a.source), (a.workload_id, a.node)
-            if r < _ADMIT and r != best.get(k):
+            if r < _KUEUE and r != best.get(k):
                 continue
             if not a.queue:
                 a = replace(a, queue=queue.get(k, ""))
-            if r == _ADMIT:
-                cut = min((s for s, e in seen.get(k, ()) if e is None or e > a.start_s), default=None)
+            if r >= _KUEUE:
+                cuts = seen_any.get(a.workload_id, ()) if r == _KUEUE else seen.get(k, ())
+                cut = min((s for s, e in cuts if e is None or e > a.start_s), default=None)
                 if cut is not None:
                     if cut <= a.start_s:
                         continue

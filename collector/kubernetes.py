@@ -49,9 +49,11 @@ from collector.base import Emit
 from collector.errors import CollectorError, WatchError
 from collector.k8s_alloc import Allocation
 from collector.k8s_extract import QueueKeys, QueueLookup
+from collector.k8s_kueue import KUEUE_KINDS, KueueIndex, Key, key_of
 from collector.k8s_owners import OWNER_KINDS
 from collector.k8s_state import ClusterTracker, Rows, merge
-from collector.k8s_stream import ResourceStream, StreamOptions, StreamSpec
+from collector.k8s_yunikorn import CONFIGMAPS, YuniKornIndex
+from collector.k8s_stream import CLUSTER_SCOPED, ResourceStream, StreamOptions, StreamSpec
 from gpuq.errors import ConfigError
 from gpuq.kube import load_configuration
 from gpuq.settings import KubernetesTarget
@@ -62,8 +64,9 @@ SOURCE = "kubernetes"
 LoadState = Callable[[str, str, str], "str | None"]
 OpenAllocations = Callable[[str], Iterable["Allocation | Sequence[Any]"]]
 OnError = Callable[[CollectorError], None]
+StoredKueue = Callable[[str], "tuple[Iterable[Key], Iterable[Allocation | Sequence[Any]]]"]
 Clock = Callable[[], dt.datetime]
-_TABLE_ORDER = ("node_events", "pod_events", "gpu_allocations")
+_TABLE_ORDER = ("node_events", "pod_events", "kueue_objects", "gpu_allocations")
 
 
 def utc_now() -> dt.datetime:
@@ -86,7 +89,8 @@ class KubernetesWatcher:
     def __init__(self, target: KubernetesTarget, *, queues: QueueLookup | None = None,
                  load_state: LoadState | None = None,
                  open_allocations: OpenAllocations | None = None,
-                 on_error: OnError | None = None, clock: Clock = utc_now,
+                 on_error: OnError | None = None, clock: Clock = utc_now, kueue: bool = False,
+                 yunikorn: str | None = None, stored_kueue: StoredKueue | None = None,
                  rng: random.Random | None = None, options: StreamOptions | None = None,
                  checkpoint_interval_s: float = 1.0, stop_grace_s: float = 2.0) -> None:
         self.target = target
@@ -101,7 +105,10 @@ class KubernetesWatcher:
         self.options = options or StreamOptions(watch_timeout_s=target.watch_timeout_s)
         self.checkpoint_interval_s = checkpoint_interval_s
         self.stop_grace_s = stop_grace_s
-        self.tracker = ClusterTracker(self.cluster, queues or QueueKeys())
+        self.tracker = ClusterTracker(self.cluster, queues or QueueKeys(),
+                                      kueue=KueueIndex(self.cluster) if kueue else None,
+                                      yunikorn=YuniKornIndex(self.cluster, yunikorn) if yunikorn else None)
+        self._stored_kueue = stored_kueue
         self._lock = threading.RLock()
         self._emit: Emit | None = None
         self._checkpoints: dict[str, tuple[str, float]] = {}
@@ -111,7 +118,12 @@ class KubernetesWatcher:
         """``nodes``, the owner streams, then the pod streams (the order ``once`` lists them in)."""
         namespaces: list[str | None] = list(self.target.namespaces) or [None]
         owners = [StreamSpec(kind, ns) for kind in OWNER_KINDS for ns in namespaces]
-        return [StreamSpec("nodes"), *owners, *(StreamSpec("pods", ns) for ns in namespaces)]
+        kueue = [] if self.tracker.kueue is None else [
+            StreamSpec(kind, None if kind in CLUSTER_SCOPED else ns) for kind in KUEUE_KINDS
+            for ns in ([None] if kind in CLUSTER_SCOPED else namespaces)]
+        yunikorn = [] if self.tracker.yunikorn is None else [
+            StreamSpec("configmaps", self.tracker.yunikorn.namespace, name) for name in CONFIGMAPS]
+        return [StreamSpec("nodes"), *owners, *kueue, *yunikorn, *(StreamSpec("pods", ns) for ns in namespaces)]
 
     # -- run ----------------------------------------------------------------------------------
     def run(self, emit: Emit, stop: threading.Event, once: bool = False) -> None:
@@ -138,6 +150,7 @@ class KubernetesWatcher:
             stored = self._stored_open()
             with self._lock:
                 self.tracker.remember_stored(stored)
+            self._remember_kueue()
             self._watch_all(streams, stop)
         finally:
             with self._lock:
@@ -200,9 +213,19 @@ class KubernetesWatcher:
             elif spec.kind in OWNER_KINDS:
                 uids = {str((o.get("metadata") or {}).get("uid") or "") for o in items}
                 merge(rows, self.tracker.owners_relisted(spec.kind, spec.namespace, uids, now))
+            elif spec.kind in KUEUE_KINDS:
+                keys = {key_of(KUEUE_KINDS[spec.kind], o) for o in items}
+                merge(rows, self.tracker.kueue_relisted(spec.kind, spec.namespace, keys, now))
+            elif spec.kind == "configmaps":
+                if self.tracker.yunikorn is not None and spec.name:
+                    keys = {key_of("ConfigMap", o) for o in items}
+                    merge(rows, self.tracker.yunikorn.configmaps_relisted(spec.name, keys, now))
             else:
                 uids = {str((o.get("metadata") or {}).get("uid") or "") for o in items}
                 merge(rows, self.tracker.pods_relisted(spec.namespace, uids, stored, now))
+                if self.tracker.yunikorn is not None:
+                    keys = {key_of("Pod", o) for o in items}
+                    merge(rows, self.tracker.yunikorn.pods_relisted(spec.namespace, keys, now))
             self._write(rows)
             self.on_resource_version(spec, resource_version, True)
 
@@ -212,6 +235,8 @@ class KubernetesWatcher:
                 self.tracker.prime_nodes(items)
             elif spec.kind in OWNER_KINDS:
                 self.tracker.prime_owners(spec.kind, items)
+            elif spec.kind in KUEUE_KINDS and self.tracker.kueue is not None:
+                self.tracker.kueue.prime(spec.kind, items)
 
     def on_event(self, spec: StreamSpec, event: str, obj: dict[str, Any]) -> None:
         with self._lock:
@@ -242,6 +267,10 @@ class KubernetesWatcher:
                 return self.tracker.on_node(event, obj, now)
             if spec.kind in OWNER_KINDS:
                 return self.tracker.on_owner(spec.kind, event, obj, now)
+            if spec.kind in KUEUE_KINDS:
+                return self.tracker.on_kueue(spec.kind, event, obj, now)
+            if spec.kind == "configmaps":
+                return self.tracker.yunikorn.on_configmap(event, obj, now) if self.tracker.yunikorn else {}
             return self.tracker.on_pod(event, obj, now)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             meta = obj.get("metadata") or {}
@@ -264,12 +293,33 @@ class KubernetesWatcher:
             return []
         try:
             got = self._open_allocations(self.cluster)
-            return [a if isinstance(a, Allocation) else Allocation.from_row(a) for a in got]
+            rows = [a if isinstance(a, Allocation) else Allocation.from_row(a) for a in got]
+            return [a for a in rows if a.source == "pod"]     # a Kueue Workload's row is closed by its own stream
         except Exception as exc:  # noqa: BLE001 - keep listing; only in-memory allocations close
             self.on_error(WatchError(f"kubernetes cluster {self.cluster!r}: cannot read the open "
                                      f"allocations from the store: {exc}", source=self.server,
                                      cluster=self.cluster, resource="pods"))
             return []
+
+
+    def _remember_kueue(self) -> None:
+        """The Kueue objects (or YuniKorn's ConfigMaps and pending pods) live in the store and the
+        open Workload rows (before a restart)."""
+        if (self.tracker.kueue is None and self.tracker.yunikorn is None) or self._stored_kueue is None:
+            return
+        try:
+            keys, rows = self._stored_kueue(self.cluster)
+            opened = [a if isinstance(a, Allocation) else Allocation.from_row(a) for a in rows]
+        except Exception as exc:  # noqa: BLE001 - the lists still show what exists now
+            self.on_error(WatchError(f"kubernetes cluster {self.cluster!r}: cannot read the stored Kueue "
+                                     f"objects: {exc}", source=self.server, cluster=self.cluster,
+                                     resource="workloads"))
+            return
+        with self._lock:
+            if self.tracker.kueue is not None:
+                self.tracker.kueue.remember_stored(keys, opened)
+            if self.tracker.yunikorn is not None:
+                self.tracker.yunikorn.remember_stored(keys)
 
 
 # -- store adapters for the runner -----------------------------------------------------------
@@ -295,4 +345,22 @@ def open_allocations_loader(store: Any) -> OpenAllocations:
             f"SELECT {cols} FROM (SELECT {cols} FROM {store.database}.gpu_allocations FINAL "
             f"WHERE cluster = {{c:String}}) WHERE `end` IS NULL", {"c": cluster}).rows
         return [Allocation.from_row(r) for r in rows]
+    return load
+
+
+def stored_kueue_loader(store: Any) -> StoredKueue:
+    """``stored_kueue``: the Kueue objects ``kueue_objects FINAL`` holds live, and the open
+    ``gpu_allocations`` rows of source ``kueue``, of a cluster."""
+    from gpuq.store.schema import COLUMNS
+
+    cols = ", ".join(f"`{c}`" for c in COLUMNS["gpu_allocations"])
+
+    def load(cluster: str) -> tuple[list[Key], list[Allocation]]:
+        keys = store.query(
+            f"SELECT kind, namespace, name FROM {store.database}.kueue_objects FINAL "
+            f"WHERE cluster = {{c:String}} AND deleted = 0", {"c": cluster}).rows
+        rows = store.query(
+            f"SELECT {cols} FROM (SELECT {cols} FROM {store.database}.gpu_allocations FINAL "
+            f"WHERE cluster = {{c:String}} AND source = 'kueue') WHERE `end` IS NULL", {"c": cluster}).rows
+        return [(str(k), str(n), str(m)) for k, n, m in keys], [Allocation.from_row(r) for r in rows]
     return load

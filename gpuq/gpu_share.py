@@ -56,6 +56,7 @@ from fractions import Fraction
 MILLI = 1000
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_SUFFIX = ".shared"
+SHARED_GPU_RESOURCE = GPU_RESOURCE + SHARED_SUFFIX   # time-sliced replicas with renameByDefault: true
 MIG_PREFIX = "nvidia.com/mig-"
 KAI_FRACTION = "gpu-fraction"                       # KAI-Scheduler's annotations (pkg/common/constants)
 KAI_MEMORY = "gpu-memory"

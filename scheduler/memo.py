@@ -46,11 +46,12 @@ QueueChanges = dict[str, tuple[list[Workload], list[Workload], list[Workload]]]
 
 class QueueTable(NamedTuple):
     """The queue tree as a cycle reads it: the leaf queues, the strict-FIFO ones, each queue's
-    gpu guarantee."""
+    gpu guarantee, and the queues whose work may preempt within them (``within_queue``)."""
 
     leaves: frozenset[str]
     strict: frozenset[str]
     gpu_guarantee: dict[str, int]
+    within: frozenset[str] = frozenset()
 
 
 class QueueFacts(NamedTuple):

@@ -31,6 +31,22 @@ Candidate order (the victim order; first is preempted first; this is the one pla
 Non-preemptible work is not a candidate at all, and the rules above (the victim-priority rule, the
 floors, fences) decide who may be a victim; the order only decides who goes first.
 
+Minimum runtime (issue 21): a running workload whose queue's ``min_runtime_s`` (in force there,
+inherited, :mod:`accounting.queues`) has not passed since its start is no candidate of any search,
+between queues or within one (:func:`protected_until`; it may be a victim from that instant on);
+a search that found no set says how many such candidates it could have used and until when the
+first is protected (:attr:`NoPlan.protected_until`).
+
+Within a queue (issue 21; KAI-Scheduler's preempt action, Kueue's ``withinClusterQueue:
+LowerPriority``): a pending workload of a queue with ``within_queue: lower_priority`` that finds no
+victim set in other queues (or may not look there: its queue would go above its guarantee, or
+under ``fair_share`` above its entitlement) may preempt its *own* leaf queue's work of strictly
+lower priority (:func:`plan` with ``own=True``). Such a set holds only victims of its own queue, in
+the same candidate order; the queue gives up its own work, so neither its guarantee, its
+entitlement nor a floor bounds it (as Kueue lets a workload borrow when every candidate is of its
+own ClusterQueue) but every max on its chain does, as always. Sets never mix the two kinds: the
+rules of each stay checkable on their own.
+
 The search runs on the cycle's working ledger and free index and undoes every change it made
 unless it succeeds (explicit undo); the snapshot is never touched.
 """
@@ -95,12 +111,24 @@ class Candidate(NamedTuple):
     running: Running
 
 
+def min_runtimes(cluster: Cluster) -> dict[str, float]:
+    """Each queue whose work has a minimum runtime (``min_runtime_s`` above 0): that runtime. Empty
+    in a cluster without one, where nothing below costs anything more."""
+    return {q: cfg.min_runtime_s for q, cfg in cluster.config.queues.items() if cfg.min_runtime_s > 0}
+
+
+def protected_until(r: Running, mins: Mapping[str, float]) -> float:
+    """When ``r`` may first be a victim (its start, plus its queue's minimum runtime; ``mins``:
+    :func:`min_runtimes`)."""
+    return r.start_s + mins.get(r.workload.queue, 0.0)
+
+
 def candidates(cluster: Cluster, ledger: Ledger, running: Sequence[Running],
-               memo: CycleMemo | None = None) -> list[Candidate]:
+               memo: CycleMemo | None = None, now: float | None = None) -> list[Candidate]:
     """Running workloads that could ever be victims this cycle (preemptible, in a queue above
-    its gpu guarantee), in candidate order. With ``memo`` (the cluster's), every preemptible
-    running workload is kept in candidate order from one call to the next and only what started
-    or stopped since is placed (:func:`_in_order`)."""
+    its gpu guarantee, and, with ``now``, past their minimum runtime), in candidate order. With
+    ``memo`` (the cluster's), every preemptible running workload is kept in candidate order from
+    one call to the next and only what started or stopped since is placed (:func:`_in_order`)."""
     g, eq = cluster.gpu_guarantee, cluster.equivalents
     over = {q for q in cluster.chains if ledger.used(q, "gpu") > g[q]}
     if eq is not None:                 # a queue above its gpu_eq guarantee lends too
@@ -108,10 +136,48 @@ def candidates(cluster: Cluster, ledger: Ledger, running: Sequence[Running],
         over |= {q for q in cluster.chains if GPU_EQ in ge[q] and ledger.used(q, GPU_EQ) > ge[q][GPU_EQ]}
     ranks = queue_ranks(cluster)
     if memo is not None:
-        return [c for c in _in_order(memo, running, eq, ranks) if c.queue in over]
-    rs = [r for r in running if r.workload.preemptible and r.workload.queue in over]
-    rs.sort(key=lambda r: candidate_key(r, ranks))
-    return [_candidate(r, eq) for r in rs]
+        out = [c for c in _in_order(memo, running, eq, ranks) if c.queue in over]
+    else:
+        rs = [r for r in running if r.workload.preemptible and r.workload.queue in over]
+        rs.sort(key=lambda r: candidate_key(r, ranks))
+        out = [_candidate(r, eq) for r in rs]
+    if now is not None:
+        mins = min_runtimes(cluster)
+        if mins:
+            out = [c for c in out if protected_until(c.running, mins) <= now]
+    return out
+
+
+def own_candidates(cluster: Cluster, running: Sequence[Running], now: float,
+                   memo: CycleMemo | None = None) -> dict[str, list[Candidate]]:
+    """For each queue with ``within_queue: lower_priority``: its preemptible running work past its
+    minimum runtime, in candidate order (what a search within the queue may take; its guarantee
+    does not bound it, so a queue at or below its guarantee has candidates too)."""
+    within = {q for q in cluster.chains if cluster.config.queues[q].within_queue}
+    if not within:
+        return {}
+    eq, ranks, mins = cluster.equivalents, queue_ranks(cluster), min_runtimes(cluster)
+    if memo is not None:
+        alls = _in_order(memo, running, eq, ranks)
+    else:
+        rs = sorted((r for r in running if r.workload.preemptible), key=lambda r: candidate_key(r, ranks))
+        alls = [_candidate(r, eq) for r in rs]
+    out: dict[str, list[Candidate]] = {}
+    for c in alls:
+        if c.queue in within and (not mins or protected_until(c.running, mins) <= now):
+            out.setdefault(c.queue, []).append(c)
+    return out
+
+
+def protected(cluster: Cluster, running: Sequence[Running], now: float) -> list[tuple[float, Candidate]]:
+    """The preemptible running work still within its queue's minimum runtime at ``now``, each with
+    the instant it may first be a victim (no candidate yet; what a failed search's reason counts)."""
+    mins = min_runtimes(cluster)
+    if not mins:
+        return []
+    eq = cluster.equivalents
+    return [(protected_until(r, mins), _candidate(r, eq)) for r in running
+            if r.workload.preemptible and r.workload.queue in mins and protected_until(r, mins) > now]
 
 
 def _candidate(r: Running, eq: Mapping[str, Decimal] | None) -> Candidate:
@@ -160,10 +226,16 @@ class Pool:
     by (fence, priority) and by queue, so a failed search counts what it looked at (its reason
     says how many) without a pass over every candidate."""
 
-    __slots__ = ("_by_fence", "_by_queue", "_dropped", "_fences", "all", "by_type", "dead")
+    __slots__ = ("_by_fence", "_by_queue", "_dropped", "_fences", "all", "by_type", "dead", "own", "protected",
+                 "taken")
 
-    def __init__(self, cands: list[Candidate], fences: Mapping[str, frozenset[str]]) -> None:
+    def __init__(self, cands: list[Candidate], fences: Mapping[str, frozenset[str]],
+                 protected: Sequence[tuple[float, Candidate]] = ()) -> None:
         self.all = cands
+        # within-queue candidates per queue (:func:`own_candidates`), set by the caller on first need
+        self.own: dict[str, list[Candidate]] | None = None
+        self.protected = protected                   # within their minimum runtime (:func:`protected`)
+        self.taken: set[str] = set()                 # the victims taken so far this cycle
         by_type: dict[str, list[Candidate]] = {}
         by_queue: dict[str, dict[int, int]] = {}
         for c in cands:                              # one pass: by type, and counted by queue
@@ -188,6 +260,12 @@ class Pool:
         self._fences = fences
         self._by_fence = by_fence
         self._by_queue = by_queue
+
+    def took(self, vid: str, queue: str, priority: int) -> None:
+        """``vid`` (of ``queue``, at ``priority``) was taken as a victim."""
+        self.taken.add(vid)
+        if vid not in self.dead and priority in self._by_queue.get(queue, ()):
+            self.kill(vid, queue, priority)      # one of :attr:`all` (its queue lends): counted there
 
     def kill(self, vid: str, queue: str, priority: int) -> None:
         """``vid`` (of ``queue``, at ``priority``) can no longer be a victim this cycle."""
@@ -241,6 +319,8 @@ class NoPlan:
     not_eligible: Shortfall | None   # the guarantee the preemptor's queue would exceed, if that is why
     considered: int                   # candidates tried
     fenced: int                       # candidates skipped only because of a fence
+    protected: int = 0                # candidates it could have used but for their minimum runtime
+    protected_until: float = 0.0      # when the first of those may be a victim
 
 
 def plan(
@@ -250,13 +330,18 @@ def plan(
     pool: Pool,
     w: Workload,
     types: tuple[str, ...],
+    own: bool = False,
     entitled: Mapping[str, Gpus] | None = None,
 ) -> Plan | NoPlan:
     """Find victims for ``w`` on the first of ``types`` where a set exists, and apply its removal
     to ``ledger`` and ``index`` (the caller then places ``w``). The search adds to ``pool.dead``
     the victims it takes and the candidates whose own queue is at its floor. On failure nothing
-    else is changed. ``entitled``: the cycle's entitlements under ``reclaim: fair_share``
+    else is changed. ``own``: victims from ``w``'s own queue only (module docstring, "Within a
+    queue"; ``pool.own`` set; no entitlement floor applies there: the queue gives up its own
+    work). ``entitled``: the cycle's entitlements under ``reclaim: fair_share``
     (:func:`scheduler.quota.cycle_entitlements`), ``None`` under ``guarantee``."""
+    if own:
+        return _plan_own(cluster, ledger, index, pool, w, types)
     chain = cluster.chains[w.queue]
     shared = frozenset(chain)
     fence = cluster.fences[w.queue]
@@ -312,9 +397,75 @@ def plan(
                 ledger.remove(cluster.chains[r.workload.queue], vv)
                 index.release(r.placement)
         for r, _ in taken:
-            pool.kill(r.workload.id, r.workload.queue, r.workload.priority)
+            pool.took(r.workload.id, r.workload.queue, r.workload.priority)
         return Plan(t, tuple(r for r, _ in taken))
-    return NoPlan(ineligible, considered, fenced)
+    n, first = _protected_for(pool, w, fence, fences, own=False)
+    return NoPlan(ineligible, considered, fenced, n, first)
+
+
+def _plan_own(cluster: Cluster, ledger: Ledger, index: FreeIndex, pool: Pool, w: Workload,
+              types: tuple[str, ...]) -> Plan | NoPlan:
+    """:func:`plan` within ``w``'s own queue: its candidates of strictly lower priority, in
+    candidate order, added until ``w`` fits (every max on its chain, its gang on one type), then
+    each but the last given back if ``w`` still fits without it. No guarantee or floor applies."""
+    assert pool.own is not None
+    cands = [c for c in pool.own.get(w.queue, ()) if c.priority < w.priority]
+    taken_ids, chain = pool.taken, cluster.chains[w.queue]
+    k, pods = w.gpus_per_pod, w.pods
+    considered = 0
+    for t in types:
+        vec = demand(w, t, cluster.equivalents)
+        taken: list[tuple[Running, Vec]] = []
+        need_nodes = not index.fits(t, k, pods)
+        need_quota = _over_max_all(cluster, ledger, w.queue, vec)
+        live = [c for c in cands if c.id not in taken_ids]
+        considered = max(considered, len(live))
+        for c in live:
+            if not ((need_nodes and c.gpu_type == t) or (need_quota and _shares(cluster, need_quota, c.queue, c.vec))):
+                continue
+            ledger.remove(chain, c.vec)
+            index.release(c.running.placement)
+            taken.append((c.running, c.vec))
+            need_nodes = not index.fits(t, k, pods)
+            need_quota = _over_max_all(cluster, ledger, w.queue, vec)
+            if not need_nodes and not need_quota:
+                break
+        else:
+            for r, vv in reversed(taken):        # undo: no set on this type
+                ledger.add(chain, vv)
+                index.take(r.placement)
+            continue
+        for j in range(len(taken) - 2, -1, -1):      # give back what is not needed
+            r, vv = taken[j]
+            ledger.add(chain, vv)
+            index.take(r.placement)
+            if index.fits(t, k, pods) and over_max(cluster, ledger, w.queue, vec) is None:
+                del taken[j]
+            else:
+                ledger.remove(chain, vv)
+                index.release(r.placement)
+        for r, _ in taken:
+            pool.took(r.workload.id, r.workload.queue, r.workload.priority)
+        return Plan(t, tuple(r for r, _ in taken))
+    n, first = _protected_for(pool, w, cluster.fences[w.queue], cluster.fences, own=True)
+    return NoPlan(None, considered, 0, n, first)
+
+
+def _protected_for(pool: Pool, w: Workload, fence: frozenset[str], fences: Mapping[str, frozenset[str]],
+                   own: bool) -> tuple[int, float]:
+    """(how many, the earliest end of protection) of the candidates within their minimum runtime
+    that a search for ``w`` could have taken: another queue's inside its fence at a priority at
+    most its own, or (``own``) its own queue's of strictly lower priority."""
+    n, first = 0, 0.0
+    for end, c in pool.protected:
+        if own:
+            ok = c.queue == w.queue and c.priority < w.priority
+        else:
+            ok = c.queue != w.queue and c.priority <= w.priority and fences[c.queue] == fence
+        if ok:
+            first = end if n == 0 or end < first else first
+            n += 1
+    return n, first
 
 
 def _over_max_all(cluster: Cluster, ledger: Ledger, queue: str, vec: Vec) -> list[tuple[str, str]]:

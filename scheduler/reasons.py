@@ -107,12 +107,28 @@ def no_victims(considered: int) -> str:
     return f"no allowed victim set makes it fit ({considered} running workloads considered)"
 
 
+def no_victims_within(queue: str, priority: int, considered: int) -> str:
+    return (f"no lower-priority work of its queue {queue} makes it fit (within_queue: {considered} "
+            f"running workloads below priority {priority} considered)")
+
+
+def protected(n: int, until_s: float, now_s: float) -> str:
+    """Candidates a search could have used but for their queue's ``min_runtime_s``."""
+    which = "1 more candidate is" if n == 1 else f"{n} more candidates are"
+    return f"{which} protected by min_runtime_s, the first until t={num(until_s)} (in {num(until_s - now_s)} s)"
+
+
 def fenced(n: int) -> str:
     return f"no victim set inside its preemption fence; {n} candidates are across a fence"
 
 
 def strict_fifo(head: Workload, queue: str) -> str:
     return f"behind {head.id} (priority {head.priority}) in strict FIFO queue {queue}"
+
+
+def preempted_within(queue: str, priority: int, victims_top: int) -> str:
+    return (f"preempt within queue {queue} (within_queue: lower_priority): priority {priority} over "
+            f"work of priority {victims_top} and below")
 
 
 def preempted(queue: str, s_used: Gpus, needed: Gpus, guaranteed: Gpus, resource: str = "gpu") -> str:

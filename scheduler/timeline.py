@@ -11,7 +11,9 @@ start and drops the cycle's overheads:
   running ones censored, its kinds), never a workload's true duration;
 - the **same rules, event by event** instead of cycle by cycle: the clock jumps from one finish
   (or preemption-delay expiry) to the next, on the scheduler's grid; at each, queues are served
-  lowest fair share first (:func:`scheduler.ordering.queue_key`), each queue's workloads in
+  lowest fair share first (:func:`scheduler.ordering.queue_key`; with fair share over time
+  :func:`~scheduler.ordering.scored_key`, each queue's score held at its value now over the
+  whole horizon: it moves by hours, a forecast looks ahead by minutes), each queue's workloads in
   workload order, the first that fits its queue chain's maxes (:func:`scheduler.quota.over_max`)
   and a best-fit gang placement (:class:`scheduler.placement.FreeIndex`, the core's own) starts,
   a ``strict_fifo`` queue's head blocking the rest; a workload within its queue's guarantee whose
@@ -56,7 +58,7 @@ from scheduler.cycle import acceptable_types, schedule
 from scheduler.forecast import EPS, DurationModel, Durations, Eta, Sampler, Present, after_first
 from scheduler.memo import CycleMemo
 from scheduler.model import Decisions, Gpus, Placement, Running, Workload
-from scheduler.ordering import QueueKey, queue_key
+from scheduler.ordering import QueueKey, ScoredKey, queue_key, queue_scores, scored_key
 from scheduler.placement import FreeIndex
 from scheduler.preemption import QueueRank, queue_ranks
 from scheduler.quota import Ledger, below_floor, over_guarantee, over_guarantee_pinned, over_max
@@ -126,7 +128,7 @@ class Timeline:
         """The timeline: target id -> its start on the low, middle and high paths."""
         quantiles = _Quantiles(self.levels, base, sampler if self.spread else None)
         run = _Run(self.cluster, snap.settings.preemption, snap.settings.preemption_delay_s, base, durations,
-                   quantiles)
+                   quantiles, snap.usage)
         starts = run.go(self.interval_s, serve_now)
         self.events += run.events
         return starts
@@ -191,8 +193,10 @@ class _Run:
     drops). A pass considers only the queues with a shape that fits, and those that may reclaim."""
 
     def __init__(self, cluster: Cluster, preemption: bool, delay_s: float, base: Present,
-                 durations: Durations, quantiles: _Quantiles) -> None:
+                 durations: Durations, quantiles: _Quantiles, usage: Mapping[str, float] | None = None) -> None:
         self.cluster, self.durations, self.quantiles = cluster, durations, quantiles
+        # fair share over time: the queues' scores as the snapshot has them, held over the horizon
+        self.scores = None if usage is None else queue_scores(cluster, usage)
         self.now = base.now
         self.delay = delay_s if preemption else math.inf
         self.free = FreeIndex(cluster, base.occupancy.node_free, base.occupancy.levels, base.occupancy.partial)
@@ -248,10 +252,10 @@ class _Run:
         self.trigger = (now, now, now)         # the event being served: (its time, low, high)
         self.fit: dict[_Shape, bool] = {}
         self.slots: dict[tuple[str, Gpus], int] = {}    # pods of a size that fit a type, while free is unchanged
-        self.keys: dict[str, QueueKey] = {}
+        self.keys: dict[str, QueueKey | ScoredKey] = {}
         # the queues with pending work by key, kept between passes: an entry is current while its
         # number is the queue's in ``qver`` (a queue whose key changes is pushed again)
-        self.qheap: list[tuple[QueueKey, int, str]] = []
+        self.qheap: list[tuple[QueueKey | ScoredKey, int, str]] = []
         self.qver: dict[str, int] = {}
         self.qseq = 0
         self.failed: dict[str, tuple[float, int]] = {}    # queue -> (time, own) its victim search failed at
@@ -289,10 +293,11 @@ class _Run:
             self.qver[q] = self.qseq
             heapq.heappush(self.qheap, (self.key(q), self.qseq, q))
 
-    def key(self, q: str) -> QueueKey:
+    def key(self, q: str) -> QueueKey | ScoredKey:
         k = self.keys.get(q)
         if k is None:
-            k = self.keys[q] = queue_key(self.cluster, self.ledger, q)
+            k = self.keys[q] = (queue_key(self.cluster, self.ledger, q) if self.scores is None
+                                else scored_key(self.cluster, self.ledger, q, self.scores))
         return k
 
     def shape_fits(self, s: _Shape) -> bool:
@@ -472,7 +477,7 @@ class _Run:
         while some shape still fits the free GPUs), then what may reclaim, by key."""
         fitting = [s for s, qs in self.shape_queues.items() if qs and self.shape_fits(s)]
         qheap, qver = self.qheap, self.qver
-        popped: list[tuple[QueueKey, int, str]] = []
+        popped: list[tuple[QueueKey | ScoredKey, int, str]] = []
         misses = 0
         while fitting and qheap:
             if misses >= 8:                     # the free GPUs may fit nothing any more

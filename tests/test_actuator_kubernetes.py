@@ -469,7 +469,7 @@ def test_source_lists_pending_and_admitted(api: ApiServer, actuator: KubernetesA
         pending = source.pending()
         assert [w.id for w, _ in pending] == ["raycluster/team-vision/vision-dev", "rayjob/team-a/train-llm"]
         assert pending[0][0].priority == 1000                       # read from scheduling.k8s.io
-        assert source.skipped == ("RayJob team-a/cpu-job: requests no GPUs (no template has nvidia.com/gpu)",)
+        assert source.skipped == ("RayJob team-a/cpu-job: requests no GPUs (no template has nvidia.com/gpu, nvidia.com/gpu.shared)",)
         lists = [r for r in api.calls("GET") if r.path.endswith(("/rayjobs", "/rayclusters"))]
         assert {r.query["limit"] for r in lists} == {"1"} and len(lists) == 3 + 1   # paged
         assert source.admitted() == []

@@ -10,8 +10,7 @@ out as KAI's under gpuq's rule today, but for the few marked ``differs`` (a rule
 purpose, named there: xfail(strict=True)). A case of class ``fair_share`` is replayed with
 ``scheduler.reclaim: fair_share`` and KAI's over-quota weights (issue 21) and must come out as
 KAI's likewise, but for those marked ``differs``. One of class ``within_queue`` is replayed with
-``within_queue: lower_priority`` on its queues, which gpuq does not have yet (issue 21): xfail
-(strict=True), so it fails the suite once the feature lands, and the mark must go.
+``within_queue: lower_priority`` on its queues, and must come out as KAI's (issue 21 built it).
 ``test_tally`` prints agree / differ / xfail / not comparable.
 """
 from __future__ import annotations
@@ -24,7 +23,6 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler.errors import ScenarioError
 from scheduler.simulator import run_scenario
 
 DATA = Path(__file__).parent / "data" / "kai"
@@ -51,7 +49,7 @@ def _leaves(queues: dict[str, Any]) -> list[dict[str, Any]]:
 def _scenario(case: dict[str, Any], mode: str = "guarantee") -> dict[str, Any]:
     data = yaml.safe_load((DATA / case["scenario"]).read_text())
     assert isinstance(data, dict)
-    if mode == "within_queue":     # the future per-queue key (issue 21)
+    if mode == "within_queue":     # the per-queue key (issue 21)
         data = copy.deepcopy(data)
         for spec in _leaves(data["queues"]):
             spec["within_queue"] = "lower_priority"
@@ -93,9 +91,7 @@ def _params(kind: str) -> list[Any]:
     out = []
     for c in _cases(kind):
         marks = []
-        if kind == "within_queue":
-            marks.append(pytest.mark.xfail(strict=True, reason=f"{kind} is not built yet (issue 21): {c['why']}"))
-        elif "differs" in c:
+        if "differs" in c:
             marks.append(pytest.mark.xfail(strict=True, reason=c["differs"]))
         out.append(pytest.param(c, id=c["case"], marks=marks))
     return out
@@ -112,8 +108,16 @@ def test_fair_share_case_comes_out_as_kai(case: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("case", _params("within_queue"))
-def test_future_mode_case_comes_out_as_kai(case: dict[str, Any]) -> None:
+def test_within_queue_case_comes_out_as_kai(case: dict[str, Any]) -> None:
     assert outcome(case, case["class"]) == case["expect"], case["kai_test"]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c["case"]) for c in _cases("guarantee")
+                                  if c["case"].startswith("preempt") and "differs" not in c])
+def test_preempt_action_cases_agree_with_within_queue_too(case: dict[str, Any]) -> None:
+    """KAI's preempt action is on in its preempt tests: those it does not preempt in must not
+    preempt with ``within_queue`` either."""
+    assert outcome(case, "within_queue") == case["expect"], case["kai_test"]
 
 
 def test_not_comparable_cases_say_why() -> None:
@@ -123,8 +127,8 @@ def test_not_comparable_cases_say_why() -> None:
 
 def test_tally(capsys: pytest.CaptureFixture[str]) -> None:
     """agree / differ under ``reclaim: guarantee`` and under ``reclaim: fair_share`` (each class in
-    its mode) / xfail (``within_queue`` cases) / not comparable, and how the fair-share cases come
-    out under the ``guarantee`` rule (for the record; not asserted)."""
+    its mode) / within_queue agree / not comparable, and how the fair-share and within-queue cases
+    come out without their mode (for the record; not asserted)."""
     cases = _expect()["cases"]
     classes = {c["class"] for c in cases}
     assert classes <= {"guarantee", "fair_share", "within_queue", "not_comparable"}
@@ -134,16 +138,16 @@ def test_tally(capsys: pytest.CaptureFixture[str]) -> None:
     fair_agree = [c["case"] for c in fair if outcome(c, "fair_share") == c["expect"]]
     fair_differ = [c["case"] for c in fair if c["case"] not in fair_agree]
     under_guarantee = [c["case"] for c in fair if outcome(c) == c["expect"]]
-    future = _cases("within_queue")
-    for c in future:                     # the mode's key is refused today: they are xfail for that
-        with pytest.raises(ScenarioError):
-            outcome(c, c["class"])
+    within = [c["case"] for c in _cases("within_queue") if outcome(c, "within_queue") == c["expect"]]
+    without = [c["case"] for c in _cases("within_queue") if outcome(c) == c["expect"]]
     with capsys.disabled():
         print(f"\nKAI cases: {len(cases)}; comparable under guarantee {len(agree) + len(differ)}: "
               f"agree {len(agree)}, differ {len(differ)} {differ}; under fair_share {len(fair)}: "
               f"agree {len(fair_agree)}, differ {len(fair_differ)} {fair_differ} (agreeing under guarantee: "
-              f"{under_guarantee or 'none'}); xfail {len(future)} (within_queue); "
+              f"{under_guarantee or 'none'}); within_queue agree {len(within)} of "
+              f"{len(_cases('within_queue'))} (agreeing without it: {without or 'none'}); "
               f"not comparable {len(_cases('not_comparable'))}")
+    assert len(within) == len(_cases("within_queue"))
     # the known differences are exactly the ones marked, each with its reason
     assert differ == [c["case"] for c in _cases("guarantee") if "differs" in c]
     assert fair_differ == [c["case"] for c in fair if "differs" in c]

@@ -1,8 +1,10 @@
 """``scheduler.reclaim: fair_share`` (issue 21): the entitlement (the GPUs beyond the guarantees
 divided by weight, :func:`accounting.fairshare.entitlements`), reclaiming toward it, the victim
 floor at it, the reasons, the scenario key, and the entitlement in the accounting's now view (what
-``/queues`` and ``gpuq queues`` show). KAI-Scheduler's own fair-share cases: tests/test_kai_cases.py;
-the mode's invariants over random scenarios: tests/test_scheduler_properties.py."""
+``/queues`` and ``gpuq queues`` show), and the mode beside ``within_queue`` and
+``usage_half_life_s`` (each replay held to every rule by tests/replay_rules.py). KAI-Scheduler's own
+fair-share cases: tests/test_kai_cases.py; the mode's invariants over random scenarios:
+tests/test_scheduler_properties.py."""
 from __future__ import annotations
 
 from decimal import Decimal
@@ -175,3 +177,94 @@ def test_the_dashboard_s_queues_table_and_gpuq_queues_show_the_entitlement() -> 
     assert cols.index("entitlement (GPUs)") == cols.index("guaranteed (GPUs)") + 1
     assert dict(zip(table["queue"], table["entitlement (GPUs)"]))["research.vision"] == 8
     assert QUEUE_COLUMNS.index("entitlement") == QUEUE_COLUMNS.index("guaranteed") + 1
+
+
+# --- fair_share beside the other issue-21 features: within_queue, fair share over time -------------
+
+def test_within_queue_searches_its_own_queue_above_its_entitlement() -> None:
+    """Under fair_share a queue above its entitlement may not preempt other queues (the quick no at
+    the entitlement), but with ``within_queue`` its own lower-priority work is still searched: the
+    queue gives up its own work, so no entitlement (nor guarantee) bounds that search."""
+    queues = {"a": {"guaranteed": {"gpu": 1}, "weight": 1, "within_queue": "lower_priority"},
+              "b": {"guaranteed": {"gpu": 1}, "weight": 1}}
+    c = cluster(queues, ("n", "H100", 8, 1))
+    running = [run(wl("a-lo", "a", 4), "H100", ("n-0", 4), start_s=0),
+               run(wl("b1", "b", 4), "H100", ("n-0", 4), start_s=1)]
+    # entitlements 4 and 4 (a wants 8, b 4; the 6 beyond the guarantees split 3:3): a holds 4
+    d = cycle(c, [wl("a-hi", "a", 4, priority=5)], running, reclaim="fair_share")
+    assert victims(d) == {"a-hi": ("a-lo",)}          # never b1: b is at its entitlement
+    assert d.preemptions[0].reason.startswith("preempt within queue a (within_queue: lower_priority)")
+    # nothing of lower priority in its queue: the reason names the entitlement and the own search
+    d = cycle(c, [wl("a-eq", "a", 4, priority=0)], running, reclaim="fair_share")
+    assert not d.preemptions
+    r = d.reason("a-eq")
+    assert r.code is ReasonCode.NO_VICTIMS
+    assert "queue a would hold 8 gpu, above its guaranteed 1 and its entitlement 4" in r.message
+    assert "no lower-priority work of its queue a makes it fit" in r.message
+    # without within_queue the same pending workload only waits, with the entitlement's reason
+    queues["a"].pop("within_queue")
+    d = cycle(cluster(queues, ("n", "H100", 8, 1)), [wl("a-hi", "a", 4, priority=5)], running, reclaim="fair_share")
+    assert not d.preemptions
+    assert d.reason("a-hi").code is ReasonCode.NO_FIT
+    assert d.reason("a-hi").message.endswith("above its guaranteed 1 and its entitlement 4")
+
+
+def _within_and_fair(within: bool) -> dict[str, Any]:
+    """b fills 8 GPUs with four 2-GPU jobs; a (guaranteed 1, weight 1 like b) then asks for 2 at
+    priority 0, 2 at priority 5 and 2 at priority 9."""
+    a: dict[str, Any] = {"guaranteed": {"gpu": 1}, "weight": 1}
+    if within:
+        a["within_queue"] = "lower_priority"
+    return {"name": "within-and-fair", "scheduler": {"preemption": True, "preemption_delay_s": 30, "reclaim": "fair_share"},
+            "nodes": [{"name": "n", "gpu_type": "H100", "gpus": 8}],
+            "queues": {"a": a, "b": {"guaranteed": {"gpu": 1}, "weight": 1}},
+            "workloads": [*({"id": f"b-{i}", "queue": "b", "submit": i, "duration": 1000, "gpus_per_pod": 2}
+                            for i in range(1, 5)),
+                          {"id": "a-lo", "queue": "a", "submit": 10, "duration": 1000, "gpus_per_pod": 2},
+                          {"id": "a-hi", "queue": "a", "submit": 100, "duration": 1000, "gpus_per_pod": 2, "priority": 5},
+                          {"id": "a-top", "queue": "a", "submit": 200, "duration": 1000, "gpus_per_pod": 2,
+                           "priority": 9}]}
+
+
+@pytest.mark.parametrize("within", [True, False])
+def test_fair_share_and_within_queue_replay_keeps_every_rule(within: bool) -> None:
+    """a reclaims toward its entitlement from b twice (2, then 4 of its 4: b stays at its own 4);
+    at its entitlement, a-top may take only a's own lower-priority work, and only with
+    ``within_queue``. The property checker finds no broken rule in either replay."""
+    sc = _within_and_fair(within)
+    events = list(run_scenario(sc).events)
+    Checker(sc).check(events)
+    got = [(e["t"], e["workload"], e["by"], e["reason"].split(":")[0]) for e in events if e["event"] == "preempt"]
+    want = [(40.0, "b-4", "a-lo", "reclaim entitlement for a"), (130.0, "b-3", "a-hi", "reclaim entitlement for a")]
+    if within:
+        want.append((230.0, "a-lo", "a-top", "preempt within queue a (within_queue"))
+    assert got == want
+
+
+def _scored_reclaim(half_life: float | None, reclaim: str = "fair_share") -> dict[str, Any]:
+    """a used all 4 GPUs for a day, b none; then c (weight 0: no entitlement) holds the 4 in two
+    jobs, one of them (priority 1) above the preemptors' priority 0. a and b each ask for 2, within
+    their entitlement of 2 (no guarantees): only one of them can reclaim, the first in queue order."""
+    day = 86400.0
+    sched: dict[str, Any] = {"preemption": True, "preemption_delay_s": 30, "reclaim": reclaim}
+    if half_life is not None:
+        sched["usage_half_life_s"] = half_life
+    return {"name": "scored-reclaim", "scheduler": sched, "nodes": [{"name": "n", "gpu_type": "H100", "gpus": 4}],
+            "queues": {"a": {"weight": 1}, "b": {"weight": 1}, "c": {"weight": 0}},
+            "workloads": [{"id": "a-past", "queue": "a", "submit": 0, "duration": day, "gpus_per_pod": 4},
+                          {"id": "c-1", "queue": "c", "submit": day, "duration": day, "gpus_per_pod": 2, "priority": 1},
+                          {"id": "c-2", "queue": "c", "submit": day, "duration": day, "gpus_per_pod": 2},
+                          {"id": "a-2", "queue": "a", "submit": day + 10, "duration": 600, "gpus_per_pod": 2},
+                          {"id": "b-2", "queue": "b", "submit": day + 10, "duration": 600, "gpus_per_pod": 2}]}
+
+
+def test_with_usage_half_life_the_less_used_queue_reclaims_its_entitlement_first() -> None:
+    def preempts(sc: dict[str, Any]) -> list[tuple[str, str, str]]:
+        events = list(run_scenario(sc).events)
+        Checker(sc).check(events)
+        return [(e["workload"], e["by"], e["reason"]) for e in events if e["event"] == "preempt"]
+
+    why = "reclaim entitlement for {}: holds 0 of entitlement 2 gpu (guaranteed 0), needs 2"
+    assert preempts(_scored_reclaim(None)) == [("c-2", "a-2", why.format("a"))]        # the queue path: a first
+    assert preempts(_scored_reclaim(7 * 86400.0)) == [("c-2", "b-2", why.format("b"))]  # a's past use: b first
+    assert preempts(_scored_reclaim(7 * 86400.0, "guarantee")) == []                   # no guarantee to restore

@@ -47,7 +47,12 @@ The mapping (:func:`workload_of`). The scheduler's Workload is one pod set (``po
     the types the gang may run on (all types when it selects none). The fewest, so that where one
     node of the pool is not time-sliced (or a type has no node seen) the request stays whole GPUs:
     the scheduler then counts at least what the pod will hold, never less. ``k / R`` of more than
-    one GPU but not whole is refused.
+    one GPU but not whole is refused. ``nvidia.com/gpu.shared: k`` (the device plugin's
+    ``renameByDefault: true``, which advertises a time-sliced node's replicas under that name, and
+    GFD still labels them ``nvidia.com/gpu.replicas``) is read the same way, as the collector bills
+    it; as only time-sliced nodes advertise it, a gang selecting no type may run on the time-sliced
+    types alone (those with ``R`` above 1; none seen: refused, naming the annotation). A gang asking both ``nvidia.com/gpu`` and
+    ``nvidia.com/gpu.shared`` is refused (different nodes: not one GPU type).
 * **originator** = True: the workload holds the Ray head, so it is preempted after plain pods.
 * **gpu_types**: the ``gpuq.io/gpu-types`` annotation (``H100,A100``, in preference order), else
   the value of ``nvidia.com/gpu.product`` (``node_label_key``) that the GPU templates already
@@ -95,6 +100,7 @@ from kubernetes.client.exceptions import ApiException
 from accounting.quantity import cpu_millicores, memory_bytes
 from gpuq.gpu_share import (
     GPU_RESOURCE,
+    SHARED_GPU_RESOURCE,
     KAI_DEVICES,
     KAI_FRACTION,
     MIG_PREFIX,
@@ -109,6 +115,7 @@ from scheduler.actuators.k8s_events import EventRecorder, Involved
 from scheduler.actuators.kubernetes import (
     CANCELLED_ANNOTATION,
     GPU_PRODUCT_LABEL,
+    GPU_RESOURCES,
     PLURALS,
     RAY_GROUP,
     RAY_VERSION,
@@ -128,6 +135,7 @@ GPU_TYPES_ANNOTATION = "gpuq.io/gpu-types"
 PRIORITY_ANNOTATION = "gpuq.io/priority"
 PREEMPTIBLE_ANNOTATION = "gpuq.io/preemptible"
 EXPECTED_DURATION_ANNOTATION = "gpuq.io/expected-duration"
+LAST_CHECKPOINT_ANNOTATION = "gpuq.io/last-checkpoint"     # RFC 3339 or Unix seconds (issue 21)
 _FALSE = ("false", "0", "no")
 MAX_EXPECTED_S = 10 * 366 * 86400.0         # the API's bound on a declared running time
 # Go's time.ParseDuration units (a duration is one or more of <number><unit>, "2h30m")
@@ -153,7 +161,7 @@ class SourceKeys:
 
     queue_labels: tuple[str, ...] = ("kueue.x-k8s.io/queue-name", "queue", "yunikorn.apache.org/queue")
     queue_annotations: tuple[str, ...] = ("yunikorn.apache.org/queue",)
-    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)
+    gpu_resources: tuple[str, ...] = GPU_RESOURCES     # nvidia.com/gpu and nvidia.com/gpu.shared
     node_label_key: str = GPU_PRODUCT_LABEL
 
 
@@ -322,6 +330,53 @@ def duration_seconds(text: str) -> float:
     return value
 
 
+def checkpoint_seconds(value: object) -> float:
+    """A checkpoint's time as Unix seconds: an RFC 3339 time with its offset (``2025-06-01T10:00:00Z``)
+    or Unix seconds (a number, or its text); ValueError saying what is wrong. The API's
+    ``last_checkpoint`` and the ``gpuq.io/last-checkpoint`` annotation both read it."""
+    import datetime as dt
+    import math
+
+    if isinstance(value, bool):
+        raise ValueError(f"expected an RFC 3339 time or Unix seconds, got {value!r}")
+    if isinstance(value, (int, float)):
+        t = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            t = float(text)
+        except ValueError:
+            try:
+                when = dt.datetime.fromisoformat(text.replace("z", "Z"))
+            except ValueError:
+                raise ValueError(f"expected an RFC 3339 time or Unix seconds, got {value[:64]!r}") from None
+            if when.tzinfo is None:
+                raise ValueError(f"an RFC 3339 time needs its offset (Z or +hh:mm), got {value[:64]!r}")
+            t = when.timestamp()
+    else:
+        raise ValueError(f"expected an RFC 3339 time or Unix seconds, got {type(value).__name__}")
+    if not math.isfinite(t) or not 0 <= t < 1e11:
+        raise ValueError(f"{value!r} is not a time gpuq takes (Unix seconds from 0 to 1e11)")
+    return t
+
+
+def last_checkpoint(notes: Mapping[str, str], warn: Callable[[str], None] | None = None) -> float | None:
+    """The ``gpuq.io/last-checkpoint`` annotation as Unix seconds, or None (absent, or unreadable:
+    then said through ``warn``, as :func:`_expected` does; a preemption counts all of the run)."""
+    raw = notes.get(LAST_CHECKPOINT_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        return checkpoint_seconds(raw)
+    except ValueError as exc:
+        message = f"annotation {LAST_CHECKPOINT_ANNOTATION}: {exc}; a preemption counts all of its run as lost"
+        if warn is not None:
+            warn(message)
+        else:
+            log.warning("%s", message)
+        return None
+
+
 def _expected(notes: Mapping[str, str], warn: Callable[[str], None] | None) -> float | None:
     raw = notes.get(EXPECTED_DURATION_ANNOTATION)
     if raw is None:
@@ -384,6 +439,17 @@ def workload_of(kind: str, obj: Mapping[str, Any], *, keys: SourceKeys = SourceK
         types = _mig_gang_types(profile, types, mig_types, labels, f"{MIG_PREFIX}{profile}")
         per_pod: list[Gpus] = list(asked)
     else:
+        renamed = [pod_gpus(t.get("spec") or {}, (SHARED_GPU_RESOURCE,)) if SHARED_GPU_RESOURCE in keys.gpu_resources
+                   else 0 for _, t in templates]
+        asks_renamed = any(r and n for r, n in zip(renamed, counts))
+        if asks_renamed and any(d - r and n for d, r, n in zip(devices, renamed, counts)):
+            raise ObjectError(f"{SHARED_GPU_RESOURCE} and {GPU_RESOURCE} in one gang: the device plugin advertises "
+                              "them on different nodes, and a gang is one GPU type")
+        if asks_renamed and not types:      # advertised by time-sliced nodes only: those types
+            types = tuple(sorted(t for t, r in replicas.items() if r > 1))
+            if not types:
+                raise ObjectError(f"{SHARED_GPU_RESOURCE}: no time-sliced GPU type seen (no schedulable node "
+                                  "labelled nvidia.com/gpu.replicas above 1); name one in gpuq.io/gpu-types")
         pool = types or tuple(replicas)
         shared = min((replicas.get(t, 1) for t in pool), default=1)     # time-slicing (module docstring)
         per_pod = [time_sliced(d, shared) if d else template_share(t) for d, (_, t) in zip(devices, templates)]
@@ -461,6 +527,9 @@ class KubernetesWorkloadSource:
         self._seen: dict[str, tuple[str, str]] = {}      # workload id -> (uid, generation) as last listed
         # workload id -> (uid, generation, problem) told by a BadAnnotation Event: told once per generation
         self.warned: dict[str, tuple[str, str, str]] = {}
+        # workload id -> its gpuq.io/last-checkpoint as last listed (Unix seconds; issue 21): not part
+        # of the Workload, which a checkpoint must not change (a changed Workload is taken again as new)
+        self.checkpoints: dict[str, float] = {}
 
     def refused(self, workload: Workload, target: Target, code: str, message: str) -> dict[str, str]:
         """Tell the object's owners that the scheduler holds it (``code``: ``queue_not_allowed``) with
@@ -499,6 +568,7 @@ class KubernetesWorkloadSource:
 
         out, skipped = [], []
         seen: dict[str, tuple[str, str]] = {}
+        checkpoints: dict[str, float] = {}
         replicas = dict(self.replicas())
         for kind in self.kinds:
             for obj in self.list_objects(kind):
@@ -514,9 +584,12 @@ class KubernetesWorkloadSource:
                 if got is not None:
                     out.append((*got, obj))
                     seen[got[0].id] = (str(meta.get("uid") or ""), str(meta.get("generation") or ""))
+                    at = last_checkpoint(meta.get("annotations") or {}, problems.append)
+                    if at is not None:
+                        checkpoints[got[0].id] = at
                     if problems:
                         self._tell_problem(*got, seen[got[0].id], "; ".join(problems))
-        self.skipped, self._seen = tuple(skipped), seen
+        self.skipped, self._seen, self.checkpoints = tuple(skipped), seen, checkpoints
         self.warned = {wid: told for wid, told in self.warned.items() if wid in seen}
         return sorted(out, key=lambda x: x[0].id)
 
