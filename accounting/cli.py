@@ -23,7 +23,7 @@ from accounting.usage import BY_KEYS, check_by, counts_losses
 from gpuq.errors import GpuqError
 from gpuq.output import render
 
-QUEUE_COLUMNS = ("queue", "gpu_type", "allocated", "guaranteed", "max", "pending", "fair_share",
+QUEUE_COLUMNS = ("queue", "gpu_type", "allocated", "guaranteed", "entitlement", "max", "pending", "fair_share",
                  "effective_max", "borrowed", "lent", "over_quota_share", "idle")
 USAGE_VALUES = ("gpu_seconds", "gpu_hours", "idle_gpu_seconds", "idle_ratio", "cost", "idle_cost", "idle_method")
 USAGE_EQ = ("eq_hours", "cost_per_eq_hour")        # where equivalents are set (accounting.usage)

@@ -22,7 +22,7 @@ File layout (every section optional except ``queues``)::
         guaranteed: {gpu: 24}
         max: {gpu: 80, gpu/H100: 8, gpu_eq: 40, cpu: 512, memory: 4Ti}
         priority: 0
-        weight: 2                   # share of idle capacity (over-quota), > 0
+        weight: 2                   # share beyond the guarantees (over-quota), >= 0; 0: none
         preemption: {fence: true}   # no preemption leaves or enters this subtree
         strict_fifo: false
         within_queue: lower_priority    # its own pending may preempt its lower-priority work (default never)
@@ -443,8 +443,8 @@ def _queue(name: Any, spec: Any, parent: str, path: str, where: str,
         raise QueueConfigError(where, f"expected a mapping, got {type(spec).__name__}")
     _unknown_keys(spec, QUEUE_KEYS | ACCESS_KEYS, where)
     weight = float(_number(spec, "weight", 1.0, where))
-    if weight <= 0:
-        raise QueueConfigError(f"{where}.weight", f"must be positive, got {shown(spec['weight'])}")
+    if not 0 <= weight < float("inf"):          # 0: no share beyond the guarantee (issue 21)
+        raise QueueConfigError(f"{where}.weight", f"must be 0 or more (and finite), got {shown(spec['weight'])}")
     pre = spec.get("preemption") or {}
     if not isinstance(pre, Mapping):
         raise QueueConfigError(f"{where}.preemption", f"expected a mapping, got {type(pre).__name__}")

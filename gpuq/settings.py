@@ -186,6 +186,9 @@ class SchedulerSettings(_Section):
     cycle_interval_s: float = Field(default=1.0, gt=0)
     preemption: bool = True
     preemption_delay_s: float = Field(default=30.0, ge=0)
+    # what a preemption may restore (issue 21): a queue's guarantee only (YuniKorn's rule), or also its
+    # entitlement, the GPUs beyond the guarantees divided by queue weight (docs/SCENARIOS.md)
+    reclaim: Literal["guarantee", "fair_share"] = "guarantee"
     # fair share over time (issue 21): a queue's GPU use decayed with this half-life lowers its place
     # in the order of queues (scheduler/ordering.py); 0: off, today's order
     usage_half_life_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)

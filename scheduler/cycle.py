@@ -66,9 +66,18 @@ from scheduler.model import (
 from scheduler.ordering import QueueKey, ScoredKey, grouped, queue_key, queue_scores, scored_key
 from scheduler.placement import FreeIndex, node_slots
 from scheduler.preemption import NoPlan, Plan, Pool, candidates, own_candidates, plan, protected
-from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_guarantee_pinned, over_max
+from scheduler.quota import (
+    Ledger,
+    Shortfall,
+    cycle_entitlements,
+    never_within_max,
+    over_guarantee,
+    over_guarantee_pinned,
+    over_max,
+    within_entitlement,
+)
 from accounting.queues import GPU_EQ
-from scheduler.snapshot import PINNED, UNBOUNDED, Cluster, Snapshot, demand
+from scheduler.snapshot import FAIR_SHARE, PINNED, UNBOUNDED, Cluster, Snapshot, demand
 from scheduler.verdicts import (
     AllFull,
     AwaitingDelay,
@@ -88,6 +97,8 @@ def schedule(snap: Snapshot, now: float) -> Decisions:
     groups = grouped(memo, snap.pending, snap.changes)
     cycle.qchanges = memo.grouped_changes
     cycle.check_queues(groups)
+    if snap.settings.reclaim == FAIR_SHARE and cycle.preemption:
+        cycle.entitle(groups)
     key: Callable[[str], QueueKey | ScoredKey] = cycle.queue_key if snap.usage is None else cycle.scored_key
     heap = [(key(q), q) for q in groups]
     heapq.heapify(heap)
@@ -145,6 +156,11 @@ class _Cycle:
                 dict(c.gpu_guarantee),
                 frozenset(q for q, cfg in c.config.queues.items() if cfg.within_queue))
         self.leaves, self.strict, self.guarantees, self.within = table
+        # reclaim: fair_share (:meth:`entitle`): each queue's entitlement this cycle, and per leaf
+        # what its usage may reach by preempting, max(gpu guarantee, entitlement); under
+        # ``guarantee``: None, and the gpu guarantees
+        self.entitled: Mapping[str, Gpus] | None = None
+        self.limits: Mapping[str, Gpus] = self.guarantees
         self.qchanges: QueueChanges = {}        # what this cycle's grouping changed (schedule sets it)
         self.fit_lists = self.memo.fit_lists
         self.known = _known(self.memo, len(snap.pending))
@@ -162,6 +178,15 @@ class _Cycle:
         self.no_plan: dict[tuple[str, tuple[str, ...], Gpus, int, int], NoPlan] = {}
         self.no_own: dict[tuple[str, tuple[str, ...], Gpus, int, int], NoPlan] = {}   # within-queue searches
         self.ineligible: dict[tuple[str, Gpus, int], str] = {}
+
+    def entitle(self, groups: dict[str, list[Workload]]) -> None:
+        """``reclaim: fair_share``: find the cycle's entitlements (once per cycle, before any walk:
+        :func:`scheduler.quota.cycle_entitlements`); a leaf may then preempt up to the larger of its
+        gpu guarantee and its entitlement, and its reasons name both."""
+        ent = self.entitled = cycle_entitlements(self.cluster, self.ledger, groups, self.memo)
+        g = self.guarantees
+        self.limits = {q: max(g[q], ent.get(q, 0)) for q in self.leaves}
+        self.ctx = self.ctx._replace(entitled=ent)
 
     def queue_key(self, q: str) -> QueueKey:
         """:func:`scheduler.ordering.queue_key`, kept across cycles per queue while the queue's
@@ -218,6 +243,7 @@ class _Cycle:
         all_full, preemption = self.all_full, self.preemption
         used = self.ledger.used(q, "gpu")
         g = self.guarantees[q]
+        lim = self.limits[q]                 # g, or under reclaim: fair_share max(g, entitlement)
         strict = q in self.strict
         # a queue whose work may preempt within it is never "above its guarantee" for the quick noes
         # below: its search within the queue is bounded by no guarantee (scheduler.preemption)
@@ -228,7 +254,7 @@ class _Cycle:
                 a = self.counts.get(q)
                 if a is None or a.lst is not lst:
                     a = self.counts_of(q, lst)
-                if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > g) \
+                if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > lim) \
                         and (not a.pinned or self.ledger.used(q, PINNED_GPU) + min(a.pinned) > g):
                     n = len(lst)
                     self.parts[q] = _Quiet(self.ctx, q, lst, preemption, (0, n, all_full, used), a,
@@ -240,9 +266,10 @@ class _Cycle:
         start, n = i, len(lst)
         seen: dict[int, Settled | _MayPreempt] = {}      # Fit.key -> what the shape found in this walk
         pinned = self.ledger.used(q, PINNED_GPU)
-        # what the queue may still take within its guarantee, found once: a workload's test is one
-        # compare (``used + gpus > g`` as ``gpus > left``: the same for ints, and for exact shares)
-        left, pinned_left = g - used, g - pinned
+        # what the queue may still take within its guarantee (its entitlement), found once: a
+        # workload's test is one compare (``used + gpus > lim`` as ``gpus > left``: the same for
+        # ints, and for exact shares)
+        left, pinned_left = lim - used, g - pinned
         v: Verdict | None
         while i < n:
             fit = fits[i]
@@ -413,8 +440,10 @@ class _Cycle:
     def _not_eligible(self, queue: str, used: Gpus, gpus: Gpus, g: int) -> str:
         why = self.ineligible.get((queue, used + gpus, g))
         if why is None:
+            ent = self.entitled
             why = self.ineligible[(queue, used + gpus, g)] = reasons.not_eligible(
-                Shortfall(queue, "gpu", g, used, gpus))
+                Shortfall(queue, "gpu", g, used, gpus)) if ent is None else reasons.not_entitled(
+                queue, used + gpus, g, ent.get(queue, 0))
         return why
 
     def _pre_class(self, w: Workload, fit: Fit, miss: Settled) -> Settled | _MayPreempt:
@@ -427,21 +456,29 @@ class _Cycle:
         cluster, ledger = self.cluster, self.ledger
         used, g = ledger.used(w.queue, "gpu"), cluster.gpu_guarantee[w.queue]
         types = fit.types
-        own = types if w.queue in self.within else ()
+        own = types if w.queue in self.within else ()      # within_queue: its own queue's search too
         delay_s = self.snap.settings.preemption_delay_s
-        if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no
+        # the gpu guarantee (under reclaim: fair_share, the entitlement) binds on every type: a quick
+        # no between queues; a within-queue queue still searches its own work (no guarantee bounds it)
+        if used + w.gpus > self.limits[w.queue]:
             why = self._not_eligible(w.queue, used, w.gpus, g)
             return _MayPreempt(message, (), delay_s, own, why) if own else Settled(code, f"{message}; {why}")
         if len(cluster.guarantee[w.queue]) == 1 and g != UNBOUNDED:   # a gpu guarantee only: just checked
+            return _MayPreempt(message, types, delay_s, own)
+        ent = self.entitled
+        if within_entitlement(ledger, w.queue, w.gpus, ent):      # within its entitlement on every type
             return _MayPreempt(message, types, delay_s, own)
         eq = cluster.equivalents
         eligible = [t for t in types if over_guarantee(cluster, ledger, w.queue, demand(w, t, eq)) is None]
         if not eligible:
             short = over_guarantee(cluster, ledger, w.queue, demand(w, types[0], eq))
             assert short is not None
+            why = reasons.not_eligible(short)
+            if ent is not None:
+                why += f"; and {reasons.amount(used + w.gpus)} gpu, above its entitlement {reasons.amount(ent.get(w.queue, 0))}"
             if own:
-                return _MayPreempt(message, (), delay_s, own, reasons.not_eligible(short))
-            return Settled(code, f"{message}; {reasons.not_eligible(short)}")
+                return _MayPreempt(message, (), delay_s, own, why)
+            return Settled(code, f"{message}; {why}")
         return _MayPreempt(message, tuple(eligible), delay_s, own)
 
     def _plan_verdict(self, w: Workload, pre: _MayPreempt) -> Admission | Settled:
@@ -471,12 +508,19 @@ class _Cycle:
         basis = "gpu" if cluster.gpu_guarantee[w.queue] != UNBOUNDED else GPU_EQ   # what its guarantee is in
         holds, g = ledger.used(w.queue, basis), cluster.guarantee[w.queue][basis]
         needed = w.gpus if basis == "gpu" else dict(vec)[GPU_EQ]
+        ent = self.entitled
+        if within:                       # its own queue's lower-priority work (within_queue)
+            why = reasons.preempted_within(w.queue, w.priority, max(r.workload.priority for r in result.victims))
+        elif ent is not None and over_guarantee(cluster, ledger, w.queue, vec) is not None:
+            # above its guarantee: this preemption restores its entitlement (fair_share)
+            why = reasons.preempted_entitled(w.queue, ledger.used(w.queue, "gpu"), w.gpus, ent.get(w.queue, 0),
+                                             cluster.gpu_guarantee[w.queue])
+        else:
+            why = reasons.preempted(w.queue, holds, needed, g, basis)
         ledger.add(cluster.chains[w.queue], vec)
         victims = tuple(r.workload.id for r in result.victims)
         self.no_room.clear()
         self.all_full = {}               # a new one: parts built earlier keep reading the old one
-        why = reasons.preempted_within(w.queue, w.priority, max(r.workload.priority for r in result.victims)) \
-            if within else reasons.preempted(w.queue, holds, needed, g, basis)
         self.preemptions.append(Preemption(w.id, w.queue, victims, why))
         admission = Admission(w, placement, victims)
         self.admissions.append(admission)
@@ -515,7 +559,7 @@ class _Cycle:
                                     self.cluster.fences, protected(self.cluster, running, now))
         if own and pool.own is None:
             pool.own = own_candidates(self.cluster, self.snap.running, self.now, self.memo)
-        result = plan(self.cluster, self.ledger, self.index, pool, w, types, own)
+        result = plan(self.cluster, self.ledger, self.index, pool, w, types, own=own, entitled=self.entitled)
         pool.compact()
         return result
 
@@ -562,6 +606,7 @@ class _Context(NamedTuple):
     now: float
     delay_s: float
     known: dict[str, Known]
+    entitled: Mapping[str, Gpus] | None = None     # reclaim: fair_share's entitlements (the reasons name them)
 
 
 class _Part:
@@ -577,8 +622,11 @@ class _Part:
 
     def _build(self, segments: Sequence[Segment], vs: list[Verdict]) -> list[PendingReason]:
         q, lst = self.queue, self.lst
-        cluster, now, delay_s, known = self.ctx
-        head, tail = _facts(cluster, q).why_not
+        cluster, now, delay_s, known, entitled = self.ctx
+        if entitled is None:
+            head, tail = _facts(cluster, q).why_not
+        else:
+            head, tail = reasons.above_entitlement_parts(q, cluster.gpu_guarantee[q], entitled.get(q, 0))
         no_fit = ReasonCode.NO_FIT
         out: list[PendingReason] = []
         j = 0
@@ -648,7 +696,8 @@ class _Quiet(_Part):
         # they are that list (what the service reads every cycle; the counts are this list's only
         # while unchanged).
         q, lst, pre, counts, pinned = self.queue, self.lst, self.preemption, self.counts, self.pinned
-        cluster, _, _, known = self.ctx
+        cluster, _, _, known, entitled = self.ctx
+        ent = None if entitled is None else entitled.get(q, 0)
         _, _, all_full, used = self.segment
         built = cluster.memo.built
         rooms: tuple[Settled, ...] | None = None
@@ -656,7 +705,7 @@ class _Quiet(_Part):
             rooms = tuple([all_full[r] for r in counts.rooms])
             rec = built.get(q)
             if rec is not None and rec.lst is lst and rec.preemption is pre and rec.used == used \
-                    and rec.pinned == pinned and rec.rooms == rooms:
+                    and rec.entitled == ent and rec.pinned == pinned and rec.rooms == rooms:
                 return rec.reasons
         g = cluster.gpu_guarantee[q]
         vs: list[Verdict] = []
@@ -670,7 +719,7 @@ class _Quiet(_Part):
             vs.append(v)
         out = self._build((self.segment,), vs)
         if rooms is not None:
-            built[q] = BuiltReasons(lst, pre, used, pinned, rooms, out)
+            built[q] = BuiltReasons(lst, pre, used, ent, pinned, rooms, out)
         return out
 
 

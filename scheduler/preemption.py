@@ -2,9 +2,12 @@
 
 Rules (FORMAT.md and issue 4; each has a test in tests/test_scheduler_preemption.py):
 
-* only for a preemptor whose leaf queue stays at or below its guarantee after admission;
+* only for a preemptor whose leaf queue stays at or below its guarantee after admission (with
+  ``scheduler.reclaim: fair_share``, issue 21: or at or below its entitlement, in GPUs of any
+  type: :func:`scheduler.quota.within_entitlement`);
 * a victim's leaf queue and each of its ancestors not shared with the preemptor stay at or
   above their guarantee after the victims leave (so victims come only from queues above it);
+  with ``fair_share`` also at or above their entitlement (:func:`scheduler.quota.below_entitlement`);
 * victim priority <= preemptor priority; non-preemptible workloads are never victims; no victim
   across a preemption fence (fenced subtrees neither lose nor take by preemption);
 * victims are whole gangs; the set is minimal: candidates are added in candidate order until the
@@ -36,12 +39,13 @@ first is protected (:attr:`NoPlan.protected_until`).
 
 Within a queue (issue 21; KAI-Scheduler's preempt action, Kueue's ``withinClusterQueue:
 LowerPriority``): a pending workload of a queue with ``within_queue: lower_priority`` that finds no
-victim set in other queues (or may not look there: its queue would go above its guarantee) may
-preempt its *own* leaf queue's work of strictly lower priority (:func:`plan` with ``own=True``).
-Such a set holds only victims of its own queue, in the same candidate order; the queue gives up
-its own work, so neither its guarantee nor a floor bounds it (as Kueue lets a workload borrow when
-every candidate is of its own ClusterQueue) but every max on its chain does, as always. Sets never
-mix the two kinds: the rules of each stay checkable on their own.
+victim set in other queues (or may not look there: its queue would go above its guarantee, or
+under ``fair_share`` above its entitlement) may preempt its *own* leaf queue's work of strictly
+lower priority (:func:`plan` with ``own=True``). Such a set holds only victims of its own queue, in
+the same candidate order; the queue gives up its own work, so neither its guarantee, its
+entitlement nor a floor bounds it (as Kueue lets a workload borrow when every candidate is of its
+own ClusterQueue) but every max on its chain does, as always. Sets never mix the two kinds: the
+rules of each stay checkable on their own.
 
 The search runs on the cycle's working ledger and free index and undoes every change it made
 unless it succeeds (explicit undo); the snapshot is never touched.
@@ -58,9 +62,18 @@ from typing import NamedTuple
 
 from accounting.queues import GPU_EQ
 from scheduler.memo import CandidateOrder, CycleMemo
-from scheduler.model import Running, Workload
+from scheduler.model import Gpus, Running, Workload
 from scheduler.placement import FreeIndex
-from scheduler.quota import Ledger, Shortfall, Vec, below_floor, over_guarantee, over_max
+from scheduler.quota import (
+    Ledger,
+    Shortfall,
+    Vec,
+    below_entitlement,
+    below_floor,
+    over_guarantee,
+    over_max,
+    within_entitlement,
+)
 from scheduler.snapshot import Cluster, demand
 
 
@@ -318,12 +331,15 @@ def plan(
     w: Workload,
     types: tuple[str, ...],
     own: bool = False,
+    entitled: Mapping[str, Gpus] | None = None,
 ) -> Plan | NoPlan:
     """Find victims for ``w`` on the first of ``types`` where a set exists, and apply its removal
     to ``ledger`` and ``index`` (the caller then places ``w``). The search adds to ``pool.dead``
     the victims it takes and the candidates whose own queue is at its floor. On failure nothing
     else is changed. ``own``: victims from ``w``'s own queue only (module docstring, "Within a
-    queue"; ``pool.own`` set)."""
+    queue"; ``pool.own`` set; no entitlement floor applies there: the queue gives up its own
+    work). ``entitled``: the cycle's entitlements under ``reclaim: fair_share``
+    (:func:`scheduler.quota.cycle_entitlements`), ``None`` under ``guarantee``."""
     if own:
         return _plan_own(cluster, ledger, index, pool, w, types)
     chain = cluster.chains[w.queue]
@@ -337,7 +353,7 @@ def plan(
     for t in types:
         vec = demand(w, t, cluster.equivalents)
         s = over_guarantee(cluster, ledger, w.queue, vec)
-        if s is not None:
+        if s is not None and not within_entitlement(ledger, w.queue, w.gpus, entitled):
             ineligible = ineligible or s
             continue
         ineligible = None
@@ -352,6 +368,8 @@ def plan(
             if not ((need_nodes and vtype == t) or (need_quota and _shares(cluster, need_quota, vq, vv))):
                 continue
             short = below_floor(cluster, ledger, vq, vv, shared)
+            if short is None and entitled is not None:
+                short = below_entitlement(cluster, ledger, vq, vv, shared, entitled)
             if short is not None:
                 if short.queue == vq:
                     pool.kill(vid, vq, vprio)   # its own queue is at its floor: no preemptor can take it

@@ -77,6 +77,18 @@ def above_guarantee_parts(queue: str, resource: str, guaranteed: Gpus) -> tuple[
     return f"no preemption: queue {queue} would hold ", f" {resource}, above its guaranteed {amount(guaranteed)}"
 
 
+def above_entitlement_parts(queue: str, guaranteed: Gpus, entitled: Gpus) -> tuple[str, str]:
+    """``reclaim: fair_share``'s :func:`above_guarantee_parts`: a queue may preempt within its
+    guarantee or its entitlement (in GPUs of any type), so the reason names both."""
+    return (f"no preemption: queue {queue} would hold ",
+            f" gpu, above its guaranteed {amount(guaranteed)} and its entitlement {amount(entitled)}")
+
+
+def not_entitled(queue: str, would_hold: Gpus, guaranteed: Gpus, entitled: Gpus) -> str:
+    head, tail = above_entitlement_parts(queue, guaranteed, entitled)
+    return f"{head}{amount(would_hold)}{tail}"
+
+
 def pinned_over(s: Shortfall) -> str:
     return (f"non-preemptible: queue {s.queue}'s non-preemptible work would hold {amount(s.used + s.needed)} "
             f"{s.resource}, above its guaranteed {s.limit} (it holds {amount(s.used)})")
@@ -122,3 +134,11 @@ def preempted_within(queue: str, priority: int, victims_top: int) -> str:
 def preempted(queue: str, s_used: Gpus, needed: Gpus, guaranteed: Gpus, resource: str = "gpu") -> str:
     return (f"reclaim guaranteed for {queue}: holds {amount(s_used)} of guaranteed {amount(guaranteed)} {resource}, "
             f"needs {amount(needed)}")
+
+
+def preempted_entitled(queue: str, s_used: Gpus, needed: Gpus, entitled: Gpus, guaranteed: Gpus) -> str:
+    """A preemption under ``reclaim: fair_share`` that restores the preemptor's entitlement (its
+    queue goes above its guarantee, within its entitlement); one that restores the guarantee says
+    :func:`preempted`."""
+    return (f"reclaim entitlement for {queue}: holds {amount(s_used)} of entitlement {amount(entitled)} gpu "
+            f"(guaranteed {amount(guaranteed)}), needs {amount(needed)}")

@@ -541,8 +541,12 @@ def _glue(argv: Sequence[str]) -> list[str]:
 
 def scheduler_settings(settings: Any) -> dict[str, Any]:
     s = settings.scheduler
-    return {"preemption": bool(s.preemption), "preemption_delay_s": float(s.preemption_delay_s),
-            "cycle_interval_s": float(s.cycle_interval_s)}
+    out: dict[str, Any] = {"preemption": bool(s.preemption), "preemption_delay_s": float(s.preemption_delay_s),
+                           "cycle_interval_s": float(s.cycle_interval_s)}
+    reclaim = getattr(s, "reclaim", "guarantee")
+    if reclaim != "guarantee":           # the default is left out: a scenario without it is as before
+        out["reclaim"] = reclaim
+    return out
 
 
 def base_queues(settings: Any) -> dict[str, Any]:

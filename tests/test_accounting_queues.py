@@ -86,7 +86,7 @@ INVALID = [
      "queues.prod.max.memory: must not be negative, got '-1Gi'"),
     ("cpu-guarantee-above-max", q({"prod": {"guaranteed": {"cpu": "1500m"}, "max": {"cpu": 1}}}),
      "queues.prod.max: cpu 1 is below guaranteed 1500"),
-    ("bad-weight", q({"prod": {"weight": 0}}), "queues.prod.weight: must be positive, got 0"),
+    ("bad-weight", q({"prod": {"weight": -1}}), "queues.prod.weight: must be 0 or more (and finite), got -1"),
     ("weight-not-number", q({"prod": {"weight": "heavy"}}), "queues.prod.weight: expected a number, got 'heavy'"),
     ("priority-not-int", q({"prod": {"priority": 1.5}}), "queues.prod.priority: expected an integer, got 1.5"),
     ("fence-not-bool", q({"prod": {"preemption": {"fence": "yes"}}}),

@@ -40,7 +40,7 @@ def live(store: Any) -> tuple[Api, SchedulerService, Any]:
     config = parse_queue_config({"queues": QUEUES})
     acc = LiveAccounting(store, config=config, declared=[NodeCapacity("c", "h-0", "H100", 8000)])
     svc = SchedulerService(config, DryRunActuator(), nodes=nodes(("h", "H100", 8, 1)),
-                           settings=Settings(True, 30.0, WEEK))
+                           settings=Settings(True, 30.0, usage_half_life_s=WEEK))
     now = time.time()
     for wid, q, g in (("x-run", "a.x", 4), ("b-run", "b", 4), ("x-wait", "a.x", 8), ("y-wait", "a.y", 2),
                       ("b-wait", "b", 8)):

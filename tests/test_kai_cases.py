@@ -8,9 +8,9 @@ pending jobs arrive after them; at the end each job is ``running``, ``pending`` 
 ``evicted`` (preloaded, then preempted and not back). A case of class ``guarantee`` must come
 out as KAI's under gpuq's rule today, but for the few marked ``differs`` (a rule gpuq keeps on
 purpose, named there: xfail(strict=True)). A case of class ``fair_share`` is replayed with
-``scheduler.reclaim: fair_share`` and KAI's over-quota weights (not built yet, issue 21: xfail,
-strict, so the mark must go once it lands); one of class ``within_queue`` with ``within_queue:
-lower_priority`` on its queues, and must come out as KAI's (issue 21 built it).
+``scheduler.reclaim: fair_share`` and KAI's over-quota weights (issue 21) and must come out as
+KAI's likewise, but for those marked ``differs``. One of class ``within_queue`` is replayed with
+``within_queue: lower_priority`` on its queues, and must come out as KAI's (issue 21 built it).
 ``test_tally`` prints agree / differ / xfail / not comparable.
 """
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler.errors import ScenarioError
 from scheduler.simulator import run_scenario
 
 DATA = Path(__file__).parent / "data" / "kai"
@@ -54,7 +53,7 @@ def _scenario(case: dict[str, Any], mode: str = "guarantee") -> dict[str, Any]:
         data = copy.deepcopy(data)
         for spec in _leaves(data["queues"]):
             spec["within_queue"] = "lower_priority"
-    if mode == "fair_share":        # the future mode (issue 21), with KAI's weights (0 included: no share beyond the quota)
+    if mode == "fair_share":        # issue 21's mode, with KAI's weights (0 included: no share beyond the quota)
         data = copy.deepcopy(data)
         data["scheduler"]["reclaim"] = "fair_share"
         for path, w in case["kai_weights"].items():
@@ -92,9 +91,7 @@ def _params(kind: str) -> list[Any]:
     out = []
     for c in _cases(kind):
         marks = []
-        if kind == "fair_share":
-            marks.append(pytest.mark.xfail(strict=True, reason=f"{kind} is not built yet (issue 21): {c['why']}"))
-        elif "differs" in c:
+        if "differs" in c:
             marks.append(pytest.mark.xfail(strict=True, reason=c["differs"]))
         out.append(pytest.param(c, id=c["case"], marks=marks))
     return out
@@ -105,8 +102,13 @@ def test_comparable_case_comes_out_as_kai(case: dict[str, Any]) -> None:
     assert outcome(case) == case["expect"], case["kai_test"]
 
 
-@pytest.mark.parametrize("case", _params("fair_share") + _params("within_queue"))
-def test_future_mode_case_comes_out_as_kai(case: dict[str, Any]) -> None:
+@pytest.mark.parametrize("case", _params("fair_share"))
+def test_fair_share_case_comes_out_as_kai(case: dict[str, Any]) -> None:
+    assert outcome(case, "fair_share") == case["expect"], case["kai_test"]
+
+
+@pytest.mark.parametrize("case", _params("within_queue"))
+def test_within_queue_case_comes_out_as_kai(case: dict[str, Any]) -> None:
     assert outcome(case, case["class"]) == case["expect"], case["kai_test"]
 
 
@@ -124,25 +126,28 @@ def test_not_comparable_cases_say_why() -> None:
 
 
 def test_tally(capsys: pytest.CaptureFixture[str]) -> None:
-    """agree / differ (under ``reclaim: guarantee``) / within_queue agree / xfail (``fair_share``
-    cases) / not comparable, and how the fair-share and within-queue cases come out without their
-    mode (for the record; not asserted)."""
+    """agree / differ under ``reclaim: guarantee`` and under ``reclaim: fair_share`` (each class in
+    its mode) / within_queue agree / not comparable, and how the fair-share and within-queue cases
+    come out without their mode (for the record; not asserted)."""
     cases = _expect()["cases"]
     classes = {c["class"] for c in cases}
     assert classes <= {"guarantee", "fair_share", "within_queue", "not_comparable"}
     agree = [c["case"] for c in _cases("guarantee") if outcome(c) == c["expect"]]
     differ = [c["case"] for c in _cases("guarantee") if c["case"] not in agree]
+    fair = _cases("fair_share")
+    fair_agree = [c["case"] for c in fair if outcome(c, "fair_share") == c["expect"]]
+    fair_differ = [c["case"] for c in fair if c["case"] not in fair_agree]
+    under_guarantee = [c["case"] for c in fair if outcome(c) == c["expect"]]
     within = [c["case"] for c in _cases("within_queue") if outcome(c, "within_queue") == c["expect"]]
-    future = _cases("fair_share")
-    today = [c["case"] for c in future + _cases("within_queue") if outcome(c) == c["expect"]]
-    for c in future:                     # the mode's key is refused today: they are xfail for that
-        with pytest.raises(ScenarioError):
-            outcome(c, c["class"])
+    without = [c["case"] for c in _cases("within_queue") if outcome(c) == c["expect"]]
     with capsys.disabled():
         print(f"\nKAI cases: {len(cases)}; comparable under guarantee {len(agree) + len(differ)}: "
-              f"agree {len(agree)}, differ {len(differ)} {differ}; within_queue agree {len(within)} of "
-              f"{len(_cases('within_queue'))}; xfail {len(future)} (fair_share); agreeing already without "
-              f"their mode: {today or 'none'}; not comparable {len(_cases('not_comparable'))}")
+              f"agree {len(agree)}, differ {len(differ)} {differ}; under fair_share {len(fair)}: "
+              f"agree {len(fair_agree)}, differ {len(fair_differ)} {fair_differ} (agreeing under guarantee: "
+              f"{under_guarantee or 'none'}); within_queue agree {len(within)} of "
+              f"{len(_cases('within_queue'))} (agreeing without it: {without or 'none'}); "
+              f"not comparable {len(_cases('not_comparable'))}")
     assert len(within) == len(_cases("within_queue"))
     # the known differences are exactly the ones marked, each with its reason
     assert differ == [c["case"] for c in _cases("guarantee") if "differs" in c]
+    assert fair_differ == [c["case"] for c in fair if "differs" in c]

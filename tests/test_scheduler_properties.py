@@ -71,6 +71,12 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     sched = {"preemption": draw(st.booleans()) or draw(st.booleans()),
              "preemption_delay_s": draw(st.sampled_from([0, 5, 5, 30])),
              "cycle_interval_s": draw(st.sampled_from([1, 2.5, 10]))}
+    if draw(st.booleans()):                                # issue 21: reclaim toward the entitlement
+        sched["reclaim"] = "fair_share"
+        for spec in (queues["a"], queues["b"], *queues["a"].get("queues", {}).values()):
+            spec["weight"] = draw(st.sampled_from([0, 1, 1, 2, 3, 0.5]))
+    if draw(st.integers(0, 3)) == 0:                      # issue 21: fair share over time, beside the rest
+        sched["usage_half_life_s"] = draw(st.sampled_from([30, 600, 86400]))
     return {"name": "random", "scheduler": sched, "nodes": nodes, "queues": queues, "workloads": workloads}
 
 

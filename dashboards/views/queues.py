@@ -1,4 +1,5 @@
-"""Queues: allocated against guaranteed and max over the range, fair share, borrowed and lent;
+"""Queues: allocated against guaranteed and max over the range, the entitlement (what
+``reclaim: fair_share`` reclaims toward, beside the guarantee), fair share, borrowed and lent;
 drill into a queue's children and workloads."""
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def _eq(r: dict) -> dict:
 def _now_table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{
         "queue": r["queue"], "allocated (GPUs)": r["allocated"], "reserved (GPUs)": r.get("reserved"),
-        "guaranteed (GPUs)": r["guaranteed"], "max (GPUs)": "unlimited" if r["max"] is None else r["max"],
+        "guaranteed (GPUs)": r["guaranteed"], "entitlement (GPUs)": r.get("entitlement"),
+        "max (GPUs)": "unlimited" if r["max"] is None else r["max"],
         **_eq(r), "pending (GPUs)": r["pending"],
         "borrowed (GPUs)": r["borrowed"], "lent (GPUs)": r["lent"], "idle (GPUs)": r["idle"],
         "fair share (%)": round(100 * r["fair_share"], 1), "source": r.get("source")} for r in rows])

@@ -168,7 +168,8 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         # the actuators retry with backoff themselves, and the next cycle is the retry after that
         limit = sc.preemption_limit
         service = SchedulerService(accounting.config, actuator, nodes=nodes or (),
-                                   settings=CoreSettings(sc.preemption, sc.preemption_delay_s, sc.usage_half_life_s), sink=writer,
+                                   settings=CoreSettings(sc.preemption, sc.preemption_delay_s, sc.reclaim,
+                                                         sc.usage_half_life_s), sink=writer,
                                    cluster=cluster, retry_attempts=1, workers=sc.actuator_workers,
                                    budget_s=sc.actuator_budget_s, refused_backoff_s=sc.refused_backoff_s,
                                    brake=PreemptionBrake(limit.per_queue_per_hour, limit.cluster_per_hour),

@@ -33,6 +33,9 @@ DURATION = 1_000_000                # nothing finishes during a case
 
 _FLOOR = ("gpuq's victim floor: a victim's queue never goes below its guarantee, a whole job at a time; "
           "KAI takes a whole job from a queue over its fair share even when that leaves it below its deserved quota")
+_FLOOR_FAIR = ("gpuq's victim floor under reclaim: fair_share: a victim's queue never goes below its entitlement "
+               "(nor its guarantee), a whole job at a time; KAI takes a whole job from a queue over its fair share "
+               "even when that leaves it below its fair share")
 # Cases read one by one (SOURCE.md); by (file, index). ``fair_share``: KAI's outcome follows from
 # over-quota weights (the share beyond the deserved quota), toward which gpuq's `reclaim: guarantee`
 # never reclaims: compared under the future `reclaim: fair_share` (issue 21).
@@ -59,6 +62,9 @@ DIFFERS: dict[tuple[str, int], str] = {
     ("reclaim/reclaim_test.go", 6): _FLOOR + " (queue0 8 -> 0, deserved 6)",
     ("reclaim/reclaim_test.go", 17): _FLOOR + " (d1.queue0 2 -> 0, deserved 1, in a department d1 with no quota: "
                                               "KAI's d1 is over its fair share of 0, gpuq floors the leaf queue)",
+    # under reclaim: fair_share (class fair_share): the same floor, at the entitlement
+    ("reclaim/reclaim_test.go", 11): _FLOOR_FAIR + " (queue1 3 -> 0 with entitlement 2 and deserved 1: its "
+                                                   "one job holds 3 GPUs, and queue0's 1-GPU reclaim needs it)",
 }
 # Not comparable by reading them, beyond what _unsupported() finds from their fields.
 NOT_COMPARABLE: dict[tuple[str, int], str] = {
@@ -200,8 +206,8 @@ def transcribe(go_file: str, index: int, case: dict[str, Any]) -> tuple[dict[str
         entry["class"], entry["why"] = "within_queue", WITHIN_QUEUE[key]
     else:
         entry["class"] = "guarantee"
-        if key in DIFFERS:
-            entry["differs"] = DIFFERS[key]
+    if key in DIFFERS:
+        entry["differs"] = DIFFERS[key]
     entry["preloaded"] = [j["Name"] for j in running]
     entry["kai_weights"] = weights
     entry["expect"] = expected
