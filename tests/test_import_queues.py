@@ -177,7 +177,7 @@ def test_kueue_typed_guarantees_follow_the_flavors_gpu_products() -> None:
                         typed[f"gpu/{flavor['name']}"] = typed.get(f"gpu/{flavor['name']}", 0) + res["nominalQuota"]
         assert {k: v for k, v in q.guaranteed.items() if k.startswith("gpu/")} == typed, q.path
         fs = (o["spec"].get("fairSharing") or {}).get("weight")
-        assert q.weight == (float(fs) if fs else 1.0)
+        assert q.weight == (float(fs) if fs is not None else 1.0)
         assert q.strict_fifo == (o["spec"].get("queueingStrategy") == "StrictFIFO")
 
 
@@ -396,3 +396,19 @@ def test_round_trip_yunikorn_import_then_gpuq_queues(tmp_path: Path) -> None:
     for p, q in _yk_tree(src).items():                  # no guaranteed: guaranteed nothing, in both
         assert rows[(p, "*")] == (_yk_gpus(q, "guaranteed") or 0, _yk_gpus(q, "max")), p
     assert "maxapplications" in report
+
+
+def test_kueue_fair_sharing_weight_0_is_no_share_beyond_the_guarantee() -> None:
+    """Kueue's ``fairSharing.weight: 0`` (a ClusterQueue always at a disadvantage when borrowing)
+    is gpuq's ``weight: 0`` (issue 21: no share beyond its guarantee), carried without a finding;
+    its entitlement under ``reclaim: fair_share`` is then its guarantee."""
+    objects = [o for o in docs(KUEUE / "handmade-gpu-cohorts.yaml")]
+    cqs = [o for o in objects if o["kind"] == "ClusterQueue"]
+    assert len(cqs) >= 2
+    zero = cqs[0]["metadata"]["name"]
+    cqs[0]["spec"]["fairSharing"] = {"weight": 0}
+    imported = from_kueue(objects)
+    config = loaded(imported)
+    q = next(config.queues[p] for p in config.queues if p.endswith(zero))
+    assert q.weight == 0
+    assert not [f for f in imported.findings if "fairSharing" in f.what], imported.findings

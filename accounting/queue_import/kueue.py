@@ -440,9 +440,8 @@ def _weight(imp: _Import, node: _Node, where: str) -> Decimal | None:
     if not isinstance(fs, Mapping) or fs.get("weight") is None:
         return None
     w = quantity(fs["weight"], f"{where}: spec.fairSharing.weight")
-    if w == 0:
-        imp.note(where, "fairSharing.weight 0", "gpuq's weight must be positive", "set the weight 0.001")
-        return Decimal("0.001")
+    if w == 0:              # Kueue's "always at a disadvantage": gpuq's no share beyond the guarantee
+        return Decimal(0)
     if w * 1000 != (w * 1000).to_integral_value():
         w = w.quantize(Decimal("0.001"))
     return w
