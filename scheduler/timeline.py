@@ -20,7 +20,15 @@ start and drops the cycle's overheads:
   preemption delay has passed reclaims GPUs from preemptible work of queues above their
   guarantee (the core's victim order, :func:`scheduler.preemption.candidate_key`, and floor,
   :func:`scheduler.quota.below_floor`), and a victim waits again with what it has done (kept
-  when it checkpoints);
+  when it checkpoints). Issue 21's rules as the core has them: under ``reclaim: fair_share`` a
+  workload within its queue's entitlement reclaims too and no victim's queue goes below its own
+  (:func:`scheduler.quota.within_entitlement`, :func:`~scheduler.quota.below_entitlement`), the
+  entitlements the core's own division (:func:`scheduler.quota.divide_entitlements`) of each
+  queue's demand, kept as work finishes and divided again at the first pass after a finish (a
+  start or a preemption leaves the demand as it was); a queue with ``within_queue:
+  lower_priority`` that finds no victims elsewhere preempts its own strictly lower-priority work;
+  work within its queue's ``min_runtime_s`` is no victim, and a search it kept from succeeding is
+  tried again when the first such victim may be taken;
 - **one pass, three paths** instead of sampled runs. The pass decides on the middle path's
   durations (:class:`_Quantiles`: each at its own quantile, spread evenly over the running and
   over the pending work by the sampler passed in; at the median without one); its start is the
@@ -36,8 +44,8 @@ start and drops the cycle's overheads:
 What it leaves out, against the core: the policy's refusals that a workload meets once (a
 non-preemptible workload over its guarantee, the victim search's quota relief across queues), a
 victim search's full length (it gives up after freeing four times the GPUs it needs, and is
-tried again a preemption delay later), the order of victims among equals, and work that will
-arrive later (which makes every forecast lean early; the high path covers some of it). The check
+tried again a preemption delay later) and its give-back of victims not needed, the order of
+victims among equals, and work that will arrive later (nor its demand in the entitlements) (which makes every forecast lean early; the high path covers some of it). The check
 against the core is ``tests/test_timeline.py`` (with every duration at its median, the same
 starts as the core run forward, on every example scenario) and the backtest.
 
@@ -297,7 +305,8 @@ class _Run:
         # preemptible work may be reclaimed), kept by _track at every change of their usage
         self.below: set[str] = set()
         self.over: set[str] = set()
-        for q in cluster.config.leaves():
+        self.leaves = tuple(cluster.config.leaves())
+        for q in self.leaves:
             self._track(q)              # (and enters each queue with pending work in the heap)
         self.events = 0
 
@@ -374,14 +383,16 @@ class _Run:
     def entitle(self) -> None:
         """``reclaim: fair_share``: the entitlements for the demand now, after a finish changed it
         (the same division as the core's cycle, kept in the cluster's memo while demands repeat), and
-        every leaf's place in :attr:`below` and :attr:`over` by them."""
+        the place in :attr:`below` and :attr:`over` of each leaf whose entitlement changed."""
         self.stale = False
+        old = self.entitled
         ent = divide_entitlements(self.cluster, dict(self.qdemand), self.cluster.memo)
-        if ent is self.entitled:
+        if ent is old or old is None:
             return
         self.entitled = ent
-        for q in self.cluster.config.leaves():
-            self._classify(q)
+        for q in self.leaves:
+            if ent.get(q, 0) != old.get(q, 0):
+                self._classify(q)
 
     def start(self, w: Workload, placement: Placement, t: float) -> None:
         self.ledger.add(self.cluster.chains[w.queue], demand(w, placement.gpu_type, self.cluster.equivalents))
