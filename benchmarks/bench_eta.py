@@ -26,9 +26,8 @@ to measure how much of the error is left when it is known).
 
 ``--reclaim``: the replays under ``scheduler.reclaim: guarantee`` (the default, as before issue
 21), ``fair_share``, or ``both`` (each replay twice; the fair_share one's lines are labelled
-``<replay>+fair_share``). The replay follows the mode; the timeline reclaims by the guarantee
-rule in both (it does not compute entitlements: docs/PERFORMANCE.md, "Start-time forecasts"), so
-the ``+fair_share`` rows measure what that gap costs.
+``<replay>+fair_share``). The replay and the timeline both follow the mode (the timeline divides
+the core's entitlements: docs/PERFORMANCE.md, "Start-time forecasts").
 
 Replays: synthetic scenarios with heavy-tailed durations and bursty arrivals (:func:`synthetic`:
 sweeps of one kind arriving at Poisson times; lognormal or Pareto runs, each kind with a median of
@@ -39,7 +38,9 @@ nearer 0.8). ``--quick`` (``make bench``): 300 synthetic workloads, the trace's 
 (on 1/16 of the cluster, 200x).
 
 ``--scale-sizes`` times the forecaster alone at the live refresh's sizes (pending workloads on a
-full cluster of 5,000 nodes): one forecast of every pending workload, its CPU time (:func:`scale`).
+full cluster of 5,000 nodes): one forecast of every pending workload, its CPU time (:func:`scale`);
+with ``--reclaim fair_share`` or ``both`` also the timeline under ``fair_share``
+(``scale.<size>.timeline+fair_share.*``: the entitlements divided after each finish).
 
 Lines starting ``RESULT`` are the figures: ``RESULT <name> <value> [unit]``.
 """
@@ -436,6 +437,13 @@ def main(argv: list[str] | None = None) -> int:
             sc = synthetic(n, kind, args.seed, declared=declared, load=args.load, groups=groups, truth=truth)
             backtest(label, with_reclaim(sc, mode), args.runs, ms, variants=variants, truth=truth, **kw)
     for size in (int(x) for x in args.scale_sizes.split(",") if x):
+        for mode in modes:
+            if mode != "guarantee":          # the timeline alone under the other mode (its entitlements)
+                other = scale(size, 0, method="timeline", reclaim=mode)
+                for k, v in other.items():
+                    result(f"scale.{size}.timeline+{mode}.{k}", v, "s" if k.endswith("_s") else "")
+        if "guarantee" not in modes:
+            continue
         got = scale(size, args.scale_runs, method="timeline")
         for k, v in got.items():
             result(f"scale.{size}.timeline.{k}", v, "s" if k.endswith("_s") else "")
@@ -448,11 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def scale(pending: int, runs: int, n_nodes: int = 5000, method: str = "timeline") -> dict[str, float]:
+def scale(pending: int, runs: int, n_nodes: int = 5000, method: str = "timeline",
+          reclaim: str = "guarantee") -> dict[str, float]:
     """The live refresh's cost: one forecast of every one of ``pending`` workloads waiting on a
     full cluster of ``n_nodes`` x 8 GPUs (the backlog shape of ``bench_scheduler``: 1,000 queues,
     4 GPU types), with 2,000 finished workloads of the same shape as history, ``runs`` forward runs
-    to the last start. CPU seconds, and per forward run."""
+    to the last start, under ``scheduler.reclaim: reclaim``. CPU seconds, and per forward run."""
     from benchmarks.bench_scheduler import make_backlog, make_cluster
     from scheduler.cycle import schedule
     from scheduler.forecast import DurationModel, Forecaster
@@ -471,7 +480,7 @@ def scale(pending: int, runs: int, n_nodes: int = 5000, method: str = "timeline"
     model = DurationModel()
     for w in make_backlog(c, 2000, seed=12):
         model.observe(w, w.duration_s)            # history: finished ones' observed running times
-    snap = snapshot(c, running, left, Settings())
+    snap = snapshot(c, running, left, Settings(reclaim=reclaim))
     if method == "timeline":
         tl = Timeline(c, 1.0)
         c0 = time.process_time()

@@ -177,19 +177,38 @@ def cycle_entitlements(cluster: Cluster, ledger: Ledger, pending: Mapping[str, l
     if len(sums) > len(pending):         # a queue no longer waiting: its old list is let go
         for q in [q for q in sums if q not in pending]:
             del sums[q]
-    demand: dict[str, Gpus] = {}
+    pend: dict[str, Gpus] = {}
     for q, lst in pending.items():
         kept = sums.get(q)
         if kept is None or kept[0] is not lst:
             kept = sums[q] = (lst, sum([w.pods * w.gpus_per_pod for w in lst]))
-        if kept[1]:
+        pend[q] = kept[1]
+    return divide_entitlements(cluster, queue_demand(cluster, ledger, pend), memo)
+
+
+def queue_demand(cluster: Cluster, ledger: Ledger, pending: Mapping[str, Gpus]) -> dict[str, Gpus]:
+    """What :func:`divide_entitlements` divides by: each queue's demand (the root left out, and
+    queues of none), its subtree's running GPUs (``ledger``) plus its pending GPUs (``pending``:
+    per leaf queue). The forecasts' timeline keeps it from one event to the next
+    (``scheduler.timeline``): only a finish changes it (a start or a preemption moves GPUs between
+    running and pending)."""
+    demand: dict[str, Gpus] = {}
+    for q, n in pending.items():
+        if n:
             for a in cluster.chains[q][:-1]:             # the root left out
-                demand[a] = demand.get(a, 0) + kept[1]
+                demand[a] = demand.get(a, 0) + n
     for q in cluster.chains:
         if q != ROOT:
             running = ledger.used(q, "gpu")
             if running:
                 demand[q] = demand.get(q, 0) + running
+    return demand
+
+
+def divide_entitlements(cluster: Cluster, demand: dict[str, Gpus], memo: CycleMemo) -> Mapping[str, Gpus]:
+    """Each queue's entitlement for ``demand`` (:func:`queue_demand`; kept in ``memo``, so the
+    caller must not change it afterwards), divided again only when the demands differ from the
+    last ones."""
     last = memo.entitlement
     if last is not None and last[0] == demand:
         return last[1]

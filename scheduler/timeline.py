@@ -20,7 +20,15 @@ start and drops the cycle's overheads:
   preemption delay has passed reclaims GPUs from preemptible work of queues above their
   guarantee (the core's victim order, :func:`scheduler.preemption.candidate_key`, and floor,
   :func:`scheduler.quota.below_floor`), and a victim waits again with what it has done (kept
-  when it checkpoints);
+  when it checkpoints). Issue 21's rules as the core has them: under ``reclaim: fair_share`` a
+  workload within its queue's entitlement reclaims too and no victim's queue goes below its own
+  (:func:`scheduler.quota.within_entitlement`, :func:`~scheduler.quota.below_entitlement`), the
+  entitlements the core's own division (:func:`scheduler.quota.divide_entitlements`) of each
+  queue's demand, kept as work finishes and divided again at the first pass after a finish (a
+  start or a preemption leaves the demand as it was); a queue with ``within_queue:
+  lower_priority`` that finds no victims elsewhere preempts its own strictly lower-priority work;
+  work within its queue's ``min_runtime_s`` is no victim, and a search it kept from succeeding is
+  tried again when the first such victim may be taken;
 - **one pass, three paths** instead of sampled runs. The pass decides on the middle path's
   durations (:class:`_Quantiles`: each at its own quantile, spread evenly over the running and
   over the pending work by the sampler passed in; at the median without one); its start is the
@@ -36,8 +44,8 @@ start and drops the cycle's overheads:
 What it leaves out, against the core: the policy's refusals that a workload meets once (a
 non-preemptible workload over its guarantee, the victim search's quota relief across queues), a
 victim search's full length (it gives up after freeing four times the GPUs it needs, and is
-tried again a preemption delay later), the order of victims among equals, and work that will
-arrive later (which makes every forecast lean early; the high path covers some of it). The check
+tried again a preemption delay later) and its give-back of victims not needed, the order of
+victims among equals, and work that will arrive later (nor its demand in the entitlements) (which makes every forecast lean early; the high path covers some of it). The check
 against the core is ``tests/test_timeline.py`` (with every duration at its median, the same
 starts as the core run forward, on every example scenario) and the backtest.
 
@@ -60,10 +68,21 @@ from scheduler.memo import CycleMemo
 from scheduler.model import Decisions, Gpus, Placement, Running, Workload
 from scheduler.ordering import QueueKey, ScoredKey, queue_key, queue_scores, scored_key
 from scheduler.placement import FreeIndex
-from scheduler.preemption import QueueRank, queue_ranks
-from scheduler.quota import Ledger, below_floor, over_guarantee, over_guarantee_pinned, over_max
+from scheduler.preemption import QueueRank, min_runtimes, protected_until, queue_ranks
+from scheduler.quota import (
+    Ledger,
+    below_entitlement,
+    below_floor,
+    divide_entitlements,
+    over_guarantee,
+    over_guarantee_pinned,
+    over_max,
+    Vec,
+    queue_demand,
+    within_entitlement,
+)
 from accounting.queues import GPU_EQ
-from scheduler.snapshot import UNBOUNDED, Cluster, Snapshot, demand
+from scheduler.snapshot import FAIR_SHARE, UNBOUNDED, Cluster, Settings, Snapshot, demand
 
 LOW, MID, HIGH = 0.1, 0.5, 0.9
 """The forecast's quantiles (p10, p50, p90): the paths' duration levels (:class:`_Quantiles`)."""
@@ -127,8 +146,7 @@ class Timeline:
              sampler: Sampler | None) -> dict[str, tuple[float, float, float]]:
         """The timeline: target id -> its start on the low, middle and high paths."""
         quantiles = _Quantiles(self.levels, base, sampler if self.spread else None)
-        run = _Run(self.cluster, snap.settings.preemption, snap.settings.preemption_delay_s, base, durations,
-                   quantiles, snap.usage)
+        run = _Run(self.cluster, snap.settings, base, durations, quantiles, snap.usage)
         starts = run.go(self.interval_s, serve_now)
         self.events += run.events
         return starts
@@ -192,13 +210,33 @@ class _Run:
     its usage changes), a queue's failed victim search (until new work borrows, or its own usage
     drops). A pass considers only the queues with a shape that fits, and those that may reclaim."""
 
-    def __init__(self, cluster: Cluster, preemption: bool, delay_s: float, base: Present,
+    def __init__(self, cluster: Cluster, settings: Settings, base: Present,
                  durations: Durations, quantiles: _Quantiles, usage: Mapping[str, float] | None = None) -> None:
         self.cluster, self.durations, self.quantiles = cluster, durations, quantiles
         # fair share over time: the queues' scores as the snapshot has them, held over the horizon
         self.scores = None if usage is None else queue_scores(cluster, usage)
         self.now = base.now
-        self.delay = delay_s if preemption else math.inf
+        preemption = settings.preemption
+        self.delay = settings.preemption_delay_s if preemption else math.inf
+        # the queues whose pending work may preempt their own lower-priority work (within_queue),
+        # and the minimum runtimes that keep work from being a victim (both rules of issue 21)
+        self.within = frozenset(q for q, cfg in cluster.config.queues.items() if cfg.within_queue) \
+            if preemption else frozenset()
+        self.mins = min_runtimes(cluster)
+        # reclaim: fair_share: each queue's demand (running plus pending GPUs of its subtree,
+        # scheduler.quota.queue_demand), kept as work finishes (only a finish changes it), and the
+        # entitlements divided from it (scheduler.quota.divide_entitlements, the core's), found
+        # again at the first pass after a finish: as the core, once per cycle and never per
+        # candidate. None under reclaim: guarantee
+        self.entitled: Mapping[str, Gpus] | None = None
+        self.qdemand: dict[str, Gpus] = {}
+        self.stale = False
+        if preemption and settings.reclaim == FAIR_SHARE:
+            pend: dict[str, Gpus] = {}
+            for w in base.pending:
+                pend[w.queue] = pend.get(w.queue, 0) + w.gpus
+            self.qdemand = queue_demand(cluster, Ledger(base.occupancy.usage), pend)
+            self.entitled = divide_entitlements(cluster, dict(self.qdemand), cluster.memo)
         self.free = FreeIndex(cluster, base.occupancy.node_free, base.occupancy.levels, base.occupancy.partial)
         self.ledger = Ledger(base.occupancy.usage)
         self.cache: dict[tuple[object, float], tuple[float, float, float]] = {}
@@ -258,14 +296,17 @@ class _Run:
         self.qheap: list[tuple[QueueKey | ScoredKey, int, str]] = []
         self.qver: dict[str, int] = {}
         self.qseq = 0
-        self.failed: dict[str, tuple[float, int]] = {}    # queue -> (time, own) its victim search failed at
+        # queue -> (time, own, protected) of its last failed victim search: when, its ``own`` count
+        # then, and when the first candidate that only its minimum runtime kept out may be a victim
+        self.failed: dict[str, tuple[float, int, float]] = {}
         self.own: dict[str, int] = {}                      # per queue: rises when its usage drops
         self.qheads: dict[str, list[tuple[tuple[int, float, str], Workload, _Shape]]] = {}   # shapes' heads, in order
         # the leaf queues under their guarantee of GPUs (their work may reclaim) and above it (their
         # preemptible work may be reclaimed), kept by _track at every change of their usage
         self.below: set[str] = set()
         self.over: set[str] = set()
-        for q in cluster.config.leaves():
+        self.leaves = tuple(cluster.config.leaves())
+        for q in self.leaves:
             self._track(q)              # (and enters each queue with pending work in the heap)
         self.events = 0
 
@@ -319,12 +360,39 @@ class _Run:
     def _track(self, q: str) -> None:
         """``q``'s usage changed: its place among the queues below and above their guarantee, and
         in the queue heap (its key)."""
-        key = "gpu" if self.cluster.gpu_guarantee[q] != UNBOUNDED else GPU_EQ   # what its guarantee is in
-        used, g = self.ledger.used(q, key), self.cluster.guarantee[q].get(key, 0)
-        (self.over.add if used > g else self.over.discard)(q)
-        (self.below.add if used < g else self.below.discard)(q)
+        self._classify(q)
         self.keys.pop(q, None)
         self.push(q)
+
+    def _classify(self, q: str) -> None:
+        """``q``'s place in :attr:`below` (its work may look for victims) and :attr:`over` (its
+        preemptible work may be one): below or above its guarantee; under ``reclaim: fair_share``
+        also below its entitlement, and above it as well as its guarantee (the core's preemptor
+        and victim rules, :func:`scheduler.quota.within_entitlement` and
+        :func:`~scheduler.quota.below_entitlement`, checked exactly in :meth:`reclaim`)."""
+        key = "gpu" if self.cluster.gpu_guarantee[q] != UNBOUNDED else GPU_EQ   # what its guarantee is in
+        used, g = self.ledger.used(q, key), self.cluster.guarantee[q].get(key, 0)
+        over, below = used > g, used < g
+        ent = self.entitled
+        if ent is not None:
+            e, gpus = ent.get(q, 0), self.ledger.used(q, "gpu")
+            over, below = over and gpus > e, below or gpus < e
+        (self.over.add if over else self.over.discard)(q)
+        (self.below.add if below else self.below.discard)(q)
+
+    def entitle(self) -> None:
+        """``reclaim: fair_share``: the entitlements for the demand now, after a finish changed it
+        (the same division as the core's cycle, kept in the cluster's memo while demands repeat), and
+        the place in :attr:`below` and :attr:`over` of each leaf whose entitlement changed."""
+        self.stale = False
+        old = self.entitled
+        ent = divide_entitlements(self.cluster, dict(self.qdemand), self.cluster.memo)
+        if ent is old or old is None:
+            return
+        self.entitled = ent
+        for q in self.leaves:
+            if ent.get(q, 0) != old.get(q, 0):
+                self._classify(q)
 
     def start(self, w: Workload, placement: Placement, t: float) -> None:
         self.ledger.add(self.cluster.chains[w.queue], demand(w, placement.gpu_type, self.cluster.equivalents))
@@ -368,6 +436,15 @@ class _Run:
                 self.victims[t_] = [(k, v) for k, v in vl if vk.get(v) == k]
                 self.vstale[t_] = 0
         if finished:
+            if self.entitled is not None:          # its GPUs leave its queues' demand
+                qd, gone = self.qdemand, w.gpus
+                for a in self.cluster.chains[w.queue][:-1]:
+                    left = qd[a] - gone
+                    if left:
+                        qd[a] = left
+                    else:
+                        del qd[a]
+                self.stale = True
             return
         self.bounds.pop(wid, None)
         if w.checkpoint:
@@ -419,58 +496,101 @@ class _Run:
         return None
 
     def reclaim(self, w: Workload, t: float) -> Placement | None:
-        """Victims for ``w`` (within its guarantee, its delay passed) among the preemptible work of
-        queues above their guarantee, in the core's order; applied when a set frees room."""
+        """Victims for ``w`` (its delay passed), as the core looks for them: among the preemptible
+        work of queues above their guarantee (under ``fair_share`` above their entitlement too)
+        when ``w``'s queue stays within its guarantee (or its entitlement), on each of its types;
+        failing that, with ``within_queue``, its own queue's work of strictly lower priority. In
+        the core's victim order, past each victim's minimum runtime; applied when a set frees room.
+        A failed search notes in :attr:`failed` when the first victim that only a minimum runtime
+        kept out may be taken, and the timeline wakes then (the core tries again every cycle)."""
+        cluster, ledger, ent = self.cluster, self.ledger, self.entitled
+        types = acceptable_types(cluster, w)
+        vecs = [(t_, demand(w, t_, cluster.equivalents)) for t_ in types]
+        # as the core: non-preemptible only within its guarantee, in either search
+        if not w.preemptible:
+            vecs = [(t_, vec) for t_, vec in vecs if over_guarantee_pinned(cluster, ledger, w.queue, vec) is None]
+        first = math.inf                     # when the first protected candidate may be a victim
+        if self.over:
+            for t_, vec in vecs:
+                if over_guarantee(cluster, ledger, w.queue, vec) is not None \
+                        and not within_entitlement(ledger, w.queue, w.gpus, ent):
+                    continue
+                taken, first = self._search(w, t_, vec, t, first, own=False)
+                if taken is not None:
+                    return self._apply(w, t_, taken, t)
+        if w.queue in self.within:
+            for t_, vec in vecs:
+                taken, first = self._search(w, t_, vec, t, first, own=True)
+                if taken is not None:
+                    return self._apply(w, t_, taken, t)
+        self.failed[w.queue] = (t, self.own.get(w.queue, 0), first)
+        if first < math.inf:
+            heapq.heappush(self.expiry, (first, ""))
+        return None
+
+    def _search(self, w: Workload, t_: str, vec: Vec, t: float, first: float,
+                own: bool) -> tuple[list[Running] | None, float]:
+        """One victim search for ``w`` on type ``t_`` (``vec``: its demand there): between queues
+        (the guarantee's floor, and the entitlement's under ``fair_share``), or (``own``) within
+        ``w``'s queue, of strictly lower priority and bounded by no floor (the core's
+        ``scheduler.preemption``). Victims are taken in the victim order until ``w`` fits its
+        chain's maxes and one node group, and the trial is undone: the set (``None``: no set within
+        the search's budget), and ``first`` lowered to when a candidate kept out only by its
+        minimum runtime may be taken."""
         cluster, ledger, free, chains = self.cluster, self.ledger, self.free, self.cluster.chains
         fence = cluster.fences[w.queue]
         shared = frozenset(chains[w.queue])
-        guarantee = cluster.guarantee
+        guarantee, ent, mins = cluster.guarantee, self.entitled, self.mins
         over, vkeys, running = self.over, self.vkeys, self.running
-        if not over:
-            return None
-        for t_ in acceptable_types(cluster, w):
-            vec = demand(w, t_, cluster.equivalents)
-            if over_guarantee(cluster, ledger, w.queue, vec) is not None:
-                continue
-            if not w.preemptible and over_guarantee_pinned(cluster, ledger, w.queue, vec) is not None:
-                continue                        # as the core: non-preemptible only within the guarantee
-            taken: list[Running] = []
-            budget = 4 * w.pods * w.gpus_per_pod          # GPUs a search may free before giving up
-            ok = False
-            for k, vid in reversed(self.victims.get(t_, [])):
-                if vkeys.get(vid) != k:
-                    continue                  # stopped since (or a later run of it)
-                r = running[vid][0]
-                vq = r.workload.queue
-                if vq not in over or vq == w.queue or r.workload.priority > w.priority or cluster.fences[vq] != fence:
+        taken: list[Running] = []
+        budget = 4 * w.pods * w.gpus_per_pod          # GPUs a search may free before giving up
+        ok = False
+        for k, vid in reversed(self.victims.get(t_, [])):
+            if vkeys.get(vid) != k:
+                continue                  # stopped since (or a later run of it)
+            r = running[vid][0]
+            vw = r.workload
+            vq = vw.queue
+            if own:
+                if vq != w.queue or vw.priority >= w.priority:
                     continue
-                g = guarantee[vq].get("gpu", 0)
-                if ledger.used(vq, "gpu") - r.workload.pods * r.workload.gpus_per_pod < g:
+            elif vq not in over or vq == w.queue or vw.priority > w.priority or cluster.fences[vq] != fence:
+                continue
+            if mins:
+                until = protected_until(r, mins)
+                if until > t + EPS:
+                    first = min(first, until)
+                    continue              # within its minimum runtime: no victim yet
+            vv = demand(vw, t_, cluster.equivalents)
+            if not own:
+                floor = guarantee[vq].get("gpu", 0)
+                if ent is not None:
+                    floor = max(floor, ent.get(vq, 0))
+                if ledger.used(vq, "gpu") - vw.pods * vw.gpus_per_pod < floor:
                     continue                  # its queue at its floor (below_floor's first test, quickly)
-                vv = demand(r.workload, t_, cluster.equivalents)
                 if below_floor(cluster, ledger, vq, vv, shared) is not None:
                     continue
-                ledger.remove(chains[r.workload.queue], vv)
-                free.release(r.placement)
-                taken.append(r)
-                if free.fits(t_, w.gpus_per_pod, w.pods) and over_max(cluster, ledger, w.queue, vec) is None:
-                    ok = True
-                    break
-                budget -= r.workload.pods * r.workload.gpus_per_pod
-                if budget <= 0:
-                    break
-            if not ok:
-                for r in reversed(taken):
-                    ledger.add(chains[r.workload.queue], demand(r.workload, t_, cluster.equivalents))
-                    free.take(r.placement)
-                continue
-            for r in taken:                 # undo the trial; stop() applies it for real
-                ledger.add(chains[r.workload.queue], demand(r.workload, t_, cluster.equivalents))
-                free.take(r.placement)
-            for r in taken:
-                self.stop(r.workload.id, t, finished=False)
-            return free.place(t_, w.gpus_per_pod, w.pods)
-        return None
+                if ent is not None and below_entitlement(cluster, ledger, vq, vv, shared, ent) is not None:
+                    continue
+            ledger.remove(chains[vq], vv)
+            free.release(r.placement)
+            taken.append(r)
+            if free.fits(t_, w.gpus_per_pod, w.pods) and over_max(cluster, ledger, w.queue, vec) is None:
+                ok = True
+                break
+            budget -= vw.pods * vw.gpus_per_pod
+            if budget <= 0:
+                break
+        for r in reversed(taken):           # undo the trial; stop() applies it for real
+            ledger.add(chains[r.workload.queue], demand(r.workload, t_, cluster.equivalents))
+            free.take(r.placement)
+        return (taken if ok else None), first
+
+    def _apply(self, w: Workload, t_: str, taken: list[Running], t: float) -> Placement | None:
+        """Stop ``taken`` (they wait again) and place ``w`` on ``t_``."""
+        for r in taken:
+            self.stop(r.workload.id, t, finished=False)
+        return self.free.place(t_, w.gpus_per_pod, w.pods)
 
     def serve(self, t: float) -> None:
         """One pass at ``t``: start what fits, lowest fair share first (the queue heap, popped only
@@ -479,6 +599,8 @@ class _Run:
         qheap, qver = self.qheap, self.qver
         popped: list[tuple[QueueKey | ScoredKey, int, str]] = []
         misses = 0
+        if self.stale:
+            self.entitle()                      # a finish changed the demand: as the core's cycle
         while fitting and qheap:
             if misses >= 8:                     # the free GPUs may fit nothing any more
                 misses = 0
@@ -494,10 +616,8 @@ class _Run:
             misses += 1
             for _, w, s in self.candidates(q):
                 p = self.try_place(w, s[0]) if self.shape_fits(s) else None
-                if p is None and q in self.below and self.may_reclaim(q, w, t):
+                if p is None and (q in self.below or q in self.within) and self.may_reclaim(q, w, t):
                     p = self.reclaim(w, t)
-                    if p is None:
-                        self.failed[q] = (t, self.own.get(q, 0))
                 if p is not None:
                     self.consume(q, s)
                     self.start(w, p, t)       # pushes the queue again at its new key
@@ -510,17 +630,18 @@ class _Run:
                 heapq.heappush(qheap, entry)
         if self.delay == math.inf:
             return
-        # the queues that may reclaim and did not above (nothing fitted any more), by key
-        for _, q in sorted((self.key(q), q) for q in self.below if self.qshapes.get(q)):
+        # the queues that may reclaim (or preempt within) and did not above (nothing fitted any
+        # more), by key
+        may = self.below | self.within if self.within else self.below
+        for _, q in sorted((self.key(q), q) for q in may if self.qshapes.get(q)):
             started = True
-            while started and self.qshapes.get(q) and q in self.below:
+            while started and self.qshapes.get(q) and (q in self.below or q in self.within):
                 started = False
                 for _, w, s in self.candidates(q):
                     if not self.may_reclaim(q, w, t):
                         continue
                     p = self.reclaim(w, t)
                     if p is None:
-                        self.failed[q] = (t, self.own.get(q, 0))
                         break
                     self.consume(q, s)
                     self.start(w, p, t)
@@ -528,12 +649,14 @@ class _Run:
                     break
 
     def may_reclaim(self, q: str, w: Workload, t: float) -> bool:
-        """Whether ``w`` (of ``q``, below its guarantee) may look for victims at ``t``: its delay
-        has passed, and ``q``'s last search did not fail within a delay with nothing changed."""
+        """Whether ``w`` (of ``q``, below its guarantee or entitlement, or preempting within its
+        queue) may look for victims at ``t``: its delay has passed, and ``q``'s last search did not
+        fail within a delay with nothing changed (nor with a victim kept out by its minimum runtime
+        that may be taken now)."""
         if t + EPS < w.submit_s + self.delay:
             return False
         f = self.failed.get(q)
-        return f is None or f[1] != self.own.get(q, 0) or t >= f[0] + self.delay
+        return f is None or f[1] != self.own.get(q, 0) or t >= f[0] + self.delay or t + EPS >= f[2]
 
     def candidates(self, q: str) -> list[tuple[tuple[int, float, str], Workload, _Shape]]:
         """The heads of ``q``'s shapes in workload order (only the first, for a strict FIFO queue)."""

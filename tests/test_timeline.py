@@ -170,3 +170,82 @@ def test_cost_reduced_size() -> None:
     assert len(got) == len(left)
     assert all(e.p10 <= e.p50 <= e.p90 for e in got.values())
     assert cpu < 1.0, cpu
+
+
+# Issue 21's rules in the timeline: each case is replayed by the simulator with forecasts (every
+# duration declared, at its median: exact), with the rule and without it. The forecast made at
+# each submit is the start the replay then gives, and the rule moves both.
+
+def _forecast_and_start(sc: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Each workload's p50 forecast at its submit and its first start in the replay of ``sc``."""
+    from scheduler.simulator import run_scenario
+
+    res = run_scenario(sc, eta=EtaOptions(method="timeline", spread=False))
+    eta = {e["workload"]: e["eta"]["p50"] for e in res.events if e["event"] == "submit" and "eta" in e}
+    start: dict[str, float] = {}
+    for e in res.events:
+        if e["event"] == "admit":
+            start.setdefault(e["workload"], e["t"])
+    assert eta.keys() <= start.keys()
+    return {w: (eta[w], start[w]) for w in eta}
+
+
+def _scenario(queues: dict[str, Any], work: list[dict[str, Any]], nodes: int = 1, **sched: Any) -> dict[str, Any]:
+    for w in work:
+        w.setdefault("expected_duration", w["duration"])
+        w.setdefault("gpus_per_pod", 8)
+    return {"name": "rule", "scheduler": {"preemption_delay_s": 30, **sched},
+            "nodes": [{"name": "n", "gpu_type": "H100", "gpus": 8, "count": nodes}],
+            "queues": queues, "workloads": work}
+
+
+def test_reclaim_toward_the_entitlement() -> None:
+    """``reclaim: fair_share``: queues ``a`` and ``b``, no guarantees, equal weights, 2 x 8 GPUs.
+    ``a`` fills both nodes until 1000; ``b`` submits two 8-GPU workloads at 10. Entitled to 8 of
+    the 16, ``b`` reclaims one node when its delay has passed (40) and the other waits for it to
+    finish (140), ``a`` being at its entitlement (the victim floor). Under ``guarantee`` ``b``
+    (guaranteed nothing) waits for ``a`` (1000). Forecasts = starts in both modes."""
+    queues = {"a": {"guaranteed": {"gpu": 0}, "max": {"gpu": 16}}, "b": {"guaranteed": {"gpu": 0}, "max": {"gpu": 16}}}
+    work = [{"id": "a", "queue": "a", "submit": 0, "duration": 1000, "count": 2},
+            {"id": "b", "queue": "b", "submit": 10, "duration": 100, "count": 2}]
+    fair = _forecast_and_start(_scenario(queues, work, nodes=2, reclaim="fair_share"))
+    plain = _forecast_and_start(_scenario(queues, work, nodes=2))
+    assert {w: fair[w] for w in ("b-0", "b-1")} == {"b-0": (40.0, 40.0), "b-1": (140.0, 140.0)}
+    assert {w: plain[w] for w in ("b-0", "b-1")} == {"b-0": (1000.0, 1000.0), "b-1": (1000.0, 1000.0)}
+    assert all(p == s for p, s in fair.values()) and all(p == s for p, s in plain.values())
+
+
+def test_preempt_within_the_queue() -> None:
+    """``within_queue: lower_priority``: one queue on one node, its priority-0 work running until
+    1000. A priority-1 workload submitted at 10 preempts it when its delay has passed (40); one of
+    priority 0 does not (strictly lower only) and waits for the node (1000, then 1100 behind the
+    first, which ends at 140 and gives the node back to the victim). Without the key, the
+    priority-1 one waits too."""
+    work = [{"id": "low", "queue": "q", "submit": 0, "duration": 1000},
+            {"id": "high", "queue": "q", "submit": 10, "duration": 100, "priority": 1}]
+    q = {"guaranteed": {"gpu": 8}, "policy": {"max_priority": 1}}
+    within = _forecast_and_start(_scenario({"q": {**q, "within_queue": "lower_priority"}}, work))
+    plain = _forecast_and_start(_scenario({"q": q}, work))
+    assert within["high"] == (40.0, 40.0) and plain["high"] == (1000.0, 1000.0)
+    same = work + [{"id": "peer", "queue": "q", "submit": 20, "duration": 100}]
+    got = _forecast_and_start(_scenario({"q": {**q, "within_queue": "lower_priority"}}, same))
+    assert got["high"] == (40.0, 40.0) and got["peer"][0] == got["peer"][1] > 140.0, got
+    assert all(p == s for p, s in got.values()) and all(p == s for p, s in plain.values())
+
+
+def test_no_victim_within_its_minimum_runtime() -> None:
+    """``min_runtime_s: 300`` on the lender: ``b`` (guaranteed 8) submits at 10 while ``a``
+    (guaranteed 0) holds the node from 0 until 1000. Its delay passes at 40, but the victim is
+    protected until 300: the timeline wakes then (as the core retries each cycle) and forecasts
+    300, the replay's start. Without the key: 40."""
+    work = [{"id": "a", "queue": "a", "submit": 0, "duration": 1000},
+            {"id": "b", "queue": "b", "submit": 10, "duration": 100}]
+    queues: dict[str, Any] = {"a": {"guaranteed": {"gpu": 0}}, "b": {"guaranteed": {"gpu": 8}}}
+    plain = _forecast_and_start(_scenario(queues, work))
+    kept = _forecast_and_start(_scenario({**queues, "a": {**queues["a"], "min_runtime_s": 300}}, work))
+    assert plain["b"] == (40.0, 40.0) and kept["b"] == (300.0, 300.0)
+    # within a queue too: a protected victim is no victim of its own queue's higher priority
+    work = [{"id": "low", "queue": "q", "submit": 0, "duration": 1000},
+            {"id": "high", "queue": "q", "submit": 10, "duration": 100, "priority": 1}]
+    q = {"guaranteed": {"gpu": 8}, "policy": {"max_priority": 1}, "within_queue": "lower_priority", "min_runtime_s": 500}
+    assert _forecast_and_start(_scenario({"q": q}, work))["high"] == (500.0, 500.0)
