@@ -32,7 +32,7 @@ from accounting.queues import GPU_EQ
 from scheduler.memo import CandidateOrder, CycleMemo
 from scheduler.model import Running, Workload
 from scheduler.placement import FreeIndex
-from scheduler.quota import Ledger, Shortfall, Vec, below_floor, over_guarantee, over_max
+from scheduler.quota import Ledger, Saved, Shortfall, Vec, below_floor, over_guarantee, over_max
 from scheduler.snapshot import Cluster, demand
 
 
@@ -224,8 +224,10 @@ def plan(
             continue
         ineligible = None
         taken: list[tuple[Running, Vec]] = []
+        saved: Saved = {}                          # the ledger's queues as they were (the undo)
         tally = pool.tally(w, fence)               # counted before the search adds to the dead
-        need_nodes = not index.fits(t, k, pods)
+        trial = index.trial(t, k, pods)            # the index changes once the search is settled
+        need_nodes = not trial.fits()
         need_quota = _over_max_all(cluster, ledger, w.queue, vec)
         # need_quota only shrinks as victims go: with no max to relieve, only type-t victims help
         for vid, vq, vprio, vtype, vv, r in pool.all if need_quota else pool.of_type(t):
@@ -238,28 +240,29 @@ def plan(
                 if short.queue == vq:
                     pool.kill(vid, vq, vprio)   # its own queue is at its floor: no preemptor can take it
                 continue
-            ledger.remove(cluster.chains[vq], vv)
-            index.release(r.placement)
+            ledger.remove_saving(cluster.chains[vq], vv, saved)
+            trial.release(r.placement)
             taken.append((r, vv))
-            need_nodes = not index.fits(t, k, pods)
-            need_quota = _over_max_all(cluster, ledger, w.queue, vec)
+            need_nodes = not trial.fits()
+            if need_quota:                       # what is over a max stays so or drops out
+                need_quota = _still_over(cluster, ledger, need_quota, vec)
             if not need_nodes and not need_quota:
                 break
-        else:
-            for r, vv in reversed(taken):        # undo: no set on this type
-                ledger.add(cluster.chains[r.workload.queue], vv)
-                index.take(r.placement)
+        else:                                    # undo: no set on this type
+            ledger.restore(saved)
+            trial.abandon()
             considered, fenced = considered + tally[0], fenced + tally[1]
             continue
         for j in range(len(taken) - 2, -1, -1):      # give back what is not needed
             r, vv = taken[j]
             ledger.add(cluster.chains[r.workload.queue], vv)
-            index.take(r.placement)
-            if index.fits(t, k, pods) and over_max(cluster, ledger, w.queue, vec) is None:
+            trial.take(r.placement)
+            if trial.fits() and over_max(cluster, ledger, w.queue, vec) is None:
                 del taken[j]
             else:
                 ledger.remove(cluster.chains[r.workload.queue], vv)
-                index.release(r.placement)
+                trial.release(r.placement)
+        trial.commit()
         for r, _ in taken:
             pool.kill(r.workload.id, r.workload.queue, r.workload.priority)
         return Plan(t, tuple(r for r, _ in taken))
@@ -278,6 +281,13 @@ def _over_max_all(cluster: Cluster, ledger: Ledger, queue: str, vec: Vec) -> lis
                 if m is not None and ledger.used(q, key) + amt > m:
                     out.append((q, key))
     return out
+
+
+def _still_over(cluster: Cluster, ledger: Ledger, need: list[tuple[str, str]], vec: Vec) -> list[tuple[str, str]]:
+    """Those of ``need`` (:func:`_over_max_all`'s) that ``vec`` still breaks: what :func:`_over_max_all`
+    says after victims left, since usage only went down (a max kept is never broken again)."""
+    queues, amounts = cluster.config.queues, dict(vec)
+    return [(q, key) for q, key in need if ledger.used(q, key) + amounts[key] > queues[q].max[key]]
 
 
 def _shares(cluster: Cluster, need: list[tuple[str, str]], victim_queue: str, vv: Vec) -> bool:
