@@ -37,7 +37,8 @@ _LOW = -1     # below every node index and slot: bisect keys (share, _LOW, _LOW)
 
 
 class FreeIndex:
-    __slots__ = ("_arrived", "_cluster", "_counts", "_levels", "_part", "_part_base", "_pl", "_stacks", "free")
+    __slots__ = ("_arrived", "_cluster", "_counts", "_levels", "_part", "_part_base", "_pl", "_stacks", "free",
+                 "version")
 
     def __init__(self, cluster: Cluster, node_free: tuple[int, ...], levels: Levels | None = None,
                  partial: Partial = NO_PARTIAL) -> None:
@@ -46,6 +47,7 @@ class FreeIndex:
         ``partial``: the devices shares hold part of (:attr:`scheduler.snapshot.Occupancy.partial`)."""
         self._cluster = cluster
         self.free = list(node_free)
+        self.version = 0          # counts the changes: a reader's summary of the free GPUs is current while equal
         self._levels = levels
         self._part_base = partial
         self._part: dict[int, dict[int, Decimal]] | None = None        # working copy, on first use
@@ -108,6 +110,7 @@ class FreeIndex:
             return self._place_shares(gpu_type, gpus_per_pod, pods)
         if not self.fits(gpu_type, gpus_per_pod, pods):
             return None
+        self.version += 1
         c = self._counts[gpu_type]
         taken: dict[int, int] = {}
         for _ in range(pods):
@@ -127,6 +130,7 @@ class FreeIndex:
         self._shift(placement, 1)
 
     def _shift(self, placement: Placement, sign: int) -> None:
+        self.version += 1
         if placement.shares:
             self._shift_shares(placement, sign)
             return
@@ -175,6 +179,7 @@ class FreeIndex:
     def _place_shares(self, gpu_type: str, k: Decimal, pods: int) -> Placement | None:
         if self._share_slots(gpu_type, k, pods) < pods:
             return None
+        self.version += 1
         part, pl, c = self._shares(), self._plist(gpu_type), self._counts[gpu_type]
         held: dict[tuple[int, int], Decimal] = {}
         for _ in range(pods):
@@ -307,6 +312,11 @@ class Trial:
 
     def fits(self) -> bool:
         return self._short <= 0
+
+    def moved(self) -> bool:
+        """Did some node's count of whole free devices change (a whole gang given back, or a
+        device's last share)? Otherwise :meth:`abandon` has nothing to do."""
+        return bool(self._moves)
 
     def release(self, placement: Placement) -> None:
         self._shift(placement, 1)

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from accounting.queues import GPU_EQ
 from scheduler.memo import CandidateOrder, CycleMemo
-from scheduler.model import Running, Workload
+from scheduler.model import Gpus, Running, Workload
 from scheduler.placement import FreeIndex
 from scheduler.quota import Ledger, Saved, Shortfall, Vec, below_floor, over_guarantee, over_max
 from scheduler.snapshot import Cluster, demand
@@ -113,7 +113,7 @@ class Pool:
     by (fence, priority) and by queue, so a failed search counts what it looked at (its reason
     says how many) without a pass over every candidate."""
 
-    __slots__ = ("_by_fence", "_by_queue", "_dropped", "_fences", "all", "by_type", "dead")
+    __slots__ = ("_by_fence", "_by_queue", "_dropped", "_fences", "_quiet", "all", "by_type", "dead")
 
     def __init__(self, cands: list[Candidate], fences: Mapping[str, frozenset[str]]) -> None:
         self.all = cands
@@ -141,6 +141,8 @@ class Pool:
         self._fences = fences
         self._by_fence = by_fence
         self._by_queue = by_queue
+        # (type, gpus per pod, pods) -> (quiet, the stamp it was found at): :meth:`quiet`
+        self._quiet: dict[tuple[str, Gpus, int], tuple[bool, tuple[int, int]]] = {}
 
     def kill(self, vid: str, queue: str, priority: int) -> None:
         """``vid`` (of ``queue``, at ``priority``) can no longer be a victim this cycle."""
@@ -174,6 +176,50 @@ class Pool:
             i += 1
         del cs[:i]
         return cs
+
+    def quiet(self, cluster: Cluster, ledger: Ledger, index: FreeIndex, gpu_type: str, k: Gpus, pods: int) -> bool:
+        """Would every search for a gang of ``pods`` x ``k`` on ``gpu_type`` that has no max to
+        relieve (so takes only victims on the type) fail, and leave nothing behind: no candidate
+        killed, no node's whole free count changed on the way (:meth:`scheduler.placement.Trial.moved`)?
+        Then :func:`plan` skips it. Found from every live candidate on the type at once, a superset
+        of what any search takes (issue 19: with shares, the same few victims on devices that other
+        work holds too were taken, given back and taken again by search after search):
+
+        * even with every one of them given back, the gang does not fit (so no subset makes it fit);
+        * doing so changes no node's count of whole free devices: none is a whole gang, and no
+          device would lose its last share (so no subset changes one either);
+        * each one's own queue stays at or above its guarantee on every resource even with all
+          of its candidates on the type taken away (a search kills a candidate only when taking it
+          would drop its own queue below; it takes away at most these).
+
+        Kept per shape while the pool's dead and the index are as they were; a quiet shape stays
+        quiet (admissions only take capacity and add usage, and a candidate killed leaves the set)
+        until a preemption (:meth:`preempted`: a victim on another type lowers its queue's usage
+        but not its candidates on this one)."""
+        key = (gpu_type, k, pods)
+        stamp = (len(self.dead), index.version)
+        got = self._quiet.get(key)
+        if got is not None and (got[0] or got[1] == stamp):
+            return got[0]
+        dead = self.dead
+        trial = index.trial(gpu_type, k, pods)      # never settled: the index is not touched
+        held: dict[str, dict[str, Gpus]] = {}       # queue -> what its candidates hold, summed
+        for c in self.by_type.get(gpu_type, ()):
+            if c.id in dead:
+                continue
+            trial.release(c.running.placement)
+            h = held.get(c.queue)
+            if h is None:
+                h = held[c.queue] = {}
+            for res, amt in c.vec:
+                h[res] = h.get(res, 0) + amt
+        quiet = not trial.fits() and not trial.moved() and not _may_kill(cluster, ledger, held)
+        self._quiet[key] = (quiet, stamp)
+        return quiet
+
+    def preempted(self) -> None:
+        """A preemption was decided: no shape is known to be quiet any more."""
+        self._quiet.clear()
 
     def compact(self) -> None:
         if len(self.dead) - self._dropped > len(self.all) // 8:
@@ -226,9 +272,12 @@ def plan(
         taken: list[tuple[Running, Vec]] = []
         saved: Saved = {}                          # the ledger's queues as they were (the undo)
         tally = pool.tally(w, fence)               # counted before the search adds to the dead
+        need_quota = _over_max_all(cluster, ledger, w.queue, vec)
+        if not need_quota and pool.quiet(cluster, ledger, index, t, k, pods):
+            considered, fenced = considered + tally[0], fenced + tally[1]   # it would fail, changing nothing
+            continue
         trial = index.trial(t, k, pods)            # the index changes once the search is settled
         need_nodes = not trial.fits()
-        need_quota = _over_max_all(cluster, ledger, w.queue, vec)
         # need_quota only shrinks as victims go: with no max to relieve, only type-t victims help
         for vid, vq, vprio, vtype, vv, r in pool.all if need_quota else pool.of_type(t):
             if vid in dead or vq == w.queue or vprio > w.priority or fences[vq] != fence:
@@ -263,10 +312,24 @@ def plan(
                 ledger.remove(cluster.chains[r.workload.queue], vv)
                 trial.release(r.placement)
         trial.commit()
+        pool.preempted()
         for r, _ in taken:
             pool.kill(r.workload.id, r.workload.queue, r.workload.priority)
         return Plan(t, tuple(r for r, _ in taken))
     return NoPlan(ineligible, considered, fenced)
+
+
+def _may_kill(cluster: Cluster, ledger: Ledger, held: Mapping[str, Mapping[str, Gpus]]) -> bool:
+    """Could a search kill a candidate: would some queue drop below its guarantee on a resource
+    if all of ``held`` (queue -> its candidates' usage, summed) were taken away?"""
+    guarantee = cluster.guarantee
+    for q, h in held.items():
+        g = guarantee[q]
+        for res, amt in h.items():
+            limit = g.get(res)
+            if limit is not None and ledger.used(q, res) - amt < limit:
+                return True
+    return False
 
 
 def _over_max_all(cluster: Cluster, ledger: Ledger, queue: str, vec: Vec) -> list[tuple[str, str]]:

@@ -1,0 +1,183 @@
+"""The victim search's overlay of the free index (scheduler.placement.Trial) and its skip of
+searches that would fail and leave nothing behind (scheduler.preemption.Pool.quiet): the same
+fits, the same index afterwards (down to the stacks that break ties between equal nodes), and the
+same decisions and reasons, cycle by cycle, as the search that changed the index at once."""
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from benchmarks.same_decisions import random_scenario
+from scheduler import preemption
+from scheduler.cycle import schedule
+from scheduler.model import Decisions, Placement
+from scheduler.placement import FreeIndex, Trial
+from scheduler.simulator import parse_scenario, simulate
+from scheduler.snapshot import Snapshot
+
+SHARES = (0.25, 0.5, 0.375, 0.7)
+
+
+def share_scenario(seed: int) -> dict[str, Any]:
+    """benchmarks/same_decisions.py's random scenario (preemption on) with most of its one- and
+    two-GPU work asking shares of one GPU instead (the flood keeps whole nodes)."""
+    rng = random.Random(seed)
+    sc = random_scenario(rng, seed)
+    for w in sc["workloads"]:
+        if w["gpus_per_pod"] in (1, 2) and rng.random() < 0.6:
+            w["gpus_per_pod"] = rng.choice(SHARES)
+    sc["scheduler"]["preemption"] = True
+    return sc
+
+
+def snapshots(seeds: range) -> list[Snapshot]:
+    """The snapshots of replays whose running work holds shares."""
+    out: list[Snapshot] = []
+
+    def keep(snap: Snapshot, now: float) -> Decisions:
+        if any(r.placement.shares for r in snap.running):
+            out.append(snap)
+        return schedule(snap, now)
+
+    for seed in seeds:
+        simulate(parse_scenario(share_scenario(seed)), keep)
+    return out
+
+
+def fresh(snap: Snapshot) -> FreeIndex:
+    occ = snap.occupancy
+    return FreeIndex(snap.cluster, occ.node_free, occ.levels, occ.partial)
+
+
+def state(ix: FreeIndex, types: tuple[str, ...]) -> tuple[Any, ...]:
+    part = {i: dict(d) for i, d in ix.partial().items() if d}
+    return (list(ix.free), {t: list(c) for t, c in ix._counts.items()}, part,
+            {t: list(ix._plist(t)) for t in types}, dict(ix._stacks), dict(ix._arrived))
+
+
+def test_a_trial_counts_the_fit_and_settles_as_the_index_would() -> None:
+    rng = random.Random(19)
+    snaps = snapshots(range(12))
+    assert len(snaps) > 30
+    tried = settled = 0
+    for snap in rng.sample(snaps, 40):
+        types = snap.cluster.types
+        direct, over = fresh(snap), fresh(snap)
+        for t in types:                              # build some stacks first: their order is state
+            for k0 in (1, Decimal("0.25")):
+                assert direct.place(t, k0, 1) == over.place(t, k0, 1)
+        untouched = state(over, types)
+        t = rng.choice(types)
+        k: int | Decimal = rng.choice((1, 2, 4, 8, Decimal("0.25"), Decimal("0.5"), Decimal("0.7")))
+        pods = rng.choice((1, 2, 3, 6))
+        trial = Trial(over, t, k, pods)
+        running = [r.placement for r in snap.running]
+        rng.shuffle(running)
+        ops: list[tuple[Placement, int]] = []
+        out: list[Placement] = []
+        for p in running[:rng.randint(1, len(running))]:
+            direct.release(p)
+            trial.release(p)
+            ops.append((p, 1))
+            out.append(p)
+            assert trial.fits() == direct.fits(t, k, pods)
+            tried += 1
+            if out and rng.random() < 0.3:           # give one back, as the search's minimizing does
+                q = out.pop(rng.randrange(len(out)))
+                direct.take(q)
+                trial.take(q)
+                ops.append((q, -1))
+                assert trial.fits() == direct.fits(t, k, pods)
+        assert state(over, types) == untouched        # the index is untouched until settled
+        if rng.random() < 0.5:
+            trial.commit()
+        else:
+            for p, sign in reversed(ops):            # the search's undo, on the index
+                (direct.take if sign > 0 else direct.release)(p)
+            trial.abandon()
+        settled += 1
+        assert state(over, types) == state(direct, types)
+        for _ in range(6):                           # and they place alike from here on
+            t2 = rng.choice(types)
+            k2 = rng.choice((1, 2, Decimal("0.25"), Decimal("0.5")))
+            assert over.place(t2, k2, 1) == direct.place(t2, k2, 1)
+    assert tried > 100 and settled == 40
+
+
+def test_an_unsettled_trial_leaves_the_index_alone() -> None:
+    snap = snapshots(range(3))[-1]
+    ix = fresh(snap)
+    before = state(ix, snap.cluster.types)
+    trial = ix.trial(snap.cluster.types[0], 1, 1)
+    for r in snap.running:
+        trial.release(r.placement)
+    assert state(ix, snap.cluster.types) == before
+    with pytest.raises(ValueError, match="holds no share to give back"):
+        trial.release(next(r.placement for r in snap.running if r.placement.shares))
+
+
+class _AtOnce:
+    """The search's changes made on the index at once (the search before the trial): the reference."""
+
+    def __init__(self, index: FreeIndex, gpu_type: str, k: Any, pods: int) -> None:
+        self.index, self.shape, self.done = index, (gpu_type, k, pods), []
+
+    def fits(self) -> bool:
+        return self.index.fits(*self.shape)
+
+    def release(self, p: Placement) -> None:
+        self.index.release(p)
+        self.done.append((p, 1))
+
+    def take(self, p: Placement) -> None:
+        self.index.take(p)
+        self.done.append((p, -1))
+
+    def commit(self) -> None:
+        pass
+
+    def abandon(self) -> None:
+        for p, sign in reversed(self.done):
+            (self.index.take if sign > 0 else self.index.release)(p)
+
+
+def replay(sc: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Every cycle's admissions, preemptions and reasons (read right away), then the events."""
+    cycles: list[tuple[Any, ...]] = []
+
+    def reading(snap: Snapshot, now: float) -> Decisions:
+        d = schedule(snap, now)
+        cycles.append((now, d.admissions, d.preemptions, tuple(d.pending)))
+        return d
+
+    res = simulate(parse_scenario(sc), reading)
+    cycles.append((res.events_jsonl(),))
+    return cycles
+
+
+def test_the_search_decides_and_says_what_it_did_on_the_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    skipped = searched = 0
+    quiet = preemption.Pool.quiet
+
+    def counting(self: preemption.Pool, *a: Any) -> bool:
+        nonlocal skipped, searched
+        q = quiet(self, *a)
+        skipped += q
+        searched += 1
+        return q
+
+    seeds = range(40)
+    with monkeypatch.context() as m:
+        m.setattr(preemption.Pool, "quiet", counting)
+        now = [replay(share_scenario(s)) for s in seeds]
+    with monkeypatch.context() as m:
+        m.setattr(FreeIndex, "trial", lambda self, t, k, pods: _AtOnce(self, t, k, pods))
+        m.setattr(preemption.Pool, "quiet", lambda self, *a: False)
+        before = [replay(share_scenario(s)) for s in seeds]
+    for s, a, b in zip(seeds, now, before):
+        assert a == b, f"seed {s}"
+    assert sum(e.count('"preempt"') for c in now for e in c[-1]) > 20      # it preempts, with shares
+    assert 0 < skipped < searched                     # some searches skipped, some made
