@@ -62,7 +62,7 @@ def test_a_trial_counts_the_fit_and_settles_as_the_index_would() -> None:
     rng = random.Random(19)
     snaps = snapshots(range(12))
     assert len(snaps) > 30
-    tried = settled = 0
+    tried = settled = moved = 0
     for snap in rng.sample(snaps, 40):
         types = snap.cluster.types
         direct, over = fresh(snap), fresh(snap)
@@ -78,8 +78,10 @@ def test_a_trial_counts_the_fit_and_settles_as_the_index_would() -> None:
         rng.shuffle(running)
         ops: list[tuple[Placement, int]] = []
         out: list[Placement] = []
+        frees = [list(direct.free)]                  # moved(): some node's whole free count changed
         for p in running[:rng.randint(1, len(running))]:
             direct.release(p)
+            frees.append(list(direct.free))
             trial.release(p)
             ops.append((p, 1))
             out.append(p)
@@ -88,10 +90,13 @@ def test_a_trial_counts_the_fit_and_settles_as_the_index_would() -> None:
             if out and rng.random() < 0.3:           # give one back, as the search's minimizing does
                 q = out.pop(rng.randrange(len(out)))
                 direct.take(q)
+                frees.append(list(direct.free))
                 trial.take(q)
                 ops.append((q, -1))
                 assert trial.fits() == direct.fits(t, k, pods)
         assert state(over, types) == untouched        # the index is untouched until settled
+        assert trial.moved() == any(a != b for a, b in zip(frees, frees[1:]))
+        moved += trial.moved()
         if rng.random() < 0.5:
             trial.commit()
         else:
@@ -104,7 +109,7 @@ def test_a_trial_counts_the_fit_and_settles_as_the_index_would() -> None:
             t2 = rng.choice(types)
             k2 = rng.choice((1, 2, Decimal("0.25"), Decimal("0.5")))
             assert over.place(t2, k2, 1) == direct.place(t2, k2, 1)
-    assert tried > 100 and settled == 40
+    assert tried > 100 and settled == 40 and 0 < moved < 40
 
 
 def test_an_unsettled_trial_leaves_the_index_alone() -> None:
@@ -181,3 +186,32 @@ def test_the_search_decides_and_says_what_it_did_on_the_index(monkeypatch: pytes
         assert a == b, f"seed {s}"
     assert sum(e.count('"preempt"') for c in now for e in c[-1]) > 20      # it preempts, with shares
     assert 0 < skipped < searched                     # some searches skipped, some made
+
+
+def test_a_search_that_kills_is_not_skipped() -> None:
+    """Queue a holds 1.5 GPUs in shares of 0.5 over a guarantee of 1, each share on a device that
+    d (within its guarantee) shares too, and d holds the rest of both nodes: b's search for a whole
+    node fails, but on the way it takes a2 (a down to 1) and kills a1 and a0 (a would go below its
+    guarantee). So e's search, in the same cycle, considers a2 alone: b's was not skippable."""
+    share = [{"id": f"{q}{i}", "queue": q, "submit": i, "duration": 1000, "gpus_per_pod": 0.5}
+             for i in range(3) for q in ("a", "d")]
+    sc = {"name": "kills", "scheduler": {"preemption": True, "preemption_delay_s": 0, "cycle_interval_s": 1},
+          "nodes": [{"name": "n", "gpu_type": "H100", "gpus": 4, "count": 2}],
+          "queues": {"a": {"guaranteed": {"gpu": 1}}, "d": {"guaranteed": {"gpu": 8}},
+                     "b": {"guaranteed": {"gpu": 8}}, "e": {"guaranteed": {"gpu": 8}}},
+          "workloads": [*share,
+                        {"id": "d-one", "queue": "d", "submit": 3, "duration": 1000, "gpus_per_pod": 1},
+                        {"id": "d-node", "queue": "d", "submit": 3, "duration": 1000, "gpus_per_pod": 4},
+                        {"id": "b0", "queue": "b", "submit": 10, "duration": 10, "gpus_per_pod": 4},
+                        {"id": "e0", "queue": "e", "submit": 10, "duration": 10, "gpus_per_pod": 4}]}
+    said: dict[str, str] = {}
+
+    def reading(snap: Snapshot, now: float) -> Decisions:
+        d = schedule(snap, now)
+        if now == 10.0:
+            said.update((p.workload, p.message) for p in d.pending)
+        return d
+
+    simulate(parse_scenario(sc), reading)
+    assert said["b0"].endswith("(3 running workloads considered)"), said
+    assert said["e0"].endswith("(1 running workloads considered)"), said
