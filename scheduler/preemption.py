@@ -186,8 +186,9 @@ class Pool:
         work holds too were taken, given back and taken again by search after search):
 
         * even with every one of them given back, the gang does not fit (so no subset makes it fit);
-        * doing so changes no node's count of whole free devices: none is a whole gang, and no
-          device would lose its last share (so no subset changes one either);
+        * doing so changes no node's count of whole free devices: none is a whole gang (the
+          first one found ends the look: not quiet), and no device would lose its last share (so
+          no subset changes one either);
         * each one's own queue stays at or above its guarantee on every resource even with all
           of its candidates on the type taken away (a search kills a candidate only when taking it
           would drop its own queue below; it takes away at most these).
@@ -204,16 +205,21 @@ class Pool:
         dead = self.dead
         trial = index.trial(gpu_type, k, pods)      # never settled: the index is not touched
         held: dict[str, dict[str, Gpus]] = {}       # queue -> what its candidates hold, summed
+        quiet = True
         for c in self.by_type.get(gpu_type, ()):
             if c.id in dead:
                 continue
-            trial.release(c.running.placement)
+            placement = c.running.placement
+            if not placement.shares:                # a whole gang given back moves its nodes
+                quiet = False
+                break
+            trial.release(placement)
             h = held.get(c.queue)
             if h is None:
                 h = held[c.queue] = {}
             for res, amt in c.vec:
                 h[res] = h.get(res, 0) + amt
-        quiet = not trial.fits() and not trial.moved() and not _may_kill(cluster, ledger, held)
+        quiet = quiet and not trial.fits() and not trial.moved() and not _may_kill(cluster, ledger, held)
         self._quiet[key] = (quiet, stamp)
         return quiet
 
