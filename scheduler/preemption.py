@@ -15,8 +15,13 @@ Candidate order (first is preempted first): ``(originator, priority, -start_s, n
 non-originators, lower priority, the youngest (least work lost), GPUs the accounting sees idle,
 then the stable id. Non-preemptible work is not a candidate at all.
 
-The search runs on the cycle's working ledger and free index and undoes every change it made
-unless it succeeds (explicit undo); the snapshot is never touched.
+The search runs on the cycle's working ledger and free index, never on the snapshot, and is
+device-aware (issue 19): victims are given back on a :class:`~scheduler.placement.Trial` of the
+index (an overlay of the nodes and devices they hold, with the preemptor's pods still short kept
+as a count), which changes the index only once the search is settled, exactly as the same steps
+on the index would have; the ledger's changes are undone by restoring the queues they touched. A
+search that would fail and leave nothing behind is skipped (:meth:`Pool.quiet`). Every decision
+is the same as a search on the index itself (tests/test_preemption_trial.py).
 """
 from __future__ import annotations
 
