@@ -141,7 +141,7 @@ def refusal(queues: Mapping[str, Queue], path: str, namespace: str) -> str | Non
 def check_access(config: QueueConfig, source: str = "queues") -> None:
     """The file's access rules, first failure raised: a child's ``namespaces`` within its parent's
     list in force; a placement template within the max of its parent and the parent's ancestors;
-    ``mapping.namespaces`` only to a queue that namespace may use."""
+    ``mapping.namespaces`` and ``mapping.local_queues`` only to a queue that namespace may use."""
     queues = config.queues
     for q in _preorder(config):
         if q.path == ROOT:
@@ -159,6 +159,11 @@ def check_access(config: QueueConfig, source: str = "queues") -> None:
         why = refusal(queues, target, namespace)
         if why is not None:
             raise QueueConfigError(f"mapping.namespaces.{namespace}", why)
+    for namespace, local in config.mapping.local_queues.items():
+        for name, target in local.items():
+            why = refusal(queues, target, namespace)
+            if why is not None:
+                raise QueueConfigError(f"mapping.local_queues.{namespace}.{name}", why)
 
 
 def _check_template(config: QueueConfig, parent: Queue, where: str) -> None:
@@ -297,7 +302,8 @@ class NamespaceQueues:
                 held[res] = held.get(res, 0) + amount
             q = Queue(path=path, parent=parent_path, guaranteed=t.guaranteed, max=t.max,
                       namespaces=frozenset({namespace}), made_for=namespace,
-                      policy=parent.policy)          # the parent's policy, as a child in the file inherits it
+                      policy=parent.policy,          # the parent's policy, as a child in the file inherits it
+                      within_queue=parent.within_queue, min_runtime_s=parent.min_runtime_s)
             self._made[path] = q
             self._stale = True
             return q

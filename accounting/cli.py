@@ -19,14 +19,15 @@ from accounting.errors import AccountingError, QueueConfigError
 from accounting.model import Window
 from accounting.service import idle_params, load_config, now_view, usage_report
 from accounting.timeparse import parse_time
-from accounting.usage import BY_KEYS, check_by
+from accounting.usage import BY_KEYS, check_by, counts_losses
 from gpuq.errors import GpuqError
 from gpuq.output import render
 
-QUEUE_COLUMNS = ("queue", "gpu_type", "allocated", "guaranteed", "max", "pending", "fair_share",
+QUEUE_COLUMNS = ("queue", "gpu_type", "allocated", "guaranteed", "entitlement", "max", "pending", "fair_share",
                  "effective_max", "borrowed", "lent", "over_quota_share", "idle")
 USAGE_VALUES = ("gpu_seconds", "gpu_hours", "idle_gpu_seconds", "idle_ratio", "cost", "idle_cost", "idle_method")
 USAGE_EQ = ("eq_hours", "cost_per_eq_hour")        # where equivalents are set (accounting.usage)
+USAGE_LOST = ("lost_gpu_hours",)    # GPU-hours preemptions threw away, by queue (accounting.usage.counts_losses)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,7 +88,8 @@ def usage_main(argv: Sequence[str], settings: Any, *, now_s: float | None = None
     def body() -> int:
         p = _common("gpuq usage", "GPU-hours, idle GPU-hours and their cost over a period, per queue (or "
                     "per GPU type, namespace, workload, cluster). Idle: allocated GPUs whose utilization stayed "
-                    "under the idle threshold.")
+                    "under the idle threshold. Grouped by queue (and cluster): lost_gpu_hours, the work "
+                    "gpuq's preemptions threw away (since the workload's last checkpoint).")
         p.add_argument("--from", dest="start", metavar="TIME", default="-1d",
                        help="start: an ISO 8601 time, now, or back from now like -7d, -2h, -30m (default -1d)")
         p.add_argument("--to", dest="end", metavar="TIME", default="now", help="end, as --from (default now)")
@@ -109,7 +111,8 @@ def usage_main(argv: Sequence[str], settings: Any, *, now_s: float | None = None
         finally:
             store.close()
         dicts = [r.as_dict() for r in rows]
-        columns = (*by, *USAGE_VALUES, *(USAGE_EQ if any("eq_hours" in d for d in dicts) else ()))
+        columns = (*by, *USAGE_VALUES, *(USAGE_EQ if any("eq_hours" in d for d in dicts) else ()),
+                   *(USAGE_LOST if counts_losses(by) else ()))
         out.write(render(columns, [[d[c] for c in columns] for d in dicts], a.format))
         return 0
 

@@ -6,6 +6,7 @@ Hierarchy::
     ├── QueueConfigError            the queue file is invalid; ``where`` is the YAML path,
     │                               ``file``/``line`` where known (not retryable: fix the file)
     ├── QueueNotCreated             a placement rule could not make a namespace's queue (not retryable)
+    ├── QueueImportError            gpuq import-queues cannot read a Kueue or YuniKorn source (not retryable)
     ├── TimeSpecError               a ``--from``/``--to`` value cannot be read (not retryable)
     └── AccountingQueryError        the store could not answer an accounting query (retryable)
 """
@@ -55,3 +56,14 @@ class QueueNotCreated(AccountingError):
         self.path = path
         self.reason = reason
         super().__init__(f"cannot make queue {path}: {reason}")
+
+
+class QueueImportError(AccountingError):
+    """A source that ``gpuq import-queues`` cannot read (:mod:`accounting.queue_import`): ``where``
+    names the object or place (``ClusterQueue team-a (kueue.yaml, document 3): spec.cohortName``),
+    ``reason`` what is wrong there. Not retryable: fix the source."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{where}: {reason}")

@@ -11,12 +11,32 @@ level by level from the root, whose pool is the cluster capacity: each child fir
 parent's pool (the GPUs nobody is guaranteed, and the guarantees their owners leave unused) is
 poured into the children that want more, in proportion to ``weight``, each capped at
 ``min(demand, max)``. When the guarantees alone exceed the pool (capacity is down), they are
-scaled down in proportion. The shares of the children never exceed the parent's share.
+scaled down in proportion. The shares of the children never exceed the parent's share. A queue
+of ``weight`` 0 gets nothing beyond ``min(guaranteed, demand, max)``.
+
+**Entitlement** (issue 21; what ``scheduler.reclaim: fair_share`` reclaims toward, in whole GPUs:
+:func:`entitlements`): the same division as KAI-Scheduler's fair share, of the ``gpu`` resource
+only. Per level from the root (whose pool is the cluster's GPUs), each child first gets
+``min(guaranteed, demand)``; what is left of the parent's entitlement is divided among the children
+that still want more (demand and max not reached, ``weight`` above 0) in rounds: each gets
+``left x weight / (sum of their weights)`` rounded down to whole GPUs, or all it still wants when
+that is less (then another round divides what that one left); when a round leaves nobody
+satisfied, the GPUs the rounding left go one each to the children with the largest fraction cut
+off by the rounding (ties: the larger weight, then queue-file order), each capped by what it still
+wants. A child's entitlement is the pool its children divide. When the guarantees alone exceed
+the pool (capacity down) each child is entitled to ``min(guaranteed, demand)`` and no more.
+Amounts are exact: whole GPUs, but where a demand or max of shares (thousandths) caps a queue.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from math import floor
+from typing import NamedTuple
+
+from accounting.queues import GPU_EQ, Amount, Queue
 
 _EPS = 1e-9
 
@@ -40,7 +60,7 @@ def water_fill(pool: float, claims: Sequence[Claim]) -> dict[str, float]:
     left = pool - base
     want = {c.name: max(0.0, min(c.demand, c.cap) - share[c.name]) for c in claims}
     while left > _EPS:
-        active = [c for c in claims if want[c.name] > _EPS]
+        active = [c for c in claims if want[c.name] > _EPS and c.weight > 0]   # weight 0: nothing beyond
         if not active:
             break
         total_w = sum(c.weight for c in active)
@@ -61,3 +81,113 @@ def dominant_share(allocated: dict[str, float], denominators: dict[str, float | 
         if d is not None and d > 0:
             best = max(best, amount / d)
     return best
+
+
+class Want(NamedTuple):
+    """What one queue brings to :func:`entitlements`, in GPUs of any type: its ``gpu`` guarantee,
+    its demand (running plus pending, its subtree's), its own ``gpu`` max (``None``: none) and its
+    ``weight``."""
+
+    guaranteed: Amount
+    demand: Amount
+    cap: Amount | None = None
+    weight: float = 1.0
+
+
+def entitlements(pool: Amount, children: Mapping[str, Sequence[str]], wants: Mapping[str, Want],
+                 root: str) -> dict[str, Amount]:
+    """Each queue's entitlement below ``root`` (the module docstring's division), ``pool`` the GPUs
+    ``root`` divides, ``children`` each queue's children in queue-file order (a queue absent from
+    ``wants`` wants nothing). Pure and exact: amounts are counted in integer thousandths of a GPU
+    and weights as exact integers (each float weight times the common power of two that makes all
+    of them whole), so the division is integer arithmetic (the scheduler runs it every cycle of the
+    ``fair_share`` mode, over every queue). The root itself maps to ``pool``."""
+    out: dict[str, Amount] = {root: pool}
+    stack = [(root, _milli(pool))]
+    while stack:
+        parent, got = stack.pop()
+        kids = children.get(parent, ())
+        if not kids:
+            continue
+        shares = _divide(got, [wants.get(k, _NOTHING) for k in kids])
+        for k, share in zip(kids, shares):
+            out[k] = _amount(share)
+            stack.append((k, share))
+    return out
+
+
+_NOTHING = Want(0, 0, None, 0.0)
+
+
+def want_of(queue: Queue, demand: Amount) -> Want:
+    """What ``queue`` brings to :func:`entitlements` with ``demand`` GPUs (its subtree's running and
+    pending): its ``gpu`` guarantee (a queue guaranteed in ``gpu_eq`` only brings that, rounded down
+    to whole GPUs: the division is of raw GPUs), its ``gpu`` max and its weight. The one reading of
+    a queue for the division, the scheduler's and the accounting's alike."""
+    g = queue.guaranteed.get("gpu")
+    if g is None:
+        g = floor(queue.guaranteed.get(GPU_EQ, 0))
+    return Want(g, demand, queue.max.get("gpu"), queue.weight)
+
+
+def _milli(x: Amount) -> int:
+    """GPUs as integer thousandths (rounded down below a thousandth, which GPU amounts never hold)."""
+    return int(x * _MILLI) if type(x) is int else floor(Fraction(x) * _MILLI)
+
+
+def _amount(m: int) -> Amount:
+    whole, rest = divmod(m, _MILLI)
+    return whole if rest == 0 else Decimal(m) / _MILLI
+
+
+_MILLI = 1000
+
+
+def _divide(pool: int, claims: Sequence[Want]) -> list[int]:
+    """One level of :func:`entitlements`: ``pool`` thousandths among ``claims`` (in queue-file
+    order), each one's share in thousandths."""
+    n = len(claims)
+    want = [0] * n
+    share = [0] * n
+    weight = [int(c.weight) for c in claims]
+    if any(w != c.weight for w, c in zip(weight, claims)):    # a weight not whole: exact integers of them all
+        ws = [Fraction(c.weight) for c in claims]
+        scale = max(w.denominator for w in ws)                # powers of two: the largest makes all whole
+        weight = [int(w * scale) for w in ws]
+    for i, c in enumerate(claims):
+        w = _milli(c.demand)
+        if c.cap is not None:
+            w = min(w, _milli(c.cap))
+        want[i] = max(w, 0)
+        share[i] = min(_milli(c.guaranteed), want[i])
+    left = pool - sum(share)
+    cut: dict[int, int] = {}      # the last round's fraction cut off by the rounding, over its total weight
+    while left > 0:
+        asking = [i for i in range(n) if weight[i] > 0 and share[i] < want[i]]
+        if not asking:
+            break
+        total = sum(weight[i] for i in asking)
+        pot, satisfied, cut = left, False, {}
+        whole = total * _MILLI
+        for i in asking:
+            fair = pot * weight[i]            # this one's part of the pot, times ``total``
+            rest = want[i] - share[i]
+            if rest * total <= fair:          # all it still wants: another round divides the rest
+                give, satisfied = rest, True
+            else:
+                give = fair // whole * _MILLI
+                if fair > give * total:
+                    cut[i] = fair - give * total
+            give = min(give, left)
+            share[i] += give
+            left -= give
+        if not satisfied:
+            break
+    for i in sorted(cut, key=lambda i: (-cut[i], -weight[i], i)):
+        if left <= 0:
+            break
+        give = min(_MILLI, left, want[i] - share[i])
+        if give > 0:
+            share[i] += give
+            left -= give
+    return share

@@ -9,6 +9,11 @@ Sources, in order of precedence (:data:`SOURCES`):
 ``ray_job``
     the GPUs (fractions included) of a Ray job's running tasks and alive actors outside placement
     groups on a node, its ``entrypoint_num_gpus`` among them (:mod:`collector.ray_alloc`);
+``kueue``
+    a Kueue Workload holding quota (``queues_from: kueue``; :mod:`collector.k8s_kueue`): one row
+    with no node (Kueue assigns flavors, not nodes), counted until its workload is seen by one of
+    the above on **any** node (cut there as an admission is), so a Workload admitted by Kueue
+    counts from its admission and its pods, once they run, instead of it;
 ``admission``
     what gpuq admitted and has not been seen yet by any of the above (the scheduler).
 
@@ -38,13 +43,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from fractions import Fraction
 
 from accounting.model import Allocation, milli
+from gpuq.gpu_share import base_model, mig_fraction, mig_profile_of, milli_floor
 
-SOURCES = ("pod", "placement_group", "ray_job", "admission")
+SOURCES = ("pod", "placement_group", "ray_job", "kueue", "admission")
 _RANK = {s: i for i, s in enumerate(SOURCES)}
 ADMISSION = "admission"
+KUEUE = "kueue"
+RESERVATIONS = (KUEUE, ADMISSION)  # rows that hold quota before (or without) anything is seen on a node
 _ADMIT = len(SOURCES) - 1          # the admission's rank (and any unknown source's)
+_KUEUE = _RANK[KUEUE]              # below it: observed rows
 
 
 def rank(source: str) -> int:
@@ -84,12 +94,14 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
     allocs = list(allocations)
     best: dict[tuple[str, str], int] = {}
     seen: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
+    seen_any: dict[str, list[tuple[float, float | None]]] = {}      # per workload, any node (Kueue's rows)
     queue: dict[tuple[str, str], str] = {}
     for a in allocs:
         if a.workload_id:
             r, k = rank(a.source), (a.workload_id, a.node)
-            if r < _ADMIT:
+            if r < _KUEUE:
                 seen.setdefault(k, []).append((a.start_s, a.end_s))
+                seen_any.setdefault(a.workload_id, []).append((a.start_s, a.end_s))
                 if since_s is None or a.end_s is None or a.end_s > since_s:
                     best[k] = min(r, best.get(k, r))
             if a.queue > queue.get(k, ""):
@@ -98,12 +110,13 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
     for a in allocs:
         if a.workload_id:
             r, k = rank(a.source), (a.workload_id, a.node)
-            if r < _ADMIT and r != best.get(k):
+            if r < _KUEUE and r != best.get(k):
                 continue
             if not a.queue:
                 a = replace(a, queue=queue.get(k, ""))
-            if r == _ADMIT:
-                cut = min((s for s, e in seen.get(k, ()) if e is None or e > a.start_s), default=None)
+            if r >= _KUEUE:
+                cuts = seen_any.get(a.workload_id, ()) if r == _KUEUE else seen.get(k, ())
+                cut = min((s for s, e in cuts if e is None or e > a.start_s), default=None)
                 if cut is not None:
                     if cut <= a.start_s:
                         continue
@@ -133,19 +146,41 @@ def node_of(name: str, cluster: str) -> tuple[str, str]:
 
 def admission_rows(workload_id: str, queue: str, *, cluster: str, namespace: str, gpu_type: str,
                    placement: Mapping[str, float] | Iterable[tuple[str, float]], start_s: float,
-                   end_s: float | None = None, priority: int = 0) -> list[Allocation]:
+                   end_s: float | None = None, priority: int = 0, mig_model: str = "") -> list[Allocation]:
     """The ledger rows of one admission: one per node of its placement. The uid holds the start, so
     a workload admitted again on the same node after a preemption is a new row, not a new version
-    of the one that billed its first run."""
+    of the one that billed its first run.
+
+    ``mig_model``: the type is a MIG type whose slices the nodes name so
+    (:meth:`accounting.queues.QueueConfig.mig_model`). Its rows are then billed as its pods will be:
+    ``k`` slices are ``floor(k x N/S x 1000)`` milli-GPUs of that model (:func:`admission_share`),
+    which count ``k`` slices against capacity and quotas as the scheduler placed them
+    (:attr:`Allocation.counted_milli`), so a slice is not billed a whole GPU until its pod is seen."""
     nodes = placement.items() if isinstance(placement, Mapping) else placement
     out = []
     for name, n in nodes:
         if n > 0:
             c, node = node_of(name, cluster)
+            model, billed = admission_share(gpu_type, n, mig_model)
             out.append(Allocation(c, namespace, workload_id, f"{workload_id}/{name}@{round(start_s * 1000)}", queue,
-                                  node, gpu_type, milli(n), start_s, end_s, "nvidia.com/gpu", priority, "",
+                                  node, model, billed, start_s, end_s, "nvidia.com/gpu", priority, "",
                                   ADMISSION, workload_id))
     return out
+
+
+def admission_share(gpu_type: str, gpus: float, mig_model: str = "") -> tuple[str, int]:
+    """``(gpu_model, milli_gpus)`` of an admission row holding ``gpus`` of ``gpu_type`` on a node:
+    the type and its milli-GPUs; for a MIG type (``mig_model`` given) the slices' model and their
+    fraction of the GPU, rounded down as a pod holding them is billed
+    (``collector.k8s_extract.pod_share_milli``: ``2`` 1g slices of an A100 are 285)."""
+    if not mig_model:
+        return gpu_type, milli(gpus)
+    return mig_model, milli_floor(Fraction(str(gpus)) * Fraction(mig_slice_fraction(mig_model)))
+
+
+def mig_slice_fraction(model: str) -> Fraction:
+    """One slice of a MIG model (``<product>-MIG-<profile>``) as a fraction of its GPU."""
+    return mig_fraction(base_model(model), mig_profile_of(model))
 
 
 def reserved(allocations: Iterable[Allocation]) -> list[Allocation]:

@@ -88,8 +88,9 @@ class Allocation:
     @property
     def counted_milli(self) -> int:
         """Milli-GPUs it counts against capacity and quotas: MIG slices as slices (see the module
-        docstring). gpuq's own admission rows already count slices (the scheduler places them)."""
-        return self.milli_gpus if self.source == "admission" else counted_milli(self.gpu_model, self.milli_gpus)
+        docstring). gpuq's own admission rows of a MIG type are billed the slices' fraction too, and
+        counted back the same way (``accounting.ledger.admission_rows``)."""
+        return counted_milli(self.gpu_model, self.milli_gpus)
 
     @property
     def workload(self) -> str:
@@ -127,6 +128,7 @@ class NodeCapacity:
     gpu_model: str
     milli_gpus: int              # allocatable
     schedulable: bool = True     # ready and not cordoned
+    replicas: int = 1            # what the device plugin advertises each GPU as (time-slicing, MPS)
 
     @property
     def gpus(self) -> float:

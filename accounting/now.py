@@ -7,7 +7,12 @@ type in name order. A parent's ``allocated`` and ``pending`` are the sums of its
 ``max`` is the queue's own ``max`` (None: unlimited here), ``effective_max`` the smallest along its
 ancestry. ``borrowed = max(0, allocated - guaranteed)``, ``lent = max(0, guaranteed - allocated)``.
 ``fair_share`` is the queue's dominant share (same on each of its rows), ``over_quota_share`` its
-water-filled share of that resource (see :mod:`accounting.fairshare`).
+water-filled share of that resource (see :mod:`accounting.fairshare`). ``entitlement`` (the ``*``
+row only; None on the typed rows) is what ``scheduler.reclaim: fair_share`` reclaims toward
+(issue 21): the cluster's GPUs divided by weight in whole GPUs, each queue's demand being its
+``allocated`` plus ``pending`` (:func:`accounting.fairshare.entitlements`, the scheduler's own
+division, here of the accounting's view); shown whatever the mode, as what the queue would be
+entitled to.
 
 GPU-equivalents (issue 19): where equivalents are set (:attr:`QueueConfig.has_equivalents`: a
 queue sets ``gpu_eq``, or a type's ``equivalent`` is not 1),
@@ -25,12 +30,14 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from accounting.capacity import CapacityView, TypeShare, capacity_view, distribution
-from accounting.fairshare import Claim, dominant_share, water_fill
+from decimal import Decimal
+
+from accounting.fairshare import Claim, dominant_share, entitlements, want_of, water_fill
 from accounting.idle import DEFAULT_PARAMS, IdleParams, current
 from accounting.intervals import running
 from accounting.ledger import ADMISSION, by_slot, holder
 from accounting.model import MILLI, Allocation, IdleRun, NodeCapacity, PendingDemand, as_gpus
-from accounting.queues import GPU_EQ, ONE, ROOT, Amount
+from accounting.queues import GPU_EQ, ONE, ROOT, Amount, QueueConfig
 from accounting.resolve import UNASSIGNED, Resolver
 from accounting.starvation import Starvation, starving
 
@@ -63,6 +70,7 @@ class QueueRow:
     over_quota_share: float
     idle: float
     reserved: float = 0.0      # of allocated: admitted by gpuq, not seen yet (accounting.ledger)
+    entitlement: float | None = None   # the "*" row: what reclaim: fair_share reclaims toward (module docstring)
     # GPU-equivalents beside the raw GPUs, only where equivalents are set (module docstring)
     allocated_eq: float | None = None
     guaranteed_eq: float | None = None
@@ -149,6 +157,7 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
     oq: dict[str, dict[str, float]] = {}
     for res in resources:
         _fill(res, ROOT, capacity.get(res, 0.0), kids, resolver, alloc, pend, oq)
+    entitled = _entitlements(config, kids, alloc_m, pend_m, round(cap.total.capacity * MILLI))
     rows = []
     for q in _preorder(kids):
         cfg = config.queues.get(q) if q != ROOT else None
@@ -175,9 +184,24 @@ def compute_now(snap: NowSnapshot, resolver: Resolver, idle: IdleParams = DEFAUL
                 pending=p.get(r, 0), borrowed=None if g is None else max(0, used - g),
                 lent=None if g is None else max(0, g - used), fair_share=fair,
                 over_quota_share=oq.get(q, {}).get(r, capacity.get(r, 0.0) if q == ROOT else 0.0),
-                idle=idle_roll.get(q, {}).get(r, 0), reserved=resv.get(q, {}).get(r, 0), **eq))
+                idle=idle_roll.get(q, {}).get(r, 0), reserved=resv.get(q, {}).get(r, 0),
+                entitlement=_out(entitled.get(q, 0)) if r == "gpu" else None, **eq))
     dist = distribution(cap, live, {k: as_gpus(v) for k, v in idle_q.items()}, resolver)
     return NowView(now, tuple(rows), cap, dist, starving(rows, snap.pending, resolver, now, starvation_s))
+
+
+def _entitlements(config: QueueConfig, kids: Mapping[str, tuple[str, ...]], alloc_m: dict[str, dict[str, int]],
+                  pend_m: dict[str, dict[str, int]], capacity_milli: int) -> dict[str, Amount]:
+    """Each queue's entitlement (:func:`accounting.fairshare.entitlements`) from the view's
+    allocated and pending milli-GPUs (rolled up) and the cluster's capacity; the pseudo-queue
+    ``(unassigned)`` is entitled to nothing."""
+    wants = {q: want_of(cfg, Decimal(alloc_m.get(q, {}).get("gpu", 0) + pend_m.get(q, {}).get("gpu", 0)) / MILLI)
+             for q, cfg in config.queues.items() if q != ROOT}
+    return entitlements(Decimal(capacity_milli) / MILLI, kids, wants, ROOT)
+
+
+def _out(x: Amount) -> int | float:
+    return int(x) if x == int(x) else round(float(x), 3)
 
 
 def _add(acc: dict[str, dict[str, N]], queue: str, gpu_type: str | None, amount: N) -> None:

@@ -27,7 +27,7 @@ from gpuq.errors import shown
 _TYPE_KEYS = frozenset({"price_per_hour", "node_labels", "equivalent"})
 # a MIG type's name: <TYPE>-mig-<profile> (accounting.queues, "GPU types")
 _MIG_TYPE = re.compile(r"^(.+)-(?:mig|MIG)-(\d+g\.\d+gb(?:[+-][a-z][a-z.]*)*)$")
-_MAPPING_KEYS = frozenset({"labels", "annotations", "namespaces", "default"})
+_MAPPING_KEYS = frozenset({"labels", "annotations", "namespaces", "default", "local_queues"})
 
 
 def _show(resource: str, amount: Amount) -> str:
@@ -210,7 +210,34 @@ def parse_mapping(raw: Any, queues: Mapping[str, Queue]) -> QueueMapping:
         annotations=_strings(raw, "annotations", base.annotations),
         namespaces=MappingProxyType(ns),
         default=None if default is None else _leaf(default, "mapping.default", queues),
+        local_queues=_local_queues(raw.get("local_queues"), queues),
     )
+
+
+def _local_queues(raw: Any, queues: Mapping[str, Queue]) -> Mapping[str, Mapping[str, str]]:
+    """``mapping.local_queues``: namespace -> LocalQueue name -> leaf queue (accounting.queues, "Local
+    queues"); whether the namespace may use the queue is checked with the other access rules."""
+    from accounting.access import NAMESPACE
+
+    if raw is None:
+        return MappingProxyType({})
+    if not isinstance(raw, Mapping):
+        raise QueueConfigError("mapping.local_queues", "expected a mapping of namespace to {LocalQueue name: "
+                               f"queue}}, got {shown(raw)}")
+    out: dict[str, Mapping[str, str]] = {}
+    for namespace, names in raw.items():
+        where = f"mapping.local_queues.{namespace}"
+        if not isinstance(namespace, str) or not NAMESPACE.match(namespace):
+            raise QueueConfigError(where, f"{shown(namespace)} is not a Kubernetes namespace name (DNS-1123 label)")
+        if not isinstance(names, Mapping):
+            raise QueueConfigError(where, f"expected a mapping of LocalQueue name to queue, got {shown(names)}")
+        local: dict[str, str] = {}
+        for name, target in names.items():
+            if not isinstance(name, str) or not name:
+                raise QueueConfigError(where, f"expected a LocalQueue name, got {shown(name)}")
+            local[name] = _leaf(target, f"{where}.{name}", queues)
+        out[namespace] = MappingProxyType(local)
+    return MappingProxyType(out)
 
 
 def line_of(text: str, where: str) -> int | None:

@@ -14,6 +14,7 @@ File layout (every section optional except ``queues``)::
       labels: [kueue.x-k8s.io/queue-name, queue]
       annotations: [yunikorn.apache.org/queue]
       namespaces: {ml-team: research.vision}
+      local_queues: {ml-team: {user-queue: research.vision}}   # Kueue LocalQueues (below)
       default: research.nlp
     policy: {max_priority: 0, non_preemptible: false}   # the root's (these are the defaults)
     queues:
@@ -21,9 +22,11 @@ File layout (every section optional except ``queues``)::
         guaranteed: {gpu: 24}
         max: {gpu: 80, gpu/H100: 8, gpu_eq: 40, cpu: 512, memory: 4Ti}
         priority: 0
-        weight: 2                   # share of idle capacity (over-quota), > 0
+        weight: 2                   # share beyond the guarantees (over-quota), >= 0; 0: none
         preemption: {fence: true}   # no preemption leaves or enters this subtree
         strict_fifo: false
+        within_queue: lower_priority    # its own pending may preempt its lower-priority work (default never)
+        min_runtime_s: 600          # its work is no victim before it has run this long (default 0)
         namespaces: [ml-team, vision]   # who may submit here (accounting.access); absent: as the parent
         policy: {max_priority: 100, non_preemptible: true}   # what its workloads may ask
         queues: {vision: {...}}
@@ -32,6 +35,17 @@ File layout (every section optional except ``queues``)::
         placement:                  # each namespace gets tenants.<namespace>, made on first use
           namespace_queues: true
           template: {guaranteed: {gpu: 0}, max: {gpu: 8}}
+
+Preemption within a queue, and a minimum runtime
+------------------------------------------------
+``within_queue``: ``lower_priority`` lets a pending workload of the queue preempt work of strictly
+lower priority in its own (leaf) queue (KAI-Scheduler's preempt action, Kueue's
+``withinClusterQueue: LowerPriority``); ``never`` (the default) keeps preemption between queues
+only. ``min_runtime_s``: admitted work of the queue is no victim, of any preemption, before it has
+run that long (a number of seconds, 0 the default). Both are inherited down the tree, as the policy
+is: a queue without the key has its parent's, so a department sets it for its queues and a queue
+may set it back (``within_queue: never``, ``min_runtime_s: 0``). The rules they add to preemption:
+:mod:`scheduler.preemption`.
 
 Resources
 ---------
@@ -72,6 +86,16 @@ the nodes' ``<product>-MIG-<profile>`` capacity, resolve to it (:meth:`QueueConf
 so ``gpu/A100-mig-1g.10gb`` counts slices of that profile, as the scheduler places them. Its
 ``equivalent`` defaults to its fraction of the GPU (the profile's compute slices, ``1/7`` for a
 ``1g``) times ``<TYPE>``'s, rounded down to thousandths (``0.5 / 7`` is 0.071).
+
+Local queues (Kueue's LocalQueues)
+----------------------------------
+``mapping.local_queues.<namespace>.<name>``: the leaf queue that a pod of ``<namespace>`` means
+when the queue it names (its ``kueue.x-k8s.io/queue-name``, or any of ``mapping.labels`` and
+``mapping.annotations``) is ``<name>``: Kueue's LocalQueue ``<name>`` in that namespace points at
+a ClusterQueue, and ``gpuq import-queues kueue`` writes one entry per LocalQueue. The name is
+looked up there first, before queue paths and leaf names, and only for pods of that namespace;
+the namespace must be one the queue allows (``namespaces``, :mod:`accounting.access`), as for
+``mapping.namespaces``. :meth:`QueueMapping.local_queue` answers it.
 
 Policy: what a workload may ask
 -------------------------------
@@ -116,7 +140,9 @@ Resources = Mapping[str, Amount]
 
 _EMPTY: Mapping[str, Amount] = MappingProxyType({})
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
-QUEUE_KEYS = frozenset({"guaranteed", "max", "priority", "weight", "preemption", "strict_fifo", "policy", "queues"})
+QUEUE_KEYS = frozenset({"guaranteed", "max", "priority", "weight", "preemption", "strict_fifo", "policy", "queues",
+                        "within_queue", "min_runtime_s"})
+WITHIN_QUEUE = ("never", "lower_priority")           # within_queue's values (module docstring)
 TOP_KEYS = frozenset({"queues", "gpu_types", "mapping", "policy"})
 POLICY_KEYS = frozenset({"max_priority", "non_preemptible"})
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1      # a workload's priority: Kubernetes' PriorityClass range
@@ -167,6 +193,9 @@ class Queue:
     placement: Placement | None = None   # makes a queue below it for each namespace (a parent, always)
     made_for: str = ""                   # the namespace a placement rule made it for ("" in the file)
     policy: Policy = DEFAULT_POLICY  # in force here (inherited), see "Policy" above
+    # in force here (inherited), see "Preemption within a queue, and a minimum runtime" above
+    within_queue: bool = False       # its pending may preempt its own strictly lower-priority work
+    min_runtime_s: float = 0.0       # its admitted work is no victim before it has run this long
 
     @property
     def name(self) -> str:
@@ -199,6 +228,13 @@ class QueueMapping:
     annotations: tuple[str, ...] = ("yunikorn.apache.org/queue",)
     namespaces: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     default: str | None = None
+    # namespace -> LocalQueue name -> leaf queue (the module's "Local queues")
+    local_queues: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def local_queue(self, namespace: str, name: str) -> str | None:
+        """The leaf queue that ``name`` means for a pod of ``namespace`` as one of its LocalQueues,
+        or None when the namespace has no LocalQueue of that name."""
+        return self.local_queues.get(namespace, {}).get(name) if namespace and name else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +280,22 @@ class QueueConfig:
             if t.mig_of == base and t.mig_profile == profile:
                 return t.name
         return None
+
+    def mig_model(self, gpu_type: str) -> str:
+        """The nodes' model name of a MIG type's slices (``<product>-MIG-<profile>``, as the
+        collector names a pod's slice and :mod:`gpuq.gpu_share` reads its fraction): a declared
+        MIG type's from the GPU it slices (that type's first ``node_labels``, else its name, as its
+        ``equivalent`` is computed), a type that is such a name already itself; ``""`` for any
+        other type (and a name whose profile the table cannot read)."""
+        from gpuq.gpu_share import mig_slice_milli
+
+        t = self.gpu_types.get(gpu_type)
+        model = gpu_type
+        if t is not None and t.mig_of:
+            base = self.gpu_types.get(t.mig_of)
+            product = base.node_labels[0] if base is not None and base.node_labels else t.mig_of
+            model = f"{product}-MIG-{t.mig_profile}"
+        return model if mig_slice_milli(model) else ""
 
     @property
     def uses_gpu_eq(self) -> bool:
@@ -361,9 +413,29 @@ def parse_policy(raw: Any, inherited: Policy, where: str, parent: str | None = N
     return Policy(top, pinned)
 
 
+def _within_queue(spec: Mapping[str, Any], inherited: bool, where: str) -> bool:
+    if "within_queue" not in spec:
+        return inherited
+    value = spec["within_queue"]
+    if value not in WITHIN_QUEUE:
+        raise QueueConfigError(f"{where}.within_queue", f"expected one of {', '.join(WITHIN_QUEUE)}, got {shown(value)}")
+    return bool(value == "lower_priority")
+
+
+def _min_runtime(spec: Mapping[str, Any], inherited: float, where: str) -> float:
+    if "min_runtime_s" not in spec:
+        return inherited
+    value = _number(spec, "min_runtime_s", 0, where)
+    if not 0 <= value < float("inf"):
+        raise QueueConfigError(f"{where}.min_runtime_s", f"must be a non-negative number of seconds, got {shown(value)}")
+    return float(value)
+
+
 def _queue(name: Any, spec: Any, parent: str, path: str, where: str,
            gpu_types: Mapping[str, GpuType] | None, inherited: Policy,
-           bounded: bool = True) -> tuple[Queue, Mapping[str, Any]]:
+           bounded: bool = True, up: Queue | None = None) -> tuple[Queue, Mapping[str, Any]]:
+    """One queue of the file; ``up``: its parent (None for a top-level queue), whose
+    ``within_queue`` and ``min_runtime_s`` it inherits."""
     if not _NAME.match(str(name)):
         raise QueueConfigError(where, "invalid queue name (letters, digits, '_' and '-' only)")
     spec = {} if spec is None else spec
@@ -371,8 +443,8 @@ def _queue(name: Any, spec: Any, parent: str, path: str, where: str,
         raise QueueConfigError(where, f"expected a mapping, got {type(spec).__name__}")
     _unknown_keys(spec, QUEUE_KEYS | ACCESS_KEYS, where)
     weight = float(_number(spec, "weight", 1.0, where))
-    if weight <= 0:
-        raise QueueConfigError(f"{where}.weight", f"must be positive, got {shown(spec['weight'])}")
+    if not 0 <= weight < float("inf"):          # 0: no share beyond the guarantee (issue 21)
+        raise QueueConfigError(f"{where}.weight", f"must be 0 or more (and finite), got {shown(spec['weight'])}")
     pre = spec.get("preemption") or {}
     if not isinstance(pre, Mapping):
         raise QueueConfigError(f"{where}.preemption", f"expected a mapping, got {type(pre).__name__}")
@@ -389,6 +461,8 @@ def _queue(name: Any, spec: Any, parent: str, path: str, where: str,
         preemption_fence=_flag(pre, "fence", f"{where}.preemption"),
         strict_fifo=_flag(spec, "strict_fifo", where),
         policy=parse_policy(spec.get("policy"), inherited, f"{where}.policy", parent if bounded else None),
+        within_queue=_within_queue(spec, up.within_queue if up is not None else False, where),
+        min_runtime_s=_min_runtime(spec, up.min_runtime_s if up is not None else 0.0, where),
     )
     if "namespaces" in spec or "placement" in spec:
         from accounting.access import parse_access
@@ -426,7 +500,8 @@ def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
 
     seen = 0                       # queues met so far, the root left out (parents count before their children)
 
-    def walk(raw: Mapping[str, Any], parent: str, prefix: str, inherited: Policy) -> tuple[str, ...]:
+    def walk(raw: Mapping[str, Any], parent: str, prefix: str, inherited: Policy,
+             up: Queue | None = None) -> tuple[str, ...]:
         nonlocal seen
         names: list[str] = []
         for name, spec in raw.items():
@@ -436,8 +511,8 @@ def parse_queue_config(data: Mapping[str, Any], source: str = "queues", *,
                 raise QueueConfigError(f"{source}.{path}", f"more than {MAX_QUEUES:,} queues: gpuq takes at most "
                                        f"{MAX_QUEUES:,} (accounting.queues.MAX_QUEUES); split the cluster or merge queues")
             queue, kids_raw = _queue(name, spec, parent, path, f"{source}.{path}", declared, inherited,
-                                     bounded=parent != ROOT or root_bounds)
-            kids = walk(kids_raw, path, f"{path}.", queue.policy)
+                                     bounded=parent != ROOT or root_bounds, up=up)
+            kids = walk(kids_raw, path, f"{path}.", queue.policy, queue)
             queues[path] = replace(queue, children=kids)
             names.append(path)
         return tuple(names)

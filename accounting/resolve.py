@@ -1,6 +1,8 @@
 """Map what the collectors saw (a queue label, a GPU product label) onto the queue file.
 
-Queue: the collected name is tried as a dotted path (``research.vision``, with or without a
+Queue: the collected name is first one of the pod's namespace's LocalQueues
+(``mapping.local_queues``: Kueue's LocalQueue of that name, whose ClusterQueue's queue it means),
+then tried as a dotted path (``research.vision``, with or without a
 ``root.`` prefix), then as a unique leaf name (a Kueue LocalQueue or YuniKorn leaf named
 ``vision``); a placement parent, or ``<parent>.<namespace>`` of one, is the namespace's own queue
 below it (made on first use: :mod:`accounting.access`). The queue found counts only when the
@@ -31,6 +33,14 @@ UNKNOWN_TYPE = "unknown"
 _MIG = "nvidia.com/mig-"
 
 
+def local_queue(config: QueueConfig, raw: str, namespace: str) -> str | None:
+    """The queue that ``raw`` names as one of ``namespace``'s LocalQueues (``mapping.local_queues``:
+    Kueue's LocalQueue of that name, whose ClusterQueue's queue it means), else None. The first step
+    of :meth:`Resolver.queue`; gpuq's own scheduler takes the same step for the queue a workload names
+    (:mod:`scheduler.service.core`), so a LocalQueue name means one queue to both."""
+    return config.mapping.local_queue(namespace, raw)
+
+
 class Resolver:
     """Memoising resolver for one configuration (pure: same inputs, same answers)."""
 
@@ -58,7 +68,9 @@ class Resolver:
     def _queue(self, raw: str, namespace: str) -> str:
         base = self._nsq.base
         name = raw[len(ROOT) + 1:] if raw.startswith(ROOT + ".") else raw
-        found = name if name and name != ROOT and name in base.queues else self._leaf_by_name.get(name)
+        found = local_queue(base, raw, namespace)
+        if found is None:
+            found = name if name and name != ROOT and name in base.queues else self._leaf_by_name.get(name)
         if not base.root.children:
             return found or name or UNASSIGNED
         placed = self._nsq.place(found or name, namespace)

@@ -18,6 +18,7 @@ import datetime as dt
 import math
 from collections.abc import Iterable
 
+from accounting import decay
 from accounting import store_adapter as sa
 from accounting.idle import DEFAULT_PARAMS, IdleParams
 from accounting.model import UsageAgg, Window
@@ -100,6 +101,27 @@ def _merge(aggs: Iterable[UsageAgg]) -> dict[tuple[str, ...], tuple[float, float
         g, i = out.get(k, (0.0, 0.0))
         out[k] = (g + a.gpu_seconds, i + a.idle_gpu_seconds)
     return out
+
+
+def decayed_materialized(store: Store, now_s: float, half_life_s: float,
+                         lookback_half_lives: float = 20.0) -> tuple[list[tuple[str, str, float]], float | None]:
+    """Fair share over time (issue 21) from the hourly rollups: per (raw queue, namespace) the
+    decayed GPU-seconds (:mod:`accounting.decay`) of the materialised hours that ended at or before
+    ``now_s`` and less than ``lookback_half_lives`` half-lives ago (older ones count under one
+    millionth), each hour taken as used evenly over it; and the end of the newest such hour (None:
+    none), after which the caller counts the rest live. One aggregation in the store, whatever the
+    number of hours: ``sum(gpu_seconds * 2 ** -((now - end) / H))`` there, times the even-hour
+    factor here (:func:`accounting.decay.decayed_hours` is the same sum row by row)."""
+    since = now_s - lookback_half_lives * half_life_s
+    rows = sa._q(store, """
+        SELECT queue, namespace, sum(gpu_seconds * exp2(-({now:Float64} - toUnixTimestamp(hour) - 3600) / {h:Float64})),
+               max(toUnixTimestamp(hour))
+        FROM {db}.accounting_usage_1h FINAL
+        WHERE hour >= toDateTime({f:Int64}, 'UTC') AND toUnixTimestamp(hour) + 3600 <= {now:Float64}
+        GROUP BY queue, namespace""", {"now": float(now_s), "h": float(half_life_s), "f": int(since)})
+    even = decay.even_factor(HOUR, half_life_s)
+    last = max((float(r[3]) for r in rows), default=None)
+    return [(str(q), str(ns), float(s) * even) for q, ns, s, _ in rows], None if last is None else last + HOUR
 
 
 def read_materialized(store: Store, window: Window) -> list[UsageAgg]:

@@ -13,7 +13,7 @@ from accounting.now import NowSnapshot, NowView, compute_now
 from accounting.queues import QueueConfig, load_queue_config, parse_queue_config
 from accounting.resolve import Resolver
 from accounting.rollup import usage_aggs
-from accounting.usage import UsageRow, usage_rows
+from accounting.usage import UsageRow, counts_losses, usage_rows
 from gpuq.store import Store
 
 
@@ -47,14 +47,16 @@ def usage_report(store: Store, config: QueueConfig, window: Window, now_s: float
                  idle_source: str = "auto") -> tuple[UsageRow, ...]:
     """Materialised hours (accounting_usage_1h) where they exist, the rest live from the public
     tables. ``idle_source``: ``auto`` uses the per-minute rollup for the live part (``raw``, ``1m``
-    or ``1h`` force a source and skip the materialised hours)."""
+    or ``1h`` force a source and skip the materialised hours). Grouped by queue (and cluster), each
+    row also has what preemptions threw away (:func:`accounting.usage.counts_losses`)."""
     by_workload = "workload" in by
     if idle_source == "auto":
         aggs = usage_aggs(store, window, now_s, params, by_workload=by_workload)
     else:
         aggs = sa.read_usage_idle(store, window, now_s, params,
                                   idle_source, by_workload)  # type: ignore[arg-type]
-    return usage_rows(aggs, _resolver(config), by, rollup=rollup)
+    lost = sa.read_preemption_losses(store, window) if counts_losses(by) else None
+    return usage_rows(aggs, _resolver(config), by, rollup=rollup, lost=lost)
 
 
 def now_snapshot(store: Store, now_s: float, params: IdleParams = DEFAULT_PARAMS,

@@ -16,7 +16,8 @@ _W = ("fromUnixTimestamp64Milli({f:Int64}, 'UTC') AS wf, fromUnixTimestamp64Mill
 # The ledger (accounting.ledger.dedup; the same rule, kept equal by tests/test_ledger.py and
 # tests/test_books_conservation.py): the allocations overlapping [wf, wt). Foreign rows (no workload
 # id) count as they are. A gpuq workload counts on each node it holds: its observed rows there from
-# their best source in the window (pod, then placement group, then Ray job: `bo`), and its admission
+# their best source in the window (pod, then placement group, then Ray job: `bo`); a Kueue Workload's
+# row (rank 3, no node) until the workload is seen on any node (the same cut over `_WPART`); and its admission
 # there from the admit until the workload is seen there (`cut`: the earliest start of its observed
 # rows there that end after the admit, found as the rows after the admission in the order of observed
 # ends and admission starts; the whole admission when there is none). gpuq's rows are read from
@@ -28,22 +29,28 @@ _W = ("fromUnixTimestamp64Milli({f:Int64}, 'UTC') AS wf, fromUnixTimestamp64Mill
 _OPEN_MS = "toInt64(9223372036854775807)"
 _REACH = "toIntervalDay(1)"
 _PART = "workload_id, if(workload_id = '', uid, node)"
+_WPART = "workload_id, if(workload_id = '', uid, '')"      # a Kueue Workload's row: its workload on any node
 LEDGER = f"""(
   SELECT * EXCEPT (rank, s_ms, e_ms, bo, wq, cut) REPLACE (
            if(queue = '', wq, queue) AS queue,
            if(cut < e_ms, fromUnixTimestamp64Milli(cut, 'UTC'), end) AS end)
   FROM (
-    SELECT *, multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, 3) AS rank,
+    SELECT *, multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, source = 'kueue', 3, 4)
+             AS rank,
            toUnixTimestamp64Milli(start) AS s_ms, ifNull(toUnixTimestamp64Milli(end), {_OPEN_MS}) AS e_ms,
            minIf(rank, rank < 3 AND e_ms > toUnixTimestamp64Milli(wf)) OVER (PARTITION BY {_PART}) AS bo,
            max(queue) OVER (PARTITION BY {_PART}) AS wq,
-           if(rank = 3, greatest(s_ms, min(if(rank < 3, s_ms, {_OPEN_MS}))
+           multiIf(rank = 4, greatest(s_ms, min(if(rank < 3, s_ms, {_OPEN_MS}))
                                          OVER (PARTITION BY {_PART} ORDER BY if(rank < 3, e_ms, s_ms) DESC, rank DESC
-                                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)), e_ms) AS cut
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
+                   rank = 3, greatest(s_ms, min(if(rank < 3, s_ms, {_OPEN_MS}))
+                                         OVER (PARTITION BY {_WPART} ORDER BY if(rank < 3, e_ms, s_ms) DESC, rank DESC
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
+                   e_ms) AS cut
     FROM {{db}}.@ALLOC@ FINAL
     WHERE start < wt AND (end IS NULL OR end > if(workload_id = '', wf, wf - {_REACH}))
   )
-  WHERE (workload_id = '' OR rank = bo OR (rank = 3 AND cut > s_ms)) AND cut > toUnixTimestamp64Milli(wf)
+  WHERE (workload_id = '' OR rank = bo OR (rank >= 3 AND cut > s_ms)) AND cut > toUnixTimestamp64Milli(wf)
 )"""
 
 # A row's slot (accounting.ledger.slot): a pod's rows run one at a time; the rows of the other

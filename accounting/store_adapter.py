@@ -67,6 +67,28 @@ def read_usage(store: Store, window: Window, now_s: float, by_workload: bool = T
             for c, q, ns, w, m, r, g in rows]
 
 
+_LOSSES = """
+SELECT cluster, queue, sum(lost_gpu_seconds) FROM {db}.scheduler_events
+WHERE event = 'preempt' AND t >= {f:Float64} AND t < {t:Float64}
+GROUP BY cluster, queue ORDER BY cluster, queue"""
+
+
+_HAS_LOSSES = """
+SELECT count() FROM system.columns
+WHERE database = {d:String} AND table = 'scheduler_events' AND name = 'lost_gpu_seconds'"""
+
+
+def read_preemption_losses(store: Store, window: Window) -> list[tuple[str, str, float]]:
+    """``(cluster, victim queue, GPU-seconds)`` that gpuq's preemptions in ``window`` threw away,
+    summed from their ``preempt`` events (``scheduler_events.lost_gpu_seconds``, issue 21; the
+    scheduler's cluster name and queue path). Events from before that column hold 0; a store not
+    migrated to it yet (0011) has none to read."""
+    if not int(_q(store, _HAS_LOSSES, {"d": store.database})[0][0]):
+        return []
+    rows = _q(store, _LOSSES, {"f": float(window.start_s), "t": float(window.end_s)})
+    return [(str(c), str(q), float(x)) for c, q, x in rows]
+
+
 def read_allocations(store: Store, window: Window, now_s: float,
                      sources: tuple[str, ...] = ()) -> list[Allocation]:
     """The ledger's allocations overlapping the window (:mod:`accounting.ledger`), of ``sources``
@@ -158,7 +180,8 @@ def read_nodes(store: Store, now_s: float) -> list[NodeCapacity]:
         ok = bool(ready) and not bool(cordoned)
         labels = {str(k): str(v) for k, v in (reps or {}).items()}
         if gpus:
-            out.append(NodeCapacity(str(c), str(n), str(model), _devices(float(gpus), labels, GPU_RESOURCE), ok))
+            out.append(NodeCapacity(str(c), str(n), str(model), _devices(float(gpus), labels, GPU_RESOURCE), ok,
+                                    replicas(labels, GPU_RESOURCE)))
         for res, count in sorted((mig or {}).items()):
             profile = str(res).removeprefix("nvidia.com/mig-").removesuffix(SHARED_SUFFIX)
             out.append(NodeCapacity(str(c), str(n), f"{model}-MIG-{profile}", _devices(float(count), labels, str(res)), ok))

@@ -13,6 +13,14 @@ which do not keep it).
 
 With ``rollup`` and ``queue`` among the keys, every parent queue gets a row carrying the sum of
 its subtree (its own rows and its children's); the root is not shown.
+
+What preemption cost (issue 21): grouped by ``queue`` (and ``cluster``; the keys gpuq's
+``preempt`` events carry), each row has ``lost_gpu_seconds``/``lost_gpu_hours``, the work the
+preemptions of the window threw away from the queue's workloads (their stored
+``lost_gpu_seconds``: since the last checkpoint a workload reported, all of its run without one),
+summed over the subtree with ``rollup``; a queue that lost work but used no GPUs in the window
+gets a row of its own. Other groupings (a GPU type, a namespace) have no such column: a preempt
+event does not carry them.
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ class UsageRow:
     idle_cost: float
     idle_method: str = ""                  # how idle was measured (accounting.idle.idle_method), "," joined
     eq_seconds: float | None = None        # GPU-equivalent-seconds, where equivalents are set
+    lost_gpu_seconds: float | None = None  # thrown away by preemptions (grouped by queue: counts_losses)
 
     def as_dict(self) -> dict[str, Any]:
         return {**dict(self.keys), "gpu_seconds": round(self.gpu_seconds, 3),
@@ -43,7 +52,13 @@ class UsageRow:
                 "idle_gpu_seconds": round(self.idle_gpu_seconds, 3),
                 "idle_ratio": round(self.idle_gpu_seconds / self.gpu_seconds, 6) if self.gpu_seconds else 0.0,
                 "cost": round(self.cost, 6), "idle_cost": round(self.idle_cost, 6),
-                "idle_method": self.idle_method, **self._eq()}
+                "idle_method": self.idle_method, **self._eq(), **self._lost()}
+
+    def _lost(self) -> dict[str, Any]:
+        if self.lost_gpu_seconds is None:
+            return {}
+        return {"lost_gpu_seconds": round(self.lost_gpu_seconds, 3),
+                "lost_gpu_hours": round(self.lost_gpu_seconds / 3600.0, 6)}
 
     def _eq(self) -> dict[str, Any]:
         if self.eq_seconds is None:
@@ -59,9 +74,17 @@ def check_by(by: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(by))
 
 
+def counts_losses(by: Sequence[str]) -> bool:
+    """Whether rows grouped by ``by`` carry what preemptions threw away: by queue, and at most cluster
+    beside it (the module docstring)."""
+    return "queue" in by and set(by) <= {"queue", "cluster"}
+
+
 def usage_rows(aggs: Iterable[UsageAgg], resolver: Resolver, by: Sequence[str],
-               rollup: bool = False) -> tuple[UsageRow, ...]:
-    """Rows sorted by their key values."""
+               rollup: bool = False, lost: Iterable[tuple[str, str, float]] | None = None) -> tuple[UsageRow, ...]:
+    """Rows sorted by their key values. ``lost``: ``(cluster, queue, GPU-seconds)`` that preemptions
+    threw away (:func:`accounting.store_adapter.read_preemption_losses`), counted where
+    :func:`counts_losses` says (the queue as the scheduler names it: resolved as is)."""
     by = check_by(by)
     sums: dict[tuple[str, ...], list[float]] = {}
     methods: dict[tuple[str, ...], list[str]] = {}
@@ -85,6 +108,16 @@ def usage_rows(aggs: Iterable[UsageAgg], resolver: Resolver, by: Sequence[str],
             methods.setdefault(key, []).append(a.idle_method)
             if "queue" not in by:
                 break
+    losses: dict[tuple[str, ...], float] | None = None
+    if lost is not None and counts_losses(by):
+        losses = {}
+        for cluster, queue, seconds in lost:
+            for q in (resolver.chain(queue) if rollup else (queue,)):
+                key = tuple({"cluster": cluster, "queue": q}[k] for k in by)
+                losses[key] = losses.get(key, 0.0) + seconds
+                sums.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0.0])
+                methods.setdefault(key, [])
     return tuple(UsageRow(tuple(zip(by, k)), gpu_seconds=g, idle_gpu_seconds=i, cost=c, idle_cost=ic,
-                          idle_method=join_methods(methods[k]), eq_seconds=None if eqs is None else e)
+                          idle_method=join_methods(methods[k]), eq_seconds=None if eqs is None else e,
+                          lost_gpu_seconds=None if losses is None else losses.get(k, 0.0))
                  for k, (g, i, c, ic, e) in sorted(sums.items()))

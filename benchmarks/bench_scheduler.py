@@ -28,7 +28,9 @@
     ``--repeat`` times (3), who goes first alternating. Each side's figures, their medians, the
     ratio of core times per run, and whether every drain wrote the same events. The way to hold a
     change to the core to "within 5 % of the code before" on a shared machine whose speed varies
-    more than that from one minute to the next.
+    more than that from one minute to the next. ``--reclaim fair_share`` (issue 21): this checkout
+    drains under ``scheduler.reclaim: fair_share`` (the code before under its only rule), so the
+    mode's cost is reported beside the default's; its decisions differ by design (``same_events``).
 Peak RSS at the end. Final lines start with ``RESULT``.
 """
 from __future__ import annotations
@@ -162,12 +164,15 @@ class Recorder:
 
 def drain(n: int, n_nodes: int, fn: Callable[[Snapshot, float], Decisions],
           until_s: float | None = None, seed: int = 11,
-          gate: Callable[[], None] | None = None, shares: float = 0.0) -> tuple[dict[str, float], Recorder]:
+          gate: Callable[[], None] | None = None, shares: float = 0.0,
+          reclaim: str | None = None) -> tuple[dict[str, float], Recorder]:
     """Replay the backlog shape of ``n`` workloads on a fresh cluster (fresh memos) with ``fn``;
-    ``gate`` is called before each cycle (:class:`Recorder`)."""
+    ``gate`` is called before each cycle (:class:`Recorder`); ``reclaim``: the mode (issue 21; the
+    default settings when ``None``, so a core before it runs this too)."""
     c = make_cluster(n_nodes)
     rec = Recorder(fn, gate)
-    sc = Scenario("backlog", until_s, 1.0, Settings(), c, make_backlog(c, n, seed, shares=shares))
+    settings = Settings() if reclaim is None else Settings(reclaim=reclaim)
+    sc = Scenario("backlog", until_s, 1.0, settings, c, make_backlog(c, n, seed, shares=shares))
     gc.collect()
     t0 = time.perf_counter()
     res = simulate(sc, rec)
@@ -235,7 +240,8 @@ def drain_child(quick: bool) -> None:
             raise SystemExit("the lockstep parent went away")
 
     n, n_nodes = (5_000, 500) if quick else (50_000, 5_000)
-    r, rec = drain(n, n_nodes, schedule, gate=gate, shares=float(os.environ.get("GPUQ_BENCH_SHARES", "0")))
+    r, rec = drain(n, n_nodes, schedule, gate=gate, shares=float(os.environ.get("GPUQ_BENCH_SHARES", "0")),
+                   reclaim=os.environ.get("GPUQ_BENCH_RECLAIM") or None)
     res = rec.result
     # the decisions, less each admit's devices (issue 19 added them; the code before has none)
     import scheduler.cycle
@@ -251,14 +257,15 @@ def drain_child(quick: bool) -> None:
 
 
 def _lockstep(trees: dict[str, Path], order: tuple[str, str], quick: bool, log: Any,
-              shares: float = 0.0) -> dict[str, dict[str, Any]]:
+              shares: float = 0.0, reclaim: str = "guarantee") -> dict[str, dict[str, Any]]:
     """Drain with both cores at once, one cycle at a time: ``order[0]``'s cycle k (and its
     simulator's work up to cycle k + 1), then ``order[1]``'s, then ``order[0]``'s cycle k + 1; the
     other process waits meanwhile, so each pair of cycles meets the machine as it is then."""
     procs = {}
     for name in order:
         env = {**os.environ, "PYTHONPATH": str(trees[name]), "PYTHONHASHSEED": "0",
-               "GPUQ_BENCH_SHARES": str(shares if name == "now" else 0.0)}
+               "GPUQ_BENCH_SHARES": str(shares if name == "now" else 0.0),
+               "GPUQ_BENCH_RECLAIM": reclaim if name == "now" and reclaim != "guarantee" else ""}
         cmd = [sys.executable, str(Path(__file__).resolve()), "--drain-child", *(["--quick"] if quick else [])]
         procs[name] = subprocess.Popen(cmd, env=env, cwd=trees[name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=log, text=True)
@@ -289,7 +296,7 @@ def _lockstep(trees: dict[str, Path], order: tuple[str, str], quick: bool, log: 
     return rows
 
 
-def before_main(quick: bool, before: Path, repeat: int, shares: float = 0.0) -> None:
+def before_main(quick: bool, before: Path, repeat: int, shares: float = 0.0, reclaim: str = "guarantee") -> None:
     """(f): the drain of (d) with the code at ``before`` and with this checkout's, in lockstep
     (:func:`_lockstep`), ``repeat`` times, who goes first alternating. ``shares`` (issue 19):
     this checkout drains the backlog with that part of its one-GPU workloads asking shares, the
@@ -300,7 +307,8 @@ def before_main(quick: bool, before: Path, repeat: int, shares: float = 0.0) -> 
         raise SystemExit(f"--before: {trees['before']} holds no scheduler/cycle.py (a checkout of gpuq is expected)")
     n = 5_000 if quick else 50_000
     deep_at = int(n * 0.8)
-    print(f"(f) backlog drain ({n} workloads), the code at {trees['before']} against {here}, in lockstep "
+    print(f"(f) backlog drain ({n} workloads), the code at {trees['before']} against {here}"
+          f"{'' if reclaim == 'guarantee' else f' under reclaim: {reclaim}'}, in lockstep "
           f"(one cycle of each in turn, each core in its own process), {repeat} times")
     figs: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
     digests: set[str] = set()
@@ -308,7 +316,7 @@ def before_main(quick: bool, before: Path, repeat: int, shares: float = 0.0) -> 
     with tempfile.NamedTemporaryFile("w", prefix="bench-before-", suffix=".log", delete=False) as log:
         for k in range(repeat):
             order = ("before", "now") if k % 2 == 0 else ("now", "before")
-            rows = _lockstep(trees, order, quick, log, shares)
+            rows = _lockstep(trees, order, quick, log, shares, reclaim)
             for name in ("before", "now"):
                 row = rows[name]
                 cyc = row["cycles_list"]
@@ -592,6 +600,8 @@ def main() -> None:
     ap.add_argument("--shares", type=float, default=0.0, metavar="P",
                     help="(f): this checkout's backlog has part P of its one-GPU workloads ask shares (the code before: "
                          "none); (e): both services' backlog (issue 19)")
+    ap.add_argument("--reclaim", choices=("guarantee", "fair_share"), default="guarantee",
+                    help="(f): the mode this checkout drains under (issue 21; the code before: its only rule)")
     ap.add_argument("--drain-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--service-child", choices=("before", "now"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -604,7 +614,7 @@ def main() -> None:
     if args.before is not None:
         if not args.backlog:
             ap.error("--before goes with --backlog")
-        before_main(args.quick, args.before, args.repeat, args.shares)
+        before_main(args.quick, args.before, args.repeat, args.shares, args.reclaim)
         return
     if args.backlog:
         backlog_main(args.quick)

@@ -137,6 +137,7 @@ class PodInfo:
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     owner_refs: tuple[OwnerRef, ...] = ()  # controller first
     gpu_requests: tuple[tuple[str, float], ...] = ()    # effective request per GPU resource
+    scheduler_name: str = ""              # spec.schedulerName ("yunikorn": YuniKorn's pod)
 
     @property
     def terminal(self) -> bool:
@@ -377,6 +378,7 @@ def pod_info(obj: Mapping[str, Any], lookup: QueueLookup | None = None) -> PodIn
         annotations=MappingProxyType({str(k): str(v) for k, v in annotations.items()}),
         owner_refs=owner_refs(meta),
         gpu_requests=req.per_resource,
+        scheduler_name=str(spec.get("schedulerName") or ""),
     )
 
 

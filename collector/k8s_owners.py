@@ -31,7 +31,9 @@ the workloads it admits (``pkg/constants`` in kubernetes-sigs/kueue); older Kueu
 off, and then the RayJob's ``kueue.x-k8s.io/queue-name`` is found through step 1.
 
 Workload id: the ``gpuq.io/workload`` annotation (set by gpuq's Kubernetes actuator at
-admission) of the top owner, else of the owners below it, else of the pod; ``""`` if none.
+admission) of the top owner, else of the owners below it, else of the pod; else the Kueue Workload
+that owns it (``queues_from: kueue``), else its YuniKorn application (``queues_from: yunikorn``,
+``yunikorn/<namespace>/<applicationId>``); ``""`` if none.
 
 A deleted owner stays readable for ``deleted_memory_s`` (its pods are deleted after it, and
 their last rows must keep their queue).
@@ -39,7 +41,7 @@ their last rows must keep their queue).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -173,8 +175,15 @@ class OwnerIndex:
         return None
 
     def attribute(self, namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str],
-                  refs: tuple[OwnerRef, ...], ray_cluster: str, lookup: QueueLookup) -> Attribution:
-        """Queue, top owner and workload id of a pod (see the module docstring)."""
+                  refs: tuple[OwnerRef, ...], ray_cluster: str, lookup: QueueLookup, *, uid: str = "",
+                  workload_of: Callable[[Iterable[str]], str] | None = None,
+                  application: str = "") -> Attribution:
+        """Queue, top owner and workload id of a pod (see the module docstring). ``workload_of``
+        (``queues_from: kueue``: :meth:`collector.k8s_kueue.KueueIndex.workload_of`) names the
+        Kueue Workload owned by one of the uids around the pod (top owner first, then each owner's
+        references, then the pod's and the pod itself), where no gpuq annotation names one;
+        ``application`` (``queues_from: yunikorn``: the workload id of the pod's YuniKorn application,
+        :func:`collector.k8s_yunikorn.application_of`) is the id where neither names one."""
         chain = self.chain(namespace, refs, ray_cluster)
         kind, name = top_owner(chain, refs, ray_cluster)
         down = list(reversed(chain))                          # top owner first
@@ -182,7 +191,10 @@ class OwnerIndex:
                               namespace, lookup)
         workload = next((m[WORKLOAD_ANNOTATION] for m in [*(o.annotations for o in down), annotations]
                          if m.get(WORKLOAD_ANNOTATION)), "")
-        return Attribution(queue, kind, name, workload)
+        if not workload and workload_of is not None:
+            workload = workload_of([*(o.uid for o in down), *(r.uid for o in down for r in o.owner_refs),
+                                    *(r.uid for r in refs), uid])
+        return Attribution(queue, kind, name, workload or application)
 
 
 def top_owner(chain: list[Owner], refs: tuple[OwnerRef, ...], ray_cluster: str) -> tuple[str, str]:

@@ -51,7 +51,10 @@ from collector.k8s_extract import (
     pod_gpu_model,
     pod_info,
 )
+from collector.k8s_kueue import KueueIndex
 from collector.k8s_owners import OWNER_KINDS, Attribution, OwnerIndex, owner_of
+from collector.k8s_yunikorn import YuniKornIndex, application_of
+from collector.k8s_yunikorn import workload_id as yunikorn_workload
 
 Rows = dict[str, list[tuple[Any, ...]]]
 _MODEL_COL = 10          # index of gpu_model in a pod_events row
@@ -75,6 +78,8 @@ class ClusterTracker:
     _closed_at: dict[str, dt.datetime] = field(default_factory=dict, init=False)   # deleted and closed here
     _awaiting: dict[str, _Awaiting] = field(default_factory=dict, init=False)      # GPU pods on unknown nodes
     owners: OwnerIndex = field(default_factory=OwnerIndex)
+    kueue: KueueIndex | None = None       # Kueue's objects (queues_from: kueue), else not watched
+    yunikorn: YuniKornIndex | None = None  # YuniKorn's ConfigMaps and pending pods (queues_from: yunikorn)
     _pods: dict[str, PodInfo] = field(default_factory=dict, init=False)            # pods of open allocations
     _stored: dict[str, Allocation] = field(default_factory=dict, init=False)       # open in the store at start
 
@@ -139,6 +144,8 @@ class ClusterTracker:
         alloc = allocation_for(pod, model, self.cluster, event, now, att, node)
         if alloc is not None:
             self._offer(alloc, rows, pod)
+        if self.yunikorn is not None:
+            merge(rows, self.yunikorn.on_pod(event, obj, pod, now))
         if event == "DELETED":
             self._pods.pop(pod.uid, None)
             gone = self._allocs.pop(pod.uid, None)
@@ -148,8 +155,11 @@ class ClusterTracker:
         return rows
 
     def _attribute(self, pod: PodInfo) -> Attribution:
+        app = application_of(pod) if self.yunikorn is not None else ""
         return self.owners.attribute(pod.namespace, pod.labels, pod.annotations, pod.owner_refs,
-                                     pod.ray_cluster, self.queues)
+                                     pod.ray_cluster, self.queues, uid=pod.uid,
+                                     workload_of=self.kueue.workload_of if self.kueue is not None else None,
+                                     application=yunikorn_workload(pod.namespace, app) if app else "")
 
     def _offer(self, alloc: Allocation, rows: Rows, pod: PodInfo | None = None) -> None:
         stored = self._stored.pop(alloc.uid, None)
@@ -190,6 +200,26 @@ class ClusterTracker:
         if not self.owners.put(owner):
             return {}
         return self._reattribute(owner.namespace)
+
+    # -- Kueue (queues_from: kueue) -----------------------------------------------------------------
+    def on_kueue(self, stream_kind: str, event: str, obj: Mapping[str, Any], now: dt.datetime) -> Rows:
+        """A Kueue object's rows (:mod:`collector.k8s_kueue`); a Workload whose owners changed
+        re-attributes the open allocations of its namespace (its pods get its id)."""
+        assert self.kueue is not None
+        rows, changed = self.kueue.on_object(stream_kind, event, obj, now)
+        if changed:
+            merge(rows, self._reattribute(str((obj.get("metadata") or {}).get("namespace") or "")))
+        return rows
+
+    def kueue_relisted(self, stream_kind: str, namespace: str | None, listed: set[tuple[str, str, str]],
+                       now: dt.datetime) -> Rows:
+        assert self.kueue is not None
+        rows, changed = self.kueue.relisted(stream_kind, namespace, listed, now)
+        if changed:
+            for ns in sorted({a.namespace for a in self._allocs.values() if a.open}
+                             if namespace is None else {namespace}):
+                merge(rows, self._reattribute(ns))
+        return rows
 
     def owners_relisted(self, stream_kind: str, namespace: str | None, listed: set[str],
                         now: dt.datetime) -> Rows:

@@ -1,6 +1,7 @@
 """List and watch one Kubernetes collection with the real client, resuming and retrying.
 
-One :class:`ResourceStream` per collection (``nodes``, ``pods``, or ``pods/<namespace>``, and
+One :class:`ResourceStream` per collection (``nodes``, ``pods``, or ``pods/<namespace>``, one
+ConfigMap by name (``configmaps/<namespace>/<name>``, a ``metadata.name`` field selector), and
 KubeRay's ``rayclusters`` / ``rayjobs`` (``ray.io/v1`` custom objects, read with the client's
 ``CustomObjectsApi``), also per namespace). It does the I/O only; what the objects mean is the handler's business
 (:class:`collector.kubernetes.KubernetesWatcher`).
@@ -46,23 +47,44 @@ from collector.errors import ResourceExpired, WatchError
 
 log = logging.getLogger(__name__)
 WATCH_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
-CUSTOM_RESOURCES = {"rayclusters": ("ray.io", "v1"), "rayjobs": ("ray.io", "v1")}   # plural -> group, version
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")       # newest first: Kueue serves both since v0.15, v1beta1 alone before
+# plural -> (group, versions tried in order: the first one the server serves is used)
+CUSTOM_RESOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "rayclusters": ("ray.io", ("v1",)), "rayjobs": ("ray.io", ("v1",)),
+    "resourceflavors": (KUEUE_GROUP, KUEUE_VERSIONS),
+    "cohorts": (KUEUE_GROUP, (*KUEUE_VERSIONS, "v1alpha1")),     # Cohort was v1alpha1 before v1beta1
+    "clusterqueues": (KUEUE_GROUP, KUEUE_VERSIONS),
+    "localqueues": (KUEUE_GROUP, KUEUE_VERSIONS),
+    "workloads": (KUEUE_GROUP, KUEUE_VERSIONS),
+}
+CLUSTER_SCOPED = frozenset({"nodes", "resourceflavors", "cohorts", "clusterqueues"})
 
 
 @dataclass(frozen=True, slots=True)
 class StreamSpec:
-    kind: str                      # "pods", "nodes", or a plural of CUSTOM_RESOURCES
+    kind: str                      # "pods", "nodes", "configmaps" (YuniKorn's, one by name, with queues_from:
+    #                                yunikorn), or a plural of CUSTOM_RESOURCES (Kueue's only with queues_from: kueue)
     namespace: str | None = None   # objects of one namespace; None = all
+    name: str | None = None        # the one object of that name (a field selector), None = all
 
     @property
     def key(self) -> str:
         """The collector_state key that holds this stream's resourceVersion."""
-        return f"{self.kind}/{self.namespace}" if self.namespace else self.kind
+        base = f"{self.kind}/{self.namespace}" if self.namespace else self.kind
+        return f"{base}/{self.name}" if self.name else base
 
     @property
     def custom(self) -> tuple[str, str] | None:
-        """(group, version) of a custom resource, None for a core one."""
-        return CUSTOM_RESOURCES.get(self.kind)
+        """(group, preferred version) of a custom resource, None for a core one."""
+        got = CUSTOM_RESOURCES.get(self.kind)
+        return (got[0], got[1][0]) if got else None
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """The API versions of a custom resource, tried in this order (empty for a core one)."""
+        got = CUSTOM_RESOURCES.get(self.kind)
+        return got[1] if got else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +127,7 @@ class ResourceStream:
         self.options = options
         self.rng = rng or random.Random()
         self.resource_version: str | None = None
+        self.version_index = 0              # of spec.versions: the one served (found by the list)
         self.synced = threading.Event()     # set after the first list (or prime) attempt
         self._resp: Any = None
         self._resp_lock = threading.Lock()
@@ -173,11 +196,16 @@ class ResourceStream:
             return False
         if not self.absent_logged:
             self.absent_logged = True
-            group, version = self.spec.custom
+            group = self.spec.custom[0]
             log.warning("kubernetes cluster %r at %s: %s.%s/%s not served (CRD not installed?); going on "
                         "without it, asking again every %.0f s", self.cluster, self.server, self.spec.kind,
-                        group, version, self.options.absent_retry_s)
+                        group, " nor ".join(self.spec.versions), self.options.absent_retry_s)
         return True
+
+    @property
+    def version(self) -> str:
+        """The API version asked for now (a custom resource's)."""
+        return self.spec.versions[self.version_index]
 
     def list_once(self) -> str:
         """List the whole collection, hand it to the handler; return the list's resourceVersion."""
@@ -211,7 +239,7 @@ class ResourceStream:
             if custom is not None:
                 if self.custom_api is None:
                     raise TypeError(f"{self.spec.key}: a custom resource stream needs custom_api")
-                group, version = custom
+                group, version = custom[0], self.version
                 if self.spec.namespace:
                     resp = self.custom_api.list_namespaced_custom_object(
                         group, version, self.spec.namespace, self.spec.kind, _preload_content=False, **kwargs)
@@ -220,6 +248,12 @@ class ResourceStream:
                         group, version, self.spec.kind, _preload_content=False, **kwargs)
             elif self.spec.kind == "nodes":
                 resp = self.api.list_node(_preload_content=False, **kwargs)
+            elif self.spec.kind == "configmaps":
+                if not self.spec.namespace or not self.spec.name:
+                    raise TypeError(f"{self.spec.key}: a ConfigMap stream names its namespace and name")
+                resp = self.api.list_namespaced_config_map(
+                    self.spec.namespace, field_selector=f"metadata.name={self.spec.name}", _preload_content=False,
+                    **kwargs)
             elif self.spec.namespace:
                 resp = self.api.list_namespaced_pod(self.spec.namespace, _preload_content=False, **kwargs)
             else:
@@ -244,6 +278,20 @@ class ResourceStream:
             log.debug("closing a %s response: %r", self.spec.key, exc)
 
     def _list(self) -> tuple[list[dict[str, Any]], str]:
+        """The whole collection; a custom resource answered 404 is asked for in its next version
+        (Kueue's newest first), and all of them 404 raises that 404 (from the first version again)."""
+        while True:
+            try:
+                return self._list_version()
+            except WatchError as exc:
+                if exc.status != 404 or self.version_index + 1 >= len(self.spec.versions):
+                    self.version_index = 0
+                    raise
+                self.version_index += 1
+                log.info("%s: %s not served; trying %s", self.spec.key, self.spec.versions[self.version_index - 1],
+                         self.version)
+
+    def _list_version(self) -> tuple[list[dict[str, Any]], str]:
         items: list[dict[str, Any]] = []
         token: str | None = None
         timeout = (self.options.connect_timeout_s, self.options.list_read_timeout_s)

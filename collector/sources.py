@@ -48,6 +48,19 @@ class StoreState:
             log.warning("cannot read open allocations: %s", exc)
             return []
 
+    def stored_kueue(self, cluster: str) -> tuple[list[Any], list[Any]]:
+        from collector.kubernetes import stored_kueue_loader
+
+        store = self._store()
+        if store is None:
+            return [], []
+        try:
+            keys, rows = stored_kueue_loader(store)(cluster)
+            return list(keys), list(rows)
+        except StoreError as exc:
+            log.warning("cannot read the stored Kueue objects: %s", exc)
+            return [], []
+
 
 def ray_job_allocations(target: RayTarget, settings: Settings) -> bool:
     """Whether this Ray cluster's tasks and actors are billed as ``ray_job`` (``RayTarget.ray_job_allocations``;
@@ -87,7 +100,11 @@ def build_sources(settings: Settings, state: StoreState,
         queues = _queue_mapping(settings)
         for t in cs.kubernetes:
             watchers.append(KubernetesWatcher(t, queues=queues, load_state=state.load_state,
-                                              open_allocations=state.open_allocations, on_error=on_error))
+                                              open_allocations=state.open_allocations, on_error=on_error,
+                                              kueue=settings.queues_from == "kueue",
+                                              yunikorn=settings.yunikorn.namespace
+                                              if settings.queues_from == "yunikorn" else None,
+                                              stored_kueue=state.stored_kueue))
     return targets, discoverers, watchers
 
 

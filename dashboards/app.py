@@ -27,6 +27,7 @@ pages = [
     st.Page(VIEWS / "idle.py", title="Idle GPUs", url_path="idle", icon=":material/hourglass_empty:"),
     st.Page(VIEWS / "scheduler.py", title="Scheduler", url_path="scheduler", icon=":material/schedule:"),
     st.Page(VIEWS / "cost.py", title="Cost", url_path="cost", icon=":material/payments:"),
+    st.Page(VIEWS / "tenant.py", title="My queue", url_path="my-queue", icon=":material/person:"),
 ]
 # the root URL is a page of its own that goes to /overview: the default page of st.navigation is
 # served at "/" only, and every page here keeps a path of its own

@@ -43,6 +43,8 @@ Read the accounting:
 Try a policy before using it:
   gpuq simulate FILE --out DIR   replay a recorded or invented workload mix (docs/SCENARIOS.md)
   gpuq import-trace ...          turn a public GPU trace into such a mix (docs/TRACES.md)
+  gpuq import-queues kueue|yunikorn FILE...   the queues of the scheduler the cluster runs as a gpuq
+                                 queue file (docs/KUEUE.md, docs/YUNIKORN.md)
   gpuq whatif --from -7d ...     last week's work again with other queues or more nodes: waits,
                                  GPU-hours, preemptions per queue, before and after (docs/WHATIF.md)
 
@@ -263,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("queues", "accounting.cli", "queues_main", "each queue now: allocated, guaranteed, borrowed, idle"),
         ("usage", "accounting.cli", "usage_main", "GPU-hours, idle GPU-hours and cost over a period"),
         ("import-trace", "scheduler.traces", "import_trace_main", "turn a public GPU trace into a scenario"),
+        ("import-queues", "accounting.queue_import.cli", "import_queues_main",
+         "write a gpuq queue file from Kueue's or YuniKorn's queues"),
         ("whatif", "scheduler.cli", "whatif_main", "replay the cluster's past week under other queues or nodes"),
         ("serve", "scheduler.cli", "serve_main", "run the scheduler, its API, the collectors and the accounting"),
         ("workloads", "scheduler.cli", "workloads_main", "what runs and what waits (from gpuq serve)"),

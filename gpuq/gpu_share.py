@@ -56,6 +56,7 @@ from fractions import Fraction
 MILLI = 1000
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_SUFFIX = ".shared"
+SHARED_GPU_RESOURCE = GPU_RESOURCE + SHARED_SUFFIX   # time-sliced replicas with renameByDefault: true
 MIG_PREFIX = "nvidia.com/mig-"
 KAI_FRACTION = "gpu-fraction"                       # KAI-Scheduler's annotations (pkg/common/constants)
 KAI_MEMORY = "gpu-memory"
@@ -65,6 +66,9 @@ GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 # a profile: compute slices, memory, then options (``+me``, ``+gfx``, ``+me.all``, ``-me`` on Blackwell)
 _PROFILE = re.compile(r"^(\d+)g\.\d+gb(?:[+-][a-z][a-z.]*)*$")
 _MIG_MODEL = re.compile(r"^(.*)-MIG-(\d+g\.\d+gb(?:[+-][a-z][a-z.]*)*)$")
+# a GPU type of MIG slices as the queue file declares it (``A100-mig-1g.10gb``) or as the nodes name
+# them (``<product>-MIG-<profile>``)
+_MIG_TYPE = re.compile(r"^(.+)-(?:mig|MIG)-(\d+g\.\d+gb(?:[+-][a-z][a-z.]*)*)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,13 @@ def mig_profile_of(model: str) -> str:
     """The MIG profile a model names (``NVIDIA-A100-SXM4-40GB-MIG-1g.5gb[-SHARED]``), else ``""``."""
     m = _MIG_MODEL.match(model.removesuffix("-SHARED"))
     return m.group(2) if m else ""
+
+
+def mig_type_parts(name: str) -> tuple[str, str] | None:
+    """``(base, profile)`` of a MIG type's name (``A100-mig-1g.10gb`` -> ``("A100", "1g.10gb")``,
+    ``NVIDIA-A100-SXM4-80GB-MIG-1g.10gb`` likewise), None for any other name."""
+    m = _MIG_TYPE.match(name.removesuffix("-SHARED"))
+    return (m.group(1), m.group(2)) if m else None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -18,6 +18,7 @@ from gpuq.errors import ConfigError
 from gpuq.yamlsafe import safe_load
 
 DEFAULT_DSN = "chdb://.gpuq/data"
+QUEUES_FROM_NAMES = {"kueue": "Kueue", "yunikorn": "YuniKorn"}   # queues_from -> the scheduler that acts
 
 
 class _Section(BaseModel):
@@ -109,6 +110,9 @@ class KubernetesTarget(_Section):
     context: str | None = None
     namespaces: list[str] = []           # empty = all namespaces
     watch_timeout_s: int = Field(default=300, ge=1)
+    # queues_from: kueue: how often Kueue's visibility API is asked for each ClusterQueue's pending
+    # Workloads (their positions in Kueue's order; collector/k8s_kueue_visibility.py); 0: never
+    kueue_visibility_interval_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
 
 
 class NvmlSettings(_Section):
@@ -133,6 +137,13 @@ class CollectorSettings(_Section):
     nvml: NvmlSettings = NvmlSettings()
     # spans of scrapes, scheduler cycles and actuator calls: otlp reads OTEL_EXPORTER_OTLP_* (gpuq.tracing)
     otel_exporter: Literal["none", "console", "memory", "otlp"] = "none"
+
+
+class YuniKornSettings(_Section):
+    """Where YuniKorn keeps its queue configuration (``queues_from: yunikorn``, docs/YUNIKORN.md)."""
+
+    namespace: str = Field(default="yunikorn", min_length=1)   # of the yunikorn-configs/-defaults ConfigMaps
+    partition: str = Field(default="default", min_length=1)    # the partition whose queues are the tree
 
 
 class AccountingSettings(_Section):
@@ -175,6 +186,12 @@ class SchedulerSettings(_Section):
     cycle_interval_s: float = Field(default=1.0, gt=0)
     preemption: bool = True
     preemption_delay_s: float = Field(default=30.0, ge=0)
+    # what a preemption may restore (issue 21): a queue's guarantee only (YuniKorn's rule), or also its
+    # entitlement, the GPUs beyond the guarantees divided by queue weight (docs/SCENARIOS.md)
+    reclaim: Literal["guarantee", "fair_share"] = "guarantee"
+    # fair share over time (issue 21): a queue's GPU use decayed with this half-life lowers its place
+    # in the order of queues (scheduler/ordering.py); 0: off, today's order
+    usage_half_life_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     retry_attempts: int = Field(default=4, ge=1)        # actuator calls, with backoff
     retry_backoff_s: float = Field(default=0.2, ge=0)
     actuator_timeout_s: float = Field(default=10.0, gt=0)   # one actuator request (kubernetes)
@@ -189,8 +206,9 @@ class SchedulerSettings(_Section):
 class ApiToken(_Section):
     """A bearer token. An operator's actions are scoped: ``namespaces`` (Kubernetes namespaces of
     its targets) and ``queues`` (queue subtree roots: ``research`` allows ``research.vision``);
-    ``"*"`` allows all. Both must be set on an operator token; viewers read everything and admins
-    are unscoped, so neither takes a scope (see docs/API.md). ``max_priority`` and
+    ``"*"`` allows all. Both must be set on an operator token. A viewer reads everything, or with
+    ``queues`` only those queues' subtrees (a tenant's token, issue 21: docs/SECURITY.md); admins
+    are unscoped (see docs/API.md). ``max_priority`` and
     ``non_preemptible`` narrow what the operator's workloads may ask below their queue's policy
     (docs/SECURITY.md); every caller, admins included, is bounded by the queue's."""
 
@@ -210,8 +228,13 @@ class ApiToken(_Section):
         if self.role == "operator" and (not self.namespaces or not self.queues):
             raise ValueError("an operator token needs both namespaces and queues (its scope; "
                              "['*'] allows all)")
-        if self.role != "operator" and scoped:
-            raise ValueError(f"namespaces and queues scope an operator's actions; {self.role} tokens take none")
+        if self.role == "viewer" and self.namespaces is not None:
+            raise ValueError("a viewer token takes queues (the queues it reads), not namespaces")
+        if self.role == "viewer" and self.queues is not None and not self.queues:
+            raise ValueError("a viewer token's queues is not empty (leave it out to read every queue)")
+        if self.role == "admin" and scoped:
+            raise ValueError("namespaces and queues scope an operator's actions or a viewer's reads; admin tokens "
+                             "take none")
         if self.role != "operator" and (self.max_priority is not None or self.non_preemptible is not None):
             raise ValueError(f"max_priority and non_preemptible narrow an operator's submits; {self.role} "
                              "tokens take none (the queue file's policy bounds every caller)")
@@ -302,6 +325,24 @@ class Settings(BaseSettings):
     dashboard: DashboardSettings = DashboardSettings()
     leader: LeaderSettings = LeaderSettings()
     queues_file: str | None = None
+    # where the queue tree comes from: the queue file (gpuq schedules), or the objects of the scheduler the
+    # cluster already runs, followed live (Kueue's ClusterQueues, YuniKorn's ConfigMap): gpuq then advises and
+    # that scheduler acts, so only the dry-run actuator is accepted (docs/KUEUE.md)
+    queues_from: Literal["file", "kueue", "yunikorn"] = "file"
+    yunikorn: YuniKornSettings = YuniKornSettings()
+
+    @model_validator(mode="after")
+    def _advises_only(self) -> Settings:
+        if self.queues_from == "file":
+            return self
+        name = QUEUES_FROM_NAMES[self.queues_from]
+        if self.scheduler.actuator != "dry-run":
+            raise ValueError(f"queues_from: {self.queues_from} needs scheduler.actuator: dry-run (gpuq advises; "
+                             f"{name} acts), got scheduler.actuator: {self.scheduler.actuator}")
+        if self.queues_file:
+            raise ValueError(f"queues_from: {self.queues_from} takes the queue tree from {name}'s objects: "
+                             f"queues_file ({self.queues_file}) would be ignored; leave it unset")
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -356,6 +397,9 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         origin = f"{path}: " if path else ""
         value = err.get("input")
         shown = "" if isinstance(value, (dict, list)) else f" (got {value!r})"
+        if not key:                       # a check across sections (a model validator): its message names the keys
+            raise ConfigError(str(path) if path else "settings",
+                              str(err["msg"]).removeprefix("Value error, ")) from exc
         raise ConfigError(f"{origin}{key}", f"{err['msg']}{shown}") from exc
     if settings.queues_file and path and not Path(settings.queues_file).is_absolute():
         # absolute, not resolved: a Kubernetes ConfigMap mount is a symlink into a directory the

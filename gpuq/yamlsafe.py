@@ -47,6 +47,26 @@ def safe_load(text: str) -> Any:
         loader.dispose()
 
 
+def safe_load_all(text: str) -> list[tuple[int, Any]]:
+    """Every document of a multi-document text (``---``), as ``(line, data)``: the 1-based line the
+    document starts on, and its data (None for an empty one); each bounded as :func:`safe_load`
+    bounds one. A syntax error is a ``yaml.MarkedYAMLError`` with its line, as there."""
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = loader_cls(text)
+    out: list[tuple[int, Any]] = []
+    limit = max(MIN_NODES, NODES_PER_BYTE * len(text))
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:                     # pragma: no cover - check_node said there is one
+                break
+            _check(node, limit)
+            out.append((node.start_mark.line + 1, loader.construct_document(node)))
+    finally:
+        loader.dispose()
+    return out
+
+
 def _check(root: yaml.Node, limit: int) -> None:
     sizes: dict[int, int] = {}
     busy: set[int] = set()

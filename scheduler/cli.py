@@ -47,7 +47,8 @@ def simulate_parser(prog: str = "gpuq simulate") -> argparse.ArgumentParser:
                         "(docs/PERFORMANCE.md, \"Start-time forecasts\")")
     p.add_argument("--compare", metavar="QUEUES_B.yaml",
                    help="also replay the same work under this queue file and print both results side "
-                   "by side; --out is then optional")
+                   "by side; --out is then optional (with --base QUEUES_A.yaml and --map MAP: see "
+                   "gpuq simulate SCENARIO --compare B --help)")
     p.add_argument("--baseline", metavar="POLICY[,POLICY]",
                    help="also replay it with simpler schedulers (fifo, per-queue, or all) and print "
                    "the waits, utilization and fairness side by side; --out is then optional")
@@ -338,6 +339,11 @@ def status_text(st: dict[str, Any]) -> str:
     held = st.get("preemptions_limited") or {}
     if held:
         lines.append("held back by the limit: " + ", ".join(f"{q} {n}" for q, n in held.items()))
+    cost = st.get("preemption_cost") or {}
+    if cost.get("lost_gpu_seconds"):
+        lines.append(f"lost to preemption in the last {cost.get('window_s', 0) / 3600:g} h: "
+                     f"{cost['lost_gpu_seconds'] / 3600:.3f} GPU-h ("
+                     + ", ".join(f"{q} {x / 3600:.3f}" for q, x in (cost.get("by_queue") or {}).items()) + ")")
     return "\n".join(lines) + "\n"
 
 
@@ -419,6 +425,9 @@ def explain_main(argv: list[str], settings: Any) -> int:
     return _show(w, args.format, explain_text)
 
 
+OTHER = {"kueue": "Kueue", "yunikorn": "YuniKorn"}     # the schedulers gpuq advises beside, as people write them
+
+
 def explain_text(w: dict[str, Any], now: float | None = None) -> str:
     """``gpuq explain``'s text; ``now`` (default: this machine's clock) is what the forecast's
     "in about 12 min" counts from."""
@@ -430,10 +439,15 @@ def explain_text(w: dict[str, Any], now: float | None = None) -> str:
     if w["state"] == "pending":
         lines.append(f"reason: {w['reason_code']}")
         lines.append(f"  {w['message']}")
-        where = f"position {w['position']} in {w['queue']}" if w.get("position") is not None else ""
         eta = w.get("eta")
+        other = str((w.get("target") or {}).get("scheduler") or "")
+        where = f"position {w['position']} in {w['queue']}" if w.get("position") is not None else ""
+        if where and w.get("position_source") == "kueue":      # Kueue's visibility API, not gpuq's rank
+            where += f" (from {OTHER.get(other, other) or 'Kueue'})"
         if eta:
-            lines.append(f"{eta_text(eta, time.time() if now is None else now)}{', ' + where if where else ''}")
+            # another scheduler's workload: gpuq's forecast, as gpuq would run it, not that scheduler's
+            whose = f"gpuq's forecast (gpuq's policy, {OTHER.get(other, other)}'s quotas): " if other else ""
+            lines.append(f"{whose}{eta_text(eta, time.time() if now is None else now)}{', ' + where if where else ''}")
         else:
             lines.append(f"{where + '; ' if where else ''}no start-time forecast yet")
     elif w["state"] == "running":
@@ -441,9 +455,32 @@ def explain_text(w: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"running on {w['gpu_type']} ({where}) since {_iso(w['start_s'])}")
     elif w.get("message"):
         lines.append(f"{w['reason_code']}: {w['message']}")
+    advice = w.get("advice")
+    if advice:                        # another scheduler's workload (queues_from: kueue): gpuq's view beside
+        lines.append(f"gpuq would: {advice_text(advice)}")
     if w.get("preempted"):
         lines.append(f"preempted {w['preempted']} time(s)")
     return "\n".join(lines) + "\n"
+
+
+def advice_text(a: dict[str, Any]) -> str:
+    """What gpuq's scheduler would do (:class:`scheduler.service.views.Advice`) in a few words:
+    "admit on node-a:4 (A100)", "preempt kueue/ns/x, then admit on ...", "wait: quota_max: ..."."""
+    where = ", ".join(f"{n}:{g}" for n, g in (a.get("placement") or {}).items())
+    where += f" ({a['gpu_type']})" if a.get("gpu_type") else ""
+    outcome = a.get("outcome")
+    if outcome == "admit":
+        return f"admit on {where}"
+    if outcome == "preempt":
+        victims = ", ".join(v["id"] for v in a.get("victims") or ())
+        delay = "after its preemption delay, " if a.get("after_delay") else ""
+        return f"{delay}preempt {victims}, then admit on {where}"
+    if outcome == "wait":
+        at = f" (position {a['position']})" if a.get("position") is not None else ""
+        return f"wait: {a.get('reason_code')}: {a.get('message')}{at}"
+    if outcome == "reject":
+        return f"never run it: {a.get('message')}"
+    return f"no advice: {a.get('message')}"
 
 
 def eta_text(eta: dict[str, str], now: float) -> str:

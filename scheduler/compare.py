@@ -1,4 +1,5 @@
-"""``gpuq simulate SCENARIO.yaml --compare QUEUES_B.yaml [--out DIR] [--format table|json]``.
+"""``gpuq simulate SCENARIO.yaml --compare QUEUES_B.yaml [--base QUEUES_A.yaml] [--map MAP]
+[--out DIR] [--format table|json]``.
 
 Replays one workload under two queue configurations through :func:`scheduler.simulate.run_scenario`:
 
@@ -8,6 +9,18 @@ Replays one workload under two queue configurations through :func:`scheduler.sim
   ``mapping:`` is ignored; as in any scenario, its queues without a policy have no bound) or a
   whole scenario (only its ``queues:``, ``gpu_types:`` and ``policy:`` are used). Every queue the
   workloads name must be a leaf of B.
+
+``--base QUEUES_A.yaml`` makes A the scenario under that file's queues (as B is made), so two
+files are compared on one scenario: an imported Kueue file (``gpuq import-queues``) against the same
+file with a change. ``--map MAP`` (:class:`QueueMap`) puts the scenario's queues (and GPU types)
+onto the files' names, in A and B alike (with ``--base``; without it A runs as written and only B
+is mapped): a YAML file ``{queues: {SCENARIO_QUEUE: LEAF}, gpu_types: {SCENARIO_TYPE: TYPE}}``,
+or, for queues only, ``SCENARIO_QUEUE=LEAF,...`` on the command line. The workloads (those of a
+``workloads_file:`` too) and the nodes are renamed; a queue the workloads use that the map does not
+name must be a leaf of the file as it is, and is refused by name otherwise. A mapped queue's row
+reads ``scenario_queue -> leaf`` where the map sends it alone to that leaf (its A and B figures side
+by side); where several go to one leaf, that leaf has its own row. The scenario contract
+(docs/SCENARIOS.md) is unchanged: the map renames before the scenario is read.
 
 It prints, per leaf queue, A, B and ``delta = B - A`` of: the guaranteed GPUs, utilization (the
 queue's GPU-seconds over the cluster's GPU-seconds up to that run's makespan; the queues' values
@@ -22,7 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +55,10 @@ def _load_yaml(path: Path, what: str) -> Mapping[str, Any]:
     return data
 
 
-def with_queues(scenario: Mapping[str, Any], queues_b: Mapping[str, Any], source: str = "<B>") -> dict[str, Any]:
+def with_queues(scenario: Mapping[str, Any], queues_b: Mapping[str, Any], source: str = "<B>",
+                hint: str = "") -> dict[str, Any]:
     """The scenario with B's ``queues:`` (and ``gpu_types:`` and the top-level ``policy:`` when B
-    has one); checks that every queue the workloads use is a leaf of B."""
+    has one); checks that every queue the workloads use is a leaf of B (``hint`` ends the error)."""
     from accounting.errors import QueueConfigError
     from accounting.queues import OPEN_POLICY, parse_queue_config
 
@@ -60,13 +75,131 @@ def with_queues(scenario: Mapping[str, Any], queues_b: Mapping[str, Any], source
     missing = [q for q in used if q not in leaves]
     if missing:
         raise ScenarioError("queues", f"the workloads use queues that are not leaves here: {', '.join(missing)} "
-                                      f"(leaves: {', '.join(sorted(leaves))})", source)
+                                      f"(leaves: {', '.join(sorted(leaves))}){hint}", source)
     out = dict(scenario)
     out["queues"] = queues_b["queues"]
     for key in ("gpu_types", "policy"):
         if key in queues_b:
             out[key] = queues_b[key]
     return out
+
+
+def leaves_of(file: Mapping[str, Any], scenario: Mapping[str, Any], source: str) -> frozenset[str]:
+    """The leaf queues of a queue file (its ``gpu_types:`` and ``policy:``, else the scenario's)."""
+    from accounting.errors import QueueConfigError
+    from accounting.queues import OPEN_POLICY, parse_queue_config
+
+    if not isinstance(file.get("queues"), Mapping):
+        raise ScenarioError("queues", "expected a 'queues:' mapping", source)
+    try:
+        return frozenset(parse_queue_config({"queues": file["queues"],
+                                             "gpu_types": file.get("gpu_types", scenario.get("gpu_types")),
+                                             "policy": file.get("policy", scenario.get("policy"))},
+                                            default_policy=OPEN_POLICY).leaves())
+    except QueueConfigError as exc:
+        raise ScenarioError(exc.where, exc.reason, source) from exc
+
+
+@dataclass(frozen=True)
+class QueueMap:
+    """``--map``: the scenario's queue names onto a queue file's leaves, and its GPU type names
+    onto the file's types (module docstring); ``source`` names it in errors."""
+
+    queues: Mapping[str, str]
+    gpu_types: Mapping[str, str]
+    source: str
+
+    @classmethod
+    def parse(cls, arg: str) -> QueueMap:
+        """A YAML file (``queues:``, optional ``gpu_types:``), or ``a=b,c=d`` (queues) when ``arg``
+        holds ``=`` and names no file."""
+        path = Path(arg)
+        if "=" in arg and not path.exists():
+            pairs: dict[str, str] = {}
+            for i, item in enumerate(x.strip() for x in arg.split(",")):
+                name, sep, leaf = (p.strip() for p in item.partition("="))
+                if not sep or not name or not leaf:
+                    raise ScenarioError(f"--map[{i}]", f"expected SCENARIO_QUEUE=LEAF, got {item!r}", arg)
+                if name in pairs:
+                    raise ScenarioError(f"--map[{i}]", f"{name} is mapped twice", arg)
+                pairs[name] = leaf
+            return cls(pairs, {}, "--map")
+        data = _load_yaml(path, "queue map")
+        unknown = sorted(set(data) - {"queues", "gpu_types"})
+        if unknown:
+            raise ScenarioError(unknown[0], "unknown section (expected queues: and gpu_types:)", arg)
+        sections: list[dict[str, str]] = []
+        for key in ("queues", "gpu_types"):
+            raw = data.get(key) or {}
+            if not isinstance(raw, Mapping) or not all(isinstance(v, str) and v for v in raw.values()):
+                raise ScenarioError(key, "expected a mapping of names to names", arg)
+            sections.append({str(k): v for k, v in raw.items()})
+        if not sections[0]:
+            raise ScenarioError("queues", "expected at least one SCENARIO_QUEUE: LEAF", arg)
+        return cls(sections[0], sections[1], arg)
+
+    def onto(self, scenario: Mapping[str, Any], file: Mapping[str, Any], file_source: str) -> dict[str, Any]:
+        """The scenario with its queues and GPU types renamed (workloads, those of its
+        ``workloads_file:`` read in, and nodes), after checking the map against both: every name it
+        maps is the scenario's, every queue it maps to a leaf of ``file``, every type a type of
+        ``file`` (where it declares types)."""
+        leaves = leaves_of(file, scenario, file_source)
+        works = list(_all_workloads(scenario))
+        used = {str(w.get("queue")) for w in works if isinstance(w, Mapping)}
+        own = set((scenario.get("queues") or {}).keys()) if isinstance(scenario.get("queues"), Mapping) else set()
+        for name, leaf in self.queues.items():
+            if name not in used and not any(name == q or q.startswith(name + ".") for q in own):
+                raise ScenarioError(f"queues.{name}", "no workload of the scenario uses this queue", self.source)
+            if leaf not in leaves:
+                raise ScenarioError(f"queues.{name}", f"{leaf} is not a leaf queue of {file_source} "
+                                    f"(leaves: {', '.join(sorted(leaves))})", self.source)
+        types = {str(n.get("gpu_type")) for n in scenario.get("nodes") or () if isinstance(n, Mapping)}
+        declared = file.get("gpu_types")
+        for name, to in self.gpu_types.items():
+            if name not in types:
+                raise ScenarioError(f"gpu_types.{name}", "no node of the scenario has this GPU type "
+                                    f"(types: {', '.join(sorted(types))})", self.source)
+            if isinstance(declared, Mapping) and to not in declared:
+                raise ScenarioError(f"gpu_types.{name}", f"{to} is not a GPU type of {file_source} "
+                                    f"(types: {', '.join(sorted(map(str, declared)))})", self.source)
+        q, t = self.queues, self.gpu_types
+
+        def work(w: Any) -> Any:
+            if not isinstance(w, Mapping):
+                return w
+            out = dict(w)
+            if isinstance(out.get("queue"), str):
+                out["queue"] = q.get(out["queue"], out["queue"])
+            if isinstance(out.get("gpu_types"), list):
+                out["gpu_types"] = [t.get(x, x) if isinstance(x, str) else x for x in out["gpu_types"]]
+            return out
+
+        out = {k: v for k, v in scenario.items() if k != "workloads_file"}
+        out["workloads"] = [work(w) for w in works]
+        out["nodes"] = [{**n, "gpu_type": t.get(str(n.get("gpu_type")), n.get("gpu_type"))}
+                        if isinstance(n, Mapping) else n for n in scenario.get("nodes") or ()]
+        return out
+
+    def pairs(self, scenario: Mapping[str, Any]) -> dict[str, str]:
+        """The mapped queues that alone go to their leaf (one row each in the report)."""
+        used = {str(w.get("queue")) for w in _all_workloads(scenario) if isinstance(w, Mapping)}
+        into: dict[str, int] = {}
+        for name in used:
+            leaf = self.queues.get(name, name)
+            into[leaf] = into.get(leaf, 0) + 1
+        return {a: b for a, b in self.queues.items() if into.get(b, 0) <= 1}
+
+
+def _all_workloads(scenario: Mapping[str, Any]) -> Iterator[Any]:
+    """The scenario's workload objects, those of its ``workloads_file:`` (one JSON object a line)
+    after those of ``workloads:``."""
+    yield from scenario.get("workloads") or ()
+    wf = scenario.get("workloads_file")
+    if isinstance(wf, str) and wf:
+        from scheduler.simulator.scenario import _json_lines
+
+        for _, raw in _json_lines(Path(wf)):
+            yield raw
 
 
 def total_gpus(scenario: Mapping[str, Any]) -> int:
@@ -116,9 +249,11 @@ def run_view(result: Any, scenario: Mapping[str, Any]) -> dict[str, Any]:
     return {"queues": per, "totals": totals}
 
 
-def diff(view_a: Mapping[str, Any], view_b: Mapping[str, Any]) -> dict[str, Any]:
+def diff(view_a: Mapping[str, Any], view_b: Mapping[str, Any],
+         pairs: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``{"totals": {metric: {a, b, delta}}, "queues": {queue: {metric: {a, b, delta}}}}``; a queue
-    present on one side only has ``null`` on the other."""
+    present on one side only has ``null`` on the other. ``pairs``: A's queue -> B's queue shown on
+    its row (``a -> b``; :meth:`QueueMap.pairs`), where the two are named apart."""
     def triple(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, metrics: tuple[str, ...]) -> dict[str, Any]:
         out = {}
         for m in metrics:
@@ -127,22 +262,49 @@ def diff(view_a: Mapping[str, Any], view_b: Mapping[str, Any]) -> dict[str, Any]
         return out
 
     qa, qb = view_a["queues"], view_b["queues"]
-    names = list(qa) + [q for q in qb if q not in qa]
-    return {"totals": triple(view_a["totals"], view_b["totals"], TOTAL_METRICS),
-            "queues": {q: triple(qa.get(q), qb.get(q), QUEUE_METRICS) for q in names}}
+    pairs = pairs or {}
+    rows: dict[str, Any] = {}
+    shown: set[str] = set()
+    for q in qa:
+        b = pairs.get(q, q)
+        rows[q if b == q else f"{q} -> {b}"] = triple(qa[q], qb.get(b), QUEUE_METRICS)
+        shown.add(b)
+    for q in qb:
+        if q not in shown:
+            rows[q] = triple(None, qb[q], QUEUE_METRICS)
+    return {"totals": triple(view_a["totals"], view_b["totals"], TOTAL_METRICS), "queues": rows}
 
 
 def compare(scenario: Mapping[str, Any], queues_b: Mapping[str, Any], *, source_a: str = "<scenario>",
-            source_b: str = "<B>") -> tuple[dict[str, Any], Any, Any]:
-    """Run ``scenario`` as is (A) and with ``queues_b`` (B); returns ``(report, result_a, result_b)``
-    where ``report`` is :func:`diff` plus the scenario's name and where A's and B's queues come from."""
+            source_b: str = "<B>", queues_a: Mapping[str, Any] | None = None,
+            queue_map: QueueMap | None = None) -> tuple[dict[str, Any], Any, Any]:
+    """Run ``scenario`` as is, or with ``queues_a`` (A), and with ``queues_b`` (B), its queues
+    renamed by ``queue_map`` where given (in A too with ``queues_a``); returns ``(report, result_a,
+    result_b)`` where ``report`` is :func:`diff` plus the scenario's name, where A's and B's queues
+    come from and the map."""
     from scheduler.simulate import run_scenario
 
-    scenario_b = with_queues(scenario, queues_b, source_b)
-    result_a = run_scenario(scenario)
+    hint = (f"; the map ({queue_map.source}) does not name them" if queue_map is not None
+            else "; name a leaf for each with --map")
+    if queue_map is not None:
+        scenario_b = with_queues(queue_map.onto(scenario, queues_b, source_b), queues_b, source_b, hint)
+    else:
+        scenario_b = with_queues(scenario, queues_b, source_b, hint)
+    if queues_a is None:
+        scenario_a = dict(scenario)
+    elif queue_map is not None:
+        scenario_a = with_queues(queue_map.onto(scenario, queues_a, source_a), queues_a, source_a, hint)
+    else:
+        scenario_a = with_queues(scenario, queues_a, source_a, hint)
+    result_a = run_scenario(scenario_a)
     result_b = run_scenario(scenario_b)
+    pairs = {} if queue_map is None else queue_map.pairs(scenario)
+    if queues_a is not None:
+        pairs = {}                      # both sides are mapped: the rows are the files' leaves
     report = {"scenario": result_a.summary["name"], "queues_a": source_a, "queues_b": source_b,
-              **diff(run_view(result_a, scenario), run_view(result_b, scenario_b))}
+              **({"map": {"source": queue_map.source, "queues": dict(queue_map.queues),
+                          "gpu_types": dict(queue_map.gpu_types)}} if queue_map is not None else {}),
+              **diff(run_view(result_a, scenario_a), run_view(result_b, scenario_b), pairs)}
     return report, result_a, result_b
 
 
@@ -177,6 +339,11 @@ def compare_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", help="the scenario, a YAML file (docs/SCENARIOS.md)")
     p.add_argument("--compare", required=True, metavar="QUEUES_B.yaml",
                    help="a queue file (queues:, and optional gpu_types:) to run the same workloads under")
+    p.add_argument("--base", metavar="QUEUES_A.yaml", help="run A under this file's queues too, not the "
+                   "scenario's own (e.g. an imported Kueue file as A, the same file changed as B)")
+    p.add_argument("--map", metavar="MAP", help="the scenario's queues (and GPU types) onto the files' names: a "
+                   "YAML file {queues: {SCENARIO_QUEUE: LEAF}, gpu_types: {SCENARIO_TYPE: TYPE}}, or "
+                   "SCENARIO_QUEUE=LEAF,... (docs/SCENARIOS.md)")
     p.add_argument("--out", metavar="DIR", help="also write DIR/a, DIR/b (events, summary) and DIR/compare.json")
     p.add_argument("--format", "-f", choices=["table", "json"], default="table", help="a table (default) or JSON")
     return p
@@ -192,8 +359,10 @@ def compare_main(argv: list[str], settings: object = None) -> int:
         if isinstance(wf, str) and wf and not Path(wf).is_absolute():   # relative to the scenario, not the cwd
             scenario = {**scenario, "workloads_file": str(Path(args.scenario).parent / wf)}
         queues_b = _load_yaml(Path(args.compare), "queue file")
-        report, result_a, result_b = compare(scenario, queues_b, source_a=args.scenario,
-                                            source_b=args.compare)
+        queues_a = _load_yaml(Path(args.base), "queue file") if args.base else None
+        queue_map = QueueMap.parse(args.map) if args.map else None
+        report, result_a, result_b = compare(scenario, queues_b, source_a=args.base or args.scenario,
+                                            source_b=args.compare, queues_a=queues_a, queue_map=queue_map)
     except ScenarioError as exc:
         print(f"gpuq simulate --compare: error: {exc}", file=sys.stderr)
         return 2
@@ -215,7 +384,8 @@ def compare_main(argv: list[str], settings: object = None) -> int:
 BASELINE_LABELS = {"wait_p50_s": "wait p50 s", "wait_p90_s": "wait p90 s", "wait_p99_s": "wait p99 s",
                    "utilization": "utilization", "preemptions": "preemptions",
                    "stranded_gpu_hours": "stranded GPU-h", "stranded_gpus_avg": "stranded GPUs avg",
-                   "guarantee_violation_s": "guarantee violated s"}
+                   "guarantee_violation_s": "guarantee violated s", "utilization_eq": "utilization (GPU-eq)",
+                   "stranded_gpu_eq_hours": "stranded GPU-eq-h", "stranded_gpus_eq_avg": "stranded GPU-eq avg"}
 
 
 def baselines_run(sc: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -224,7 +394,7 @@ def baselines_run(sc: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, 
     ``{"scenario", "policies", "queues": {queue: {metric: {policy: value}}}}`` (``(all)`` last) and
     ``results`` maps each policy (``gpuq`` first) to its ``SimResult``."""
     from scheduler.baselines import POLICIES
-    from scheduler.quality import METRICS, quality
+    from scheduler.quality import EQ_METRICS, METRICS, quality
     from scheduler.simulator import run_scenario
     from scheduler.simulator.engine import simulate
 
@@ -234,7 +404,9 @@ def baselines_run(sc: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, 
     views = {p: quality(sc.cluster, sc.workloads, r.events, r.summary) for p, r in results.items()}
     rows = list(views["gpuq"])
     report = {"scenario": sc.name, "policies": list(results),
-              "queues": {q: {m: {p: views[p][q][m] for p in results} for m in METRICS} for q in rows}}
+              "queues": {q: {m: {p: views[p][q][m] for p in results}
+                             for m in (*METRICS, *(EQ_METRICS if sc.cluster.config.has_equivalents else ()))}
+                         for q in rows}}
     return report, results
 
 

@@ -63,12 +63,21 @@ from scheduler.model import (
     Workload,
     pending_reason,
 )
-from scheduler.ordering import QueueKey, grouped, queue_key
+from scheduler.ordering import QueueKey, ScoredKey, grouped, queue_key, queue_scores, scored_key
 from scheduler.placement import FreeIndex, node_slots
-from scheduler.preemption import NoPlan, Plan, Pool, candidates, plan
-from scheduler.quota import Ledger, Shortfall, never_within_max, over_guarantee, over_guarantee_pinned, over_max
+from scheduler.preemption import NoPlan, Plan, Pool, candidates, own_candidates, plan, protected
+from scheduler.quota import (
+    Ledger,
+    Shortfall,
+    cycle_entitlements,
+    never_within_max,
+    over_guarantee,
+    over_guarantee_pinned,
+    over_max,
+    within_entitlement,
+)
 from accounting.queues import GPU_EQ
-from scheduler.snapshot import PINNED, UNBOUNDED, Cluster, Snapshot, demand
+from scheduler.snapshot import FAIR_SHARE, PINNED, UNBOUNDED, Cluster, Snapshot, demand
 from scheduler.verdicts import (
     AllFull,
     AwaitingDelay,
@@ -88,7 +97,9 @@ def schedule(snap: Snapshot, now: float) -> Decisions:
     groups = grouped(memo, snap.pending, snap.changes)
     cycle.qchanges = memo.grouped_changes
     cycle.check_queues(groups)
-    key = cycle.queue_key
+    if snap.settings.reclaim == FAIR_SHARE and cycle.preemption:
+        cycle.entitle(groups)
+    key: Callable[[str], QueueKey | ScoredKey] = cycle.queue_key if snap.usage is None else cycle.scored_key
     heap = [(key(q), q) for q in groups]
     heapq.heapify(heap)
     cursor = dict.fromkeys(groups, 0)
@@ -108,10 +119,14 @@ class _MayPreempt:
     within its guarantee, the delay, the verdict of those still within the delay, and the verdict
     of the victim search per priority (a search that started one is no verdict: the walk ends)."""
 
-    __slots__ = ("delay_s", "eligible", "message", "plans", "waiting")
+    __slots__ = ("delay_s", "eligible", "message", "own", "plans", "waiting", "why_not")
 
-    def __init__(self, message: str, eligible: tuple[str, ...], delay_s: float) -> None:
+    def __init__(self, message: str, eligible: tuple[str, ...], delay_s: float,
+                 own: tuple[str, ...] = (), why_not: str = "") -> None:
         self.message, self.eligible, self.delay_s = message, eligible, delay_s
+        # within its own queue (within_queue): the types to search there, and, when it may not
+        # preempt between queues, why not (the guarantee it would go above)
+        self.own, self.why_not = own, why_not
         self.waiting = AwaitingDelay(message)
         self.plans: dict[int, Settled] = {}
 
@@ -138,8 +153,14 @@ class _Cycle:
             table = self.memo.queues = QueueTable(
                 frozenset(c.config.leaves()),
                 frozenset(q for q, cfg in c.config.queues.items() if cfg.strict_fifo),
-                dict(c.gpu_guarantee))
-        self.leaves, self.strict, self.guarantees = table
+                dict(c.gpu_guarantee),
+                frozenset(q for q, cfg in c.config.queues.items() if cfg.within_queue))
+        self.leaves, self.strict, self.guarantees, self.within = table
+        # reclaim: fair_share (:meth:`entitle`): each queue's entitlement this cycle, and per leaf
+        # what its usage may reach by preempting, max(gpu guarantee, entitlement); under
+        # ``guarantee``: None, and the gpu guarantees
+        self.entitled: Mapping[str, Gpus] | None = None
+        self.limits: Mapping[str, Gpus] = self.guarantees
         self.qchanges: QueueChanges = {}        # what this cycle's grouping changed (schedule sets it)
         self.fit_lists = self.memo.fit_lists
         self.known = _known(self.memo, len(snap.pending))
@@ -147,6 +168,7 @@ class _Cycle:
         self.ctx = _Context(self.cluster, now, snap.settings.preemption_delay_s, self.known)
         self.preemption = snap.settings.preemption
         self.pool: Pool | None = None        # victim candidates, built on first need
+        self.scores: dict[str, float] | None = None   # fair share over time: queue -> score (scored_key)
         # a gang shape that found no room stays without room until capacity is freed (admissions
         # only take): (type, gpus per pod, pods) -> its message; cleared by every preemption
         self.no_room: dict[tuple[str, Gpus, int], str] = {}
@@ -154,7 +176,17 @@ class _Cycle:
         # joined message); a new dict after every preemption (segments keep the old one)
         self.all_full: AllFull = {}
         self.no_plan: dict[tuple[str, tuple[str, ...], Gpus, int, int], NoPlan] = {}
+        self.no_own: dict[tuple[str, tuple[str, ...], Gpus, int, int], NoPlan] = {}   # within-queue searches
         self.ineligible: dict[tuple[str, Gpus, int], str] = {}
+
+    def entitle(self, groups: dict[str, list[Workload]]) -> None:
+        """``reclaim: fair_share``: find the cycle's entitlements (once per cycle, before any walk:
+        :func:`scheduler.quota.cycle_entitlements`); a leaf may then preempt up to the larger of its
+        gpu guarantee and its entitlement, and its reasons name both."""
+        ent = self.entitled = cycle_entitlements(self.cluster, self.ledger, groups, self.memo)
+        g = self.guarantees
+        self.limits = {q: max(g[q], ent.get(q, 0)) for q in self.leaves}
+        self.ctx = self.ctx._replace(entitled=ent)
 
     def queue_key(self, q: str) -> QueueKey:
         """:func:`scheduler.ordering.queue_key`, kept across cycles per queue while the queue's
@@ -168,6 +200,15 @@ class _Cycle:
         k = queue_key(self.cluster, self.ledger, q)
         self.qkeys[q] = KeptKey(used, k)
         return k
+
+    def scored_key(self, q: str) -> ScoredKey:
+        """:func:`scheduler.ordering.scored_key` (fair share over time: the snapshot carries usage),
+        the scores computed once per cycle and nothing kept across cycles (they change with time)."""
+        scores = self.scores
+        if scores is None:
+            assert self.snap.usage is not None
+            scores = self.scores = queue_scores(self.cluster, self.snap.usage)
+        return scored_key(self.cluster, self.ledger, q, scores)
 
     def check_queues(self, groups: dict[str, list[Workload]]) -> None:
         leaves = self.leaves
@@ -202,14 +243,18 @@ class _Cycle:
         all_full, preemption = self.all_full, self.preemption
         used = self.ledger.used(q, "gpu")
         g = self.guarantees[q]
+        lim = self.limits[q]                 # g, or under reclaim: fair_share max(g, entitlement)
         strict = q in self.strict
+        # a queue whose work may preempt within it is never "above its guarantee" for the quick noes
+        # below: its search within the queue is bounded by no guarantee (scheduler.preemption)
+        within = preemption and q in self.within
         part = self.walked.get(q)
         if part is None:
-            if not strict:                   # quiet? (every queue, every cycle: kept inline)
+            if not strict and not within:    # quiet? (every queue, every cycle: kept inline)
                 a = self.counts.get(q)
                 if a is None or a.lst is not lst:
                     a = self.counts_of(q, lst)
-                if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > g) \
+                if a.rooms.keys() <= all_full.keys() and (not preemption or not a.gpus or used + min(a.gpus) > lim) \
                         and (not a.pinned or self.ledger.used(q, PINNED_GPU) + min(a.pinned) > g):
                     n = len(lst)
                     self.parts[q] = _Quiet(self.ctx, q, lst, preemption, (0, n, all_full, used), a,
@@ -221,9 +266,10 @@ class _Cycle:
         start, n = i, len(lst)
         seen: dict[int, Settled | _MayPreempt] = {}      # Fit.key -> what the shape found in this walk
         pinned = self.ledger.used(q, PINNED_GPU)
-        # what the queue may still take within its guarantee, found once: a workload's test is one
-        # compare (``used + gpus > g`` as ``gpus > left``: the same for ints, and for exact shares)
-        left, pinned_left = g - used, g - pinned
+        # what the queue may still take within its guarantee (its entitlement), found once: a
+        # workload's test is one compare (``used + gpus > lim`` as ``gpus > left``: the same for
+        # ints, and for exact shares)
+        left, pinned_left = lim - used, g - pinned
         # non-preemptible gangs over the guarantee: one verdict per size in this walk (its message
         # says the sizes; a share's takes a decimal's formatting, issue 19's Alibaba replay)
         pinned_seen: dict[Gpus, Settled] | None = None
@@ -250,7 +296,7 @@ class _Cycle:
                         if strict:
                             break
                         continue
-                    if fit.gpus > left:          # as in _pre_class: the quick no
+                    if fit.gpus > left and not within:   # as in _pre_class: the quick no
                         vs.append(fit.no_room_above)
                         if strict:
                             break
@@ -402,8 +448,10 @@ class _Cycle:
     def _not_eligible(self, queue: str, used: Gpus, gpus: Gpus, g: int) -> str:
         why = self.ineligible.get((queue, used + gpus, g))
         if why is None:
+            ent = self.entitled
             why = self.ineligible[(queue, used + gpus, g)] = reasons.not_eligible(
-                Shortfall(queue, "gpu", g, used, gpus))
+                Shortfall(queue, "gpu", g, used, gpus)) if ent is None else reasons.not_entitled(
+                queue, used + gpus, g, ent.get(queue, 0))
         return why
 
     def _pre_class(self, w: Workload, fit: Fit, miss: Settled) -> Settled | _MayPreempt:
@@ -415,52 +463,112 @@ class _Cycle:
             return miss                # its queue holds at least that much: above its guarantee too
         cluster, ledger = self.cluster, self.ledger
         used, g = ledger.used(w.queue, "gpu"), cluster.gpu_guarantee[w.queue]
-        if used + w.gpus > g:          # the gpu guarantee binds on every type: a quick no
-            return Settled(code, f"{message}; {self._not_eligible(w.queue, used, w.gpus, g)}")
         types = fit.types
+        own = types if w.queue in self.within else ()      # within_queue: its own queue's search too
+        delay_s = self.snap.settings.preemption_delay_s
+        # the gpu guarantee (under reclaim: fair_share, the entitlement) binds on every type: a quick
+        # no between queues; a within-queue queue still searches its own work (no guarantee bounds it)
+        if used + w.gpus > self.limits[w.queue]:
+            why = self._not_eligible(w.queue, used, w.gpus, g)
+            return _MayPreempt(message, (), delay_s, own, why) if own else Settled(code, f"{message}; {why}")
         if len(cluster.guarantee[w.queue]) == 1 and g != UNBOUNDED:   # a gpu guarantee only: just checked
-            return _MayPreempt(message, types, self.snap.settings.preemption_delay_s)
+            return _MayPreempt(message, types, delay_s, own)
+        ent = self.entitled
+        if within_entitlement(ledger, w.queue, w.gpus, ent):      # within its entitlement on every type
+            return _MayPreempt(message, types, delay_s, own)
         eq = cluster.equivalents
         eligible = [t for t in types if over_guarantee(cluster, ledger, w.queue, demand(w, t, eq)) is None]
         if not eligible:
             short = over_guarantee(cluster, ledger, w.queue, demand(w, types[0], eq))
             assert short is not None
-            return Settled(code, f"{message}; {reasons.not_eligible(short)}")
-        return _MayPreempt(message, tuple(eligible), self.snap.settings.preemption_delay_s)
+            why = reasons.not_eligible(short)
+            if ent is not None:
+                why += f"; and {reasons.amount(used + w.gpus)} gpu, above its entitlement {reasons.amount(ent.get(w.queue, 0))}"
+            if own:
+                return _MayPreempt(message, (), delay_s, own, why)
+            return Settled(code, f"{message}; {why}")
+        return _MayPreempt(message, tuple(eligible), delay_s, own)
 
     def _plan_verdict(self, w: Workload, pre: _MayPreempt) -> Admission | Settled:
         """Preempt for ``w`` (past its delay) and start it (its :class:`Admission`), or say why not."""
         cluster, ledger = self.cluster, self.ledger
         key = (w.queue, w.gpu_types, w.gpus_per_pod, w.pods, w.priority)
-        result = self.no_plan.get(key) or self._plan(w, pre.eligible)
+        result: Plan | NoPlan | None = None
+        if pre.eligible:
+            result = self.no_plan.get(key) or self._plan(w, pre.eligible)
+            if isinstance(result, NoPlan):
+                self.no_plan[key] = result
+        within = False
+        if pre.own and not isinstance(result, Plan):
+            got = self.no_own.get(key) or self._plan(w, pre.own, own=True)
+            if isinstance(got, NoPlan):
+                self.no_own[key] = got
+            else:
+                result, within = got, True
+            if result is None:
+                result = got
+        assert result is not None
         if isinstance(result, NoPlan):
-            self.no_plan[key] = result
-            if result.fenced:
-                return Settled(ReasonCode.FENCED, f"{pre.message}; {reasons.fenced(result.fenced)}")
-            return Settled(ReasonCode.NO_VICTIMS, f"{pre.message}; {reasons.no_victims(result.considered)}")
+            return self._no_plan_verdict(w, pre, result)
         vec = demand(w, result.gpu_type, cluster.equivalents)
         placement = self.index.place(result.gpu_type, w.gpus_per_pod, w.pods)
         assert placement is not None, "a preemption plan always leaves room for its preemptor"
         basis = "gpu" if cluster.gpu_guarantee[w.queue] != UNBOUNDED else GPU_EQ   # what its guarantee is in
         holds, g = ledger.used(w.queue, basis), cluster.guarantee[w.queue][basis]
         needed = w.gpus if basis == "gpu" else dict(vec)[GPU_EQ]
+        ent = self.entitled
+        if within:                       # its own queue's lower-priority work (within_queue)
+            why = reasons.preempted_within(w.queue, w.priority, max(r.workload.priority for r in result.victims))
+        elif ent is not None and over_guarantee(cluster, ledger, w.queue, vec) is not None:
+            # above its guarantee: this preemption restores its entitlement (fair_share)
+            why = reasons.preempted_entitled(w.queue, ledger.used(w.queue, "gpu"), w.gpus, ent.get(w.queue, 0),
+                                             cluster.gpu_guarantee[w.queue])
+        else:
+            why = reasons.preempted(w.queue, holds, needed, g, basis)
         ledger.add(cluster.chains[w.queue], vec)
         victims = tuple(r.workload.id for r in result.victims)
         self.no_room.clear()
         self.all_full = {}               # a new one: parts built earlier keep reading the old one
-        self.preemptions.append(
-            Preemption(w.id, w.queue, victims, reasons.preempted(w.queue, holds, needed, g, basis))
-        )
+        self.preemptions.append(Preemption(w.id, w.queue, victims, why))
         admission = Admission(w, placement, victims)
         self.admissions.append(admission)
         return admission
 
-    def _plan(self, w: Workload, types: tuple[str, ...]) -> Plan | NoPlan:
-        if self.pool is None:
-            self.pool = Pool(candidates(self.cluster, self.ledger, self.snap.running, self.memo),
-                             self.cluster.fences)
-        result = plan(self.cluster, self.ledger, self.index, self.pool, w, types)
-        self.pool.compact()
+    def _no_plan_verdict(self, w: Workload, pre: _MayPreempt, result: NoPlan) -> Settled:
+        """Why no search found victims for ``w``: between queues (fenced, or none of those
+        considered), within its own queue (``pre.own``: none of its lower-priority work), and the
+        candidates its queues' minimum runtime still protects. ``result``: the last search's (the
+        one within the queue where there was one)."""
+        parts = [pre.message]
+        own = self.no_own.get((w.queue, w.gpu_types, w.gpus_per_pod, w.pods, w.priority)) if pre.own else None
+        between = self.no_plan.get((w.queue, w.gpu_types, w.gpus_per_pod, w.pods, w.priority)) if pre.eligible else None
+        code = ReasonCode.NO_VICTIMS
+        if between is not None:
+            if between.fenced:
+                code = ReasonCode.FENCED
+                parts.append(reasons.fenced(between.fenced))
+            else:
+                parts.append(reasons.no_victims(between.considered))
+            if between.protected:
+                parts.append(reasons.protected(between.protected, between.protected_until, self.now))
+        elif pre.why_not:
+            parts.append(pre.why_not)
+        if own is not None:
+            parts.append(reasons.no_victims_within(w.queue, w.priority, own.considered))
+            if own.protected:
+                parts.append(reasons.protected(own.protected, own.protected_until, self.now))
+        return Settled(code, "; ".join(parts))
+
+    def _plan(self, w: Workload, types: tuple[str, ...], own: bool = False) -> Plan | NoPlan:
+        pool = self.pool
+        if pool is None:
+            now, running = self.now, self.snap.running
+            pool = self.pool = Pool(candidates(self.cluster, self.ledger, running, self.memo, now),
+                                    self.cluster.fences, protected(self.cluster, running, now))
+        if own and pool.own is None:
+            pool.own = own_candidates(self.cluster, self.snap.running, self.now, self.memo)
+        result = plan(self.cluster, self.ledger, self.index, pool, w, types, own=own, entitled=self.entitled)
+        pool.compact()
         return result
 
     def requeue(self, groups: dict[str, list[Workload]]) -> PendingReasons:
@@ -506,6 +614,7 @@ class _Context(NamedTuple):
     now: float
     delay_s: float
     known: dict[str, Known]
+    entitled: Mapping[str, Gpus] | None = None     # reclaim: fair_share's entitlements (the reasons name them)
 
 
 class _Part:
@@ -521,8 +630,11 @@ class _Part:
 
     def _build(self, segments: Sequence[Segment], vs: list[Verdict]) -> list[PendingReason]:
         q, lst = self.queue, self.lst
-        cluster, now, delay_s, known = self.ctx
-        head, tail = _facts(cluster, q).why_not
+        cluster, now, delay_s, known, entitled = self.ctx
+        if entitled is None:
+            head, tail = _facts(cluster, q).why_not
+        else:
+            head, tail = reasons.above_entitlement_parts(q, cluster.gpu_guarantee[q], entitled.get(q, 0))
         no_fit = ReasonCode.NO_FIT
         out: list[PendingReason] = []
         j = 0
@@ -592,7 +704,8 @@ class _Quiet(_Part):
         # they are that list (what the service reads every cycle; the counts are this list's only
         # while unchanged).
         q, lst, pre, counts, pinned = self.queue, self.lst, self.preemption, self.counts, self.pinned
-        cluster, _, _, known = self.ctx
+        cluster, _, _, known, entitled = self.ctx
+        ent = None if entitled is None else entitled.get(q, 0)
         _, _, all_full, used = self.segment
         built = cluster.memo.built
         rooms: tuple[Settled, ...] | None = None
@@ -600,7 +713,7 @@ class _Quiet(_Part):
             rooms = tuple([all_full[r] for r in counts.rooms])
             rec = built.get(q)
             if rec is not None and rec.lst is lst and rec.preemption is pre and rec.used == used \
-                    and rec.pinned == pinned and rec.rooms == rooms:
+                    and rec.entitled == ent and rec.pinned == pinned and rec.rooms == rooms:
                 return rec.reasons
         g = cluster.gpu_guarantee[q]
         vs: list[Verdict] = []
@@ -614,7 +727,7 @@ class _Quiet(_Part):
             vs.append(v)
         out = self._build((self.segment,), vs)
         if rooms is not None:
-            built[q] = BuiltReasons(lst, pre, used, pinned, rooms, out)
+            built[q] = BuiltReasons(lst, pre, used, ent, pinned, rooms, out)
         return out
 
 

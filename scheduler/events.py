@@ -2,17 +2,20 @@
 table, so the same tools read both.
 
 An event is a dict with FORMAT.md's keys, in this order: ``t``, ``event``, ``workload``,
-``queue``, then ``gpu_type`` and ``placement`` (``admit``) or ``by`` and ``reason`` (``preempt``;
-``reason`` also on ``reject`` and ``cancel``). :func:`event` builds one (the simulator and the live
+``queue``, then ``gpu_type`` and ``placement`` (``admit``) or ``by``, ``reason`` and
+``lost_gpu_seconds`` (``preempt``, issue 21: the work it threw away; ``reason`` also on ``reject`` and
+``cancel``). :func:`event` builds one (the simulator and the live
 service both call it). In the table a row adds ``ts`` (wall time), ``cluster``, ``seq`` (order
 among events at the same ``t``) and ``spec`` (the submitted workload and its target as JSON, on
 ``submit`` rows only, so a restarted service can rebuild its queue, a declared
 ``expected_duration_s`` included; empty elsewhere), and since issue 19 ``placement_milli`` (every
 admit's GPUs per node in milli-GPUs: what readers read) and ``shares`` (a gang of shares' device
-slots as JSON; such a gang leaves the whole-GPU ``placement`` empty):
+slots as JSON; such a gang leaves the whole-GPU ``placement`` empty), since issue 21
+``lost_gpu_seconds`` (a preempt's cost; 0 elsewhere):
 
     ts DateTime64(3,'UTC'), cluster, t Float64, seq UInt64, event, workload, queue, gpu_type,
-    placement Map(String, UInt32), by, reason, spec, placement_milli Map(String, UInt32), shares
+    placement Map(String, UInt32), by, reason, spec, placement_milli Map(String, UInt32), shares,
+    lost_gpu_seconds Float64
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from scheduler.model import Workload, gpus_in, gpus_out
 TABLE = "scheduler_events"
 KINDS = ("submit", "admit", "preempt", "finish", "reject", "cancel")
 COLUMNS = ("ts", "cluster", "t", "seq", "event", "workload", "queue", "gpu_type", "placement", "by",
-           "reason", "spec", "placement_milli", "shares")
+           "reason", "spec", "placement_milli", "shares", "lost_gpu_seconds")
 
 
 def round_t(x: float) -> float:
@@ -38,11 +41,14 @@ def round_t(x: float) -> float:
 
 
 def without_devices(jsonl: str) -> str:
-    """``events.jsonl`` less each admit's ``devices`` (issue 19 added it, as the last key): the
-    events as the code before wrote them, for comparing decisions across versions."""
+    """``events.jsonl`` less each admit's ``devices`` (issue 19 added it, as the last key) and each
+    preempt's ``lost_gpu_seconds`` (issue 21, likewise the last key): the events as the code before
+    wrote them, for comparing decisions across versions."""
     out = []
     for line in jsonl.splitlines(keepends=True):
         at = line.find(', "devices": ')
+        if at < 0:
+            at = line.find(', "lost_gpu_seconds": ')
         out.append(line if at < 0 else line[:at] + "}" + line[len(line.rstrip("\n")):])
     return "".join(out)
 
@@ -69,13 +75,15 @@ def to_row(ev: Mapping[str, Any], seq: int, cluster: str, spec: str = "",
     return (ts, cluster, float(ev["t"]), int(seq), str(ev["event"]), str(ev["workload"]),
             str(ev["queue"]), str(ev.get("gpu_type", "")), placement, str(ev.get("by", "")),
             str(ev.get("reason", "")), spec, milli,
-            json.dumps(shares, separators=(",", ":")) if shares else "")
+            json.dumps(shares, separators=(",", ":")) if shares else "", float(ev.get("lost_gpu_seconds", 0.0)))
 
 
-def from_row(row: Sequence[Any], placement_milli: Mapping[str, int] | None = None, shares: str = "") -> dict[str, Any]:
+def from_row(row: Sequence[Any], placement_milli: Mapping[str, int] | None = None, shares: str = "",
+             lost_gpu_seconds: float = 0.0) -> dict[str, Any]:
     """The event dict of a row (``COLUMNS[2:11]`` order: t, seq, event, ..., reason): FORMAT.md's
     keys only, optional ones only where set. ``placement_milli`` and ``shares`` (their columns,
-    issue 19) give a gang of shares its placement and slots; without them, whole GPUs."""
+    issue 19) give a gang of shares its placement and slots; without them, whole GPUs. A
+    ``preempt`` carries ``lost_gpu_seconds`` (its column, issue 21; 0 in rows from before it)."""
     t, _seq, kind, wid, queue, gpu_type, placement, by, reason = row[:9]
     extra: dict[str, Any] = {}
     if kind == "admit":
@@ -90,6 +98,8 @@ def from_row(row: Sequence[Any], placement_milli: Mapping[str, int] | None = Non
         extra["by"] = str(by)
     if reason:
         extra["reason"] = str(reason)
+    if kind == "preempt":
+        extra["lost_gpu_seconds"] = float(lost_gpu_seconds)
     return event(float(t), str(kind), str(wid), str(queue), **extra)
 
 
@@ -102,9 +112,9 @@ class StoredEvent:
 
 def read_events(store: Any, cluster: str) -> list[StoredEvent]:
     """A cluster's events in the order they took effect ``(t, seq)``."""
-    sql = (f"SELECT t, seq, event, workload, queue, gpu_type, placement, by, reason, spec, placement_milli, shares "
-           f"FROM {store.database}.{TABLE} WHERE cluster = {{c:String}} ORDER BY t, seq")
-    return [StoredEvent(int(r[1]), from_row(r, r[10], str(r[11])), str(r[9]))
+    sql = (f"SELECT t, seq, event, workload, queue, gpu_type, placement, by, reason, spec, placement_milli, shares, "
+           f"lost_gpu_seconds FROM {store.database}.{TABLE} WHERE cluster = {{c:String}} ORDER BY t, seq")
+    return [StoredEvent(int(r[1]), from_row(r, r[10], str(r[11]), float(r[12])), str(r[9]))
             for r in store.query(sql, {"c": cluster}).rows]
 
 

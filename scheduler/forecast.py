@@ -783,7 +783,8 @@ class Forecaster:
             pend = tuple(pending.values())
             changes = None if last is None else PendingChanges(last, tuple(removed), tuple(added))
             last, removed, added = pend, [], []
-            dec = self.schedule_fn(Snapshot(cluster, tuple(running.values()), pend, occ, settings, changes), t)
+            dec = self.schedule_fn(Snapshot(cluster, tuple(running.values()), pend, occ, settings, changes,
+                                            snap.usage), t)
             cycles += 1
             admitted = bool(dec.admissions)
             if not admitted:

@@ -15,9 +15,10 @@
   and any node a run was placed on that neither knows (as large as what was placed on it at once).
 
 Each :class:`Entry` carries an ``origin`` (who scheduled it: ``gpuq``, ``foreign``) and a ``kind``:
-``workload`` (replayed through the scheduler) or ``fixed`` (held as it happened). A later import of
-another scheduler's history (Kueue, YuniKorn) adds its workloads as ``kind: workload`` entries of
-its own origin, and the what-if replays them like gpuq's. :meth:`History.to_json` /
+``workload`` (replayed through the scheduler) or ``fixed`` (held as it happened). Another
+scheduler's workloads in the ledger (Kueue's Workloads, YuniKorn's applications: workload ids
+``kueue/...``, ``yunikorn/...``) are ``kind: workload`` entries of its origin (:func:`_other`), and
+the what-if replays them like gpuq's. :meth:`History.to_json` /
 :func:`from_json` keep a history in a file (``gpuq whatif --out``; the API's replay gets its input
 that way, in a process of its own).
 
@@ -42,6 +43,8 @@ from scheduler.errors import ScenarioError
 VERSION = 1
 GPUQ, FOREIGN = "gpuq", "foreign"                   # origins
 WORKLOAD, FIXED = "workload", "fixed"               # kinds
+KUEUE, YUNIKORN = "kueue", "yunikorn"               # origins of another scheduler's workloads
+OTHER_PREFIXES = ("kueue/", "yunikorn/")            # their workload ids in the ledger
 FINISHED, RUNNING, PENDING, CANCELLED, REJECTED = "finished", "running", "pending", "cancelled", "rejected"
 STATES = (FINISHED, RUNNING, PENDING, CANCELLED, REJECTED)
 
@@ -303,8 +306,16 @@ def read_history(store: Any, cluster: str, start_s: float, end_s: float, config:
     targets = {(e.namespace, str((_spec(life).get("target") or {}).get("name", ""))): e.id
                for e, life in zip(entries, lives) if e.namespace}
     nodes = _nodes(store, start_s, end_s, resolver, declared)
-    foreign, fnotes = _foreign(store, start_s, end_s, resolver, targets, len({c for c, _ in nodes}) > 1)
+    from accounting.model import Window
+    from accounting.store_adapter import read_ledger
+
+    ledger, _ = read_ledger(store, Window(start_s, end_s), end_s)
+    many = len({c for c, _ in nodes}) > 1
+    foreign, fnotes = _foreign(ledger, end_s, resolver, targets, many)
     notes += fnotes
+    other, onotes = _other(ledger, end_s, resolver, many, _workload_objects(store))
+    foreign += other
+    notes += onotes
     names = {name for _, name in nodes}
     out_nodes = [HistNode(name, t, g, src) for (_, name), (t, g, src) in sorted(nodes.items(), key=lambda kv: kv[0][1])]
     # nodes only the placements name: as large as what was placed on them at once
@@ -346,14 +357,11 @@ def _nodes(store: Any, start_s: float, end_s: float, resolver: Any,
     return out
 
 
-def _foreign(store: Any, start_s: float, end_s: float, resolver: Any,
+def _foreign(rows: Sequence[Any], end_s: float, resolver: Any,
              targets: Mapping[tuple[str, str], str], many: bool) -> tuple[list[Entry], list[str]]:
-    """The ledger's allocations over the window that are no gpuq workload's: fixed load."""
+    """The ledger's allocations over the window that are no workload's: fixed load."""
     from accounting.ledger import ADMISSION
-    from accounting.model import Window
-    from accounting.store_adapter import read_ledger
 
-    rows, _ = read_ledger(store, Window(start_s, end_s), end_s)
     leaves = set(resolver.config.leaves())
     out: list[Entry] = []
     fractional = 0
@@ -377,6 +385,105 @@ def _foreign(store: Any, start_s: float, end_s: float, resolver: Any,
                          False, namespace=a.namespace))
     notes = [f"{fractional} foreign allocation(s) of less than one GPU: left out"] if fractional else []
     return out, notes
+
+
+def _workload_objects(store: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """Kueue's Workloads as the store last saw them (``kueue_objects``, deleted ones included: their
+    last state), by (namespace, name); {} where the store has none."""
+    try:
+        rows = store.query(f"SELECT namespace, name, object FROM {store.database}.kueue_objects FINAL "
+                           "WHERE kind = 'Workload' ORDER BY cluster, namespace, name").rows
+    except Exception:  # noqa: BLE001 - a store from before the table: no Workload is known
+        return {}
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for ns, name, text in rows:
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out[(str(ns), str(name))] = obj
+    return out
+
+
+def _other(rows: Sequence[Any], end_s: float, resolver: Any, many: bool,
+           objects: Mapping[tuple[str, str], Mapping[str, Any]]) -> tuple[list[Entry], list[str]]:
+    """Another scheduler's workloads as workloads of their queues (origin ``kueue``, ``yunikorn``),
+    not fixed load: the ledger's rows whose workload id is ``kueue/<ns>/<name>`` (the Workload's
+    own rows, source ``kueue``: one per quota reservation, and its pods) or ``yunikorn/<ns>/<app>``
+    (an application's pods). Each reservation (Kueue) is one run: from the reservation to the end
+    of its last pod (its own end when no pod was seen), on its pods' nodes; the pods of a YuniKorn
+    application make one run. The shape is the stored Workload's gang (its pod sets that ask GPUs,
+    :func:`scheduler.service.kueue.gang`), else its pods' (as many pods as the largest run had,
+    each the most GPUs one held); its priority Kueue's; submitted at the Workload's creation where
+    the store has it, else at its first run (no wait is known)."""
+    from scheduler.service.kueue import gang
+
+    leaves = set(resolver.config.leaves())
+    groups: dict[str, list[Any]] = {}
+    for a in rows:
+        if a.workload_id.startswith(OTHER_PREFIXES):
+            groups.setdefault(a.workload_id, []).append(a)
+    out: list[Entry] = []
+    odd = 0
+    for wid, members in sorted(groups.items()):
+        origin, _, rest = wid.partition("/")
+        ns, _, name = rest.partition("/")
+        holds = sorted((a for a in members if a.source == KUEUE), key=lambda a: a.start_s)
+        pods = sorted((a for a in members if a.source != KUEUE and a.node), key=lambda a: a.start_s)
+        starts = [h.start_s for h in holds] or ([pods[0].start_s] if pods else [])
+        if not starts:
+            continue
+        by_run: list[list[Any]] = [[] for _ in starts]
+        for a in pods:                       # a pod belongs to the last reservation before it started
+            k = max((i for i, t in enumerate(starts) if t <= a.start_s + 1e-3), default=0)
+            by_run[k].append(a)
+        runs = []
+        for k, t0 in enumerate(starts):
+            got = by_run[k]
+            ends = [a.end_s for a in got] if got else ([holds[k].end_s] if holds else [None])
+            end = None if any(e is None or e > end_s for e in ends) else max(e for e in ends if e is not None)
+            placement: dict[str, Gpus] = {}
+            for a in got:
+                node = f"{a.cluster}/{a.node}" if many else a.node
+                placement[node] = placement.get(node, 0) + from_milli(a.counted_milli)
+            first = got[0] if got else holds[k]
+            runs.append(Run(t0, end, resolver.gpu_type(first.gpu_model, first.gpu_resource), placement))
+        obj = objects.get((ns, name)) if origin == "kueue" else None
+        shape = gang(obj) if obj is not None else "no Workload stored"
+        per: Gpus
+        if isinstance(shape, tuple):
+            n, per = shape[0], gpus_in(shape[1])
+        else:
+            biggest = max(by_run, key=len)
+            n = max(len(biggest), 1)
+            per = max((from_milli(a.counted_milli) for a in biggest), default=from_milli(holds[0].counted_milli)
+                      if holds else 1)
+        if holds and sum(1 for a in pods if a.gpus != float(per)):
+            odd += 1
+        raw = holds[0] if holds else pods[0]
+        queue = resolver.queue(raw.queue, raw.namespace)
+        created = _created(obj)
+        submit = min(created, starts[0]) if created is not None else starts[0]
+        priority = int(((obj or {}).get("spec") or {}).get("priority") or raw.priority)
+        state = RUNNING if runs[-1].end_s is None else FINISHED
+        types = tuple(dict.fromkeys(r.gpu_type for r in runs if r.placement))
+        out.append(Entry(wid, queue if queue in leaves else "", origin, WORKLOAD, submit, state, tuple(runs), n, per,
+                         types, priority, True, namespace=ns, preemptions=len(runs) - 1))
+    notes = [f"{odd} workload(s) of another scheduler whose pods held other GPUs than its gang's: replayed as its gang"
+             ] if odd else []
+    return out, notes
+
+
+def _created(obj: Mapping[str, Any] | None) -> float | None:
+    text = ((obj or {}).get("metadata") or {}).get("creationTimestamp")
+    if not text:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
 
 
 def _owned(a: Any, targets: Mapping[tuple[str, str], str]) -> bool:
@@ -416,7 +523,9 @@ def record_replay(store: Any, sc: Any, result: Any, cluster: str, epoch_s: float
     submit rows with the workload's spec), its nodes (``node_events``, added at ``epoch_s``), each
     run of each workload as an admission in the ledger, and its fixed load as foreign pods in
     ``namespace`` (queue: its own, or none). Returns the rows written."""
+    from accounting.ledger import admission_share
     from accounting.model import Allocation
+    from gpuq.gpu_share import mig_slice_milli
     from gpuq.store.schema import COLUMNS
     from scheduler.actuators.base import Target
     from scheduler.service.ledger import admission_store_row
@@ -437,9 +546,12 @@ def record_replay(store: Any, sc: Any, result: Any, cluster: str, epoch_s: float
     def close(wid: str, t: float) -> None:
         start, placement, gpu_type = open_runs.pop(wid)
         w = by_id[wid]
+        # a type named as the nodes name MIG slices is billed their fraction, as serve's admissions
+        model_of = gpu_type if mig_slice_milli(gpu_type) else ""
         for node, g in placement.items():
-            allocs.append(Allocation(cluster, namespace, f"gpuq-{wid}", f"{wid}@{start}@{node}", w.queue, node, gpu_type,
-                                     round(float(g) * 1000), epoch_s + start, epoch_s + t, priority=w.priority,
+            model, billed = admission_share(gpu_type, float(g), model_of)
+            allocs.append(Allocation(cluster, namespace, f"gpuq-{wid}", f"{wid}@{start}@{node}", w.queue, node, model,
+                                     billed, epoch_s + start, epoch_s + t, priority=w.priority,
                                      source="admission", workload_id=wid))
 
     for e in result.events:

@@ -11,11 +11,12 @@ anew has a new one); it must not be shared by two cycles running at once (the se
 Three kinds of field, by what makes them stale:
 
 * **Static**: pure functions of the cluster (its nodes and queue tree), never stale: ``queues``,
-  ``facts``, ``rooms`` and ``room_verdicts``, ``fit_keys``.
+  ``facts``, ``rooms`` and ``room_verdicts``, ``fit_keys``, ``queue_ranks``, ``gpus_total``.
 * **Follows the input**: kept for the last input and updated from what changed, or rebuilt when
   the input is not the one it was kept for: ``grouped`` and ``grouped_changes``
   (:mod:`scheduler.ordering`), ``candidates`` (:mod:`scheduler.preemption`), ``counts``,
-  ``fit_lists``, ``queue_keys``, ``built``.
+  ``fit_lists``, ``queue_keys``, ``built``, ``pending_gpus`` and ``entitlement`` (``reclaim:
+  fair_share`` only: kept while the demand per queue is equal).
 * **Per workload**: ``known``, bounded (emptied when it holds far more than the pending).
 
 The records' types live here so that every field is named and typed in one place; their makers
@@ -32,7 +33,7 @@ from scheduler.verdicts import Fit, NoRoom, NoRoomAboveGuarantee, Settled
 
 if TYPE_CHECKING:
     from scheduler.ordering import QueueKey
-    from scheduler.preemption import Candidate
+    from scheduler.preemption import Candidate, CandidateKey
 
 # a gang shape, as static fits are kept per queue: gpu types, gpus per pod, pods, cpu millicores
 # per pod, memory bytes per pod, preemptible
@@ -45,11 +46,12 @@ QueueChanges = dict[str, tuple[list[Workload], list[Workload], list[Workload]]]
 
 class QueueTable(NamedTuple):
     """The queue tree as a cycle reads it: the leaf queues, the strict-FIFO ones, each queue's
-    gpu guarantee."""
+    gpu guarantee, and the queues whose work may preempt within them (``within_queue``)."""
 
     leaves: frozenset[str]
     strict: frozenset[str]
     gpu_guarantee: dict[str, int]
+    within: frozenset[str] = frozenset()
 
 
 class QueueFacts(NamedTuple):
@@ -109,12 +111,13 @@ class KeptKey(NamedTuple):
 class BuiltReasons(NamedTuple):
     """The reasons last built for a quiet queue (one not walked: its verdicts follow from its fits),
     and all they followed from: its pending list, whether preemption was on, its gpu usage, its
-    non-preemptible GPUs and the verdict of each room its workloads look for. Equal inputs give
+    entitlement (``reclaim: fair_share``), its non-preemptible GPUs and the verdict of each room its workloads look for. Equal inputs give
     these same reasons back."""
 
     lst: list[Workload]
     preemption: bool
     used: Gpus
+    entitled: Gpus | None         # its entitlement under reclaim: fair_share (the reasons say it), else None
     pinned: Gpus
     rooms: tuple[Settled, ...]
     reasons: list[PendingReason]
@@ -139,7 +142,7 @@ class CandidateOrder(NamedTuple):
 
     running: Sequence[Running]
     ids: set[int]
-    keys: list[tuple[bool, int, float, bool, str]]
+    keys: list[CandidateKey]
     cands: list[Candidate]
     by_id: dict[int, Candidate]
 
@@ -158,6 +161,10 @@ class CycleMemo:
     room_verdicts: list[tuple[NoRoom, NoRoomAboveGuarantee]] = field(default_factory=list)
     # static: the number of each (queue, gang shape) (Fit.key), in order of first sight
     fit_keys: dict[tuple[str, Shape], int] = field(default_factory=dict)
+    # static: each queue's rank in the victim order (scheduler.preemption.queue_ranks)
+    queue_ranks: dict[str, tuple[int, ...]] | None = None
+    # static: the cluster's GPUs (what reclaim: fair_share divides, scheduler.quota.cycle_entitlements)
+    gpus_total: int | None = None
     # follows the pending: the last grouping by queue, and what it changed per queue (empty after a
     # full regrouping: every list new)
     grouped: GroupedPending | None = None
@@ -171,5 +178,9 @@ class CycleMemo:
     queue_keys: dict[str, KeptKey] = field(default_factory=dict)
     # follows each quiet queue's inputs: its reasons last built
     built: dict[str, BuiltReasons] = field(default_factory=dict)
+    # follows the demand (reclaim: fair_share only, scheduler.quota.cycle_entitlements): each leaf's
+    # pending list and its GPUs; the demand per queue the entitlements were last divided for, and them
+    pending_gpus: dict[str, tuple[list[Workload], Gpus]] = field(default_factory=dict)
+    entitlement: tuple[dict[str, Gpus], Mapping[str, Gpus]] | None = None
     # per pending workload, by id: the workload, its fit, its last reason; bounded
     known: dict[str, Known] = field(default_factory=dict)

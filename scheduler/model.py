@@ -201,6 +201,15 @@ class Running:
     idle: bool = False
 
 
+def lost_gpu_seconds(r: Running, now_s: float, last_checkpoint_s: float | None = None) -> float:
+    """The GPU-seconds of work a preemption of ``r`` at ``now_s`` throws away (issue 21): its GPUs
+    times the time since its start, or since its last checkpoint when it reports one taken during
+    this run (a checkpoint before the start saves nothing of this run; one after ``now_s``, a
+    clock ahead, counts as ``now_s``: nothing lost)."""
+    since = r.start_s if last_checkpoint_s is None else min(max(r.start_s, last_checkpoint_s), now_s)
+    return max(0.0, float(r.workload.gpus) * (now_s - since))
+
+
 class ReasonCode(Enum):
     """Why a workload is still pending after a cycle."""
 

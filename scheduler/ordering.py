@@ -8,20 +8,44 @@ Queues are leaves; the key is recomputed after every admission in the queue.
 
 Workload key (first first): :attr:`scheduler.model.Workload.order_key`,
 ``(-priority, submit_s, id)``.
+
+Fair share over time (issue 21; ``scheduler.usage_half_life_s`` > 0, off by default). The
+snapshot then carries each leaf queue's decayed GPU-seconds (:attr:`scheduler.snapshot.Snapshot.usage`:
+its GPU use with every instant weighted ``2 ** -(age / half_life_s)``, :mod:`accounting.decay`)
+and the queue key is :func:`scored_key`, ``(owed, score, fair_share, gpus_used, -queue.priority,
+path)``:
+
+* ``owed`` is 0 while the queue holds less than a positive guarantee (``fair_share < 1`` and some
+  guaranteed amount above 0), else 1: GPUs a queue is guaranteed go to it whatever it used
+  before, so past usage never sends free GPUs to a queue above its guarantee while one below
+  waits for them (it would take them back by preemption a delay later);
+* ``score`` (:func:`accounting.decay.score`) is the decayed usage in GPU-hours divided by the
+  queue's ``weight`` (a weight of 0: infinite for any use); among the queues owed GPUs, and among
+  the rest, the one with less weighted recent use is served first;
+* then today's key, unchanged.
+
+As before, the key is recomputed after each admission in the queue; the score itself is the
+snapshot's for the whole cycle. The same key decides who reclaims first: a preemptor's victim
+search runs when its queue's walk reaches it (:mod:`scheduler.cycle`), so among queues below their
+guarantee that wait for the preemption delay the one with the lower score searches first and
+takes the victims it needs before the others look. Without ``Snapshot.usage`` nothing of this runs:
+:func:`queue_key` alone, the same decisions as before.
 """
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress
 from operator import attrgetter
 
+from accounting.decay import score
 from scheduler.memo import CycleMemo, GroupedPending, QueueChanges
 from scheduler.model import Gpus, Workload
 from scheduler.quota import Ledger, share_of
 from scheduler.snapshot import Cluster, PendingChanges
 
 QueueKey = tuple[float, Gpus, int, str]
+ScoredKey = tuple[int, float, float, Gpus, int, str]      # fair share over time (module docstring)
 
 _ORDER = attrgetter("order_key")
 
@@ -30,6 +54,22 @@ def queue_key(cluster: Cluster, ledger: Ledger, queue: str) -> QueueKey:
     used = ledger.of(queue)
     priority = cluster.config.queues[queue].priority
     return (share_of(cluster.guarantee[queue], used), used.get("gpu", 0), -priority, queue)
+
+
+def scored_key(cluster: Cluster, ledger: Ledger, queue: str, scores: Mapping[str, float]) -> ScoredKey:
+    """The queue key with fair share over time (module docstring); ``scores``: queue ->
+    :func:`accounting.decay.score` (a queue not named scores 0)."""
+    used = ledger.of(queue)
+    guarantee = cluster.guarantee[queue]
+    share = share_of(guarantee, used)
+    owed = 0 if share < 1.0 and any(g > 0 for g in guarantee.values()) else 1
+    return (owed, scores.get(queue, 0.0), share, used.get("gpu", 0), -cluster.config.queues[queue].priority, queue)
+
+
+def queue_scores(cluster: Cluster, usage: Mapping[str, float]) -> dict[str, float]:
+    """Each queue's score from its decayed GPU-seconds (``usage``, as a snapshot carries it)."""
+    queues = cluster.config.queues
+    return {q: score(u, queues[q].weight) for q, u in usage.items() if q in queues}
 
 
 def by_queue(pending: Iterable[Workload]) -> dict[str, list[Workload]]:

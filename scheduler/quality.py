@@ -29,6 +29,17 @@ wait, no preemption and no GPU-seconds of any queue here (the summary gives its 
 The state changes only at event times, so every time integral is exact: a sum over the steps
 between consecutive event times, up to the makespan.
 
+GPU-equivalents (issue 19), only where the scenario's configuration sets them (a type's
+``equivalent`` other than 1, or a queue's ``gpu_eq``: ``QueueConfig.has_equivalents``), each next to
+its raw-GPU metric (a scenario without them gives exactly the rows it gave):
+
+``utilization_eq``
+    The queue's GPU-equivalent-seconds (each admitted run's GPUs times its type's ``equivalent``,
+    from its admit to its finish or preemption, or the makespan) over the cluster's equivalents
+    (each node's GPUs times its type's) times the makespan; in all, the queues' sum.
+``stranded_gpu_eq_hours`` / ``stranded_gpus_eq_avg``
+    The stranded GPUs above, each weighed by its node type's ``equivalent``.
+
 Shares (issue 19): a pending pod asking a share of one GPU counts as asking one GPU here, and a
 device that shares hold part of is not free (the admit's ``devices`` say which): free GPUs are
 whole free devices, as the scheduler places whole gangs.
@@ -47,6 +58,7 @@ from scheduler.snapshot import Cluster
 
 METRICS = ("wait_p50_s", "wait_p90_s", "wait_p99_s", "utilization", "preemptions", "stranded_gpu_hours",
            "stranded_gpus_avg", "guarantee_violation_s")
+EQ_METRICS = ("utilization_eq", "stranded_gpu_eq_hours", "stranded_gpus_eq_avg")   # only with equivalents
 ALL = "(all)"
 
 
@@ -56,10 +68,13 @@ class _Pending:
     the scope's stranded GPUs on that type are ``below[type][m]`` at every instant, so their
     integral over that stretch is a difference of the running integrals ``cum[type][m]``."""
 
-    __slots__ = ("cum", "gpu_s", "mark", "per_type", "smallest")
+    __slots__ = ("cum", "eq", "eq_s", "gpu_s", "mark", "per_type", "smallest")
 
-    def __init__(self, types: Sequence[str], cum: Mapping[str, list[float]]) -> None:
+    def __init__(self, types: Sequence[str], cum: Mapping[str, list[float]],
+                 eq: Mapping[str, float] | None = None) -> None:
         self.cum = cum
+        self.eq = eq or {}                      # type -> equivalent (1 when absent)
+        self.eq_s = 0.0                         # stranded GPU-equivalent-seconds
         self.per_type: dict[str, Counter[int]] = {t: Counter() for t in types}
         self.smallest: dict[str, int] = {}      # type -> its smallest pending pod (types with pending)
         self.mark: dict[str, float] = {}        # type -> cum[type][smallest] when it became so
@@ -76,7 +91,7 @@ class _Pending:
             if new != old:
                 cum = self.cum[t]
                 if old is not None:
-                    self.gpu_s += cum[min(old, len(cum) - 1)] - self.mark[t]
+                    self._gain(t, cum[min(old, len(cum) - 1)] - self.mark[t])
                 if new is None:
                     del self.smallest[t]
                 else:
@@ -86,9 +101,13 @@ class _Pending:
     def close(self) -> float:
         for t in list(self.smallest):
             cum = self.cum[t]
-            self.gpu_s += cum[min(self.smallest[t], len(cum) - 1)] - self.mark[t]
+            self._gain(t, cum[min(self.smallest[t], len(cum) - 1)] - self.mark[t])
             self.mark[t] = cum[min(self.smallest[t], len(cum) - 1)]
         return self.gpu_s
+
+    def _gain(self, t: str, gpu_s: float) -> None:
+        self.gpu_s += gpu_s
+        self.eq_s += gpu_s * self.eq.get(t, 1.0)
 
 
 def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Mapping[str, Any]],
@@ -111,8 +130,12 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
     # cum[t][m]: integral over time so far of the free GPUs on type-t nodes with 0 < free < m
     cum: dict[str, list[float]] = {t: [0.0] * (caps[t] + 2) for t in cluster.types}
 
-    scopes = {q: _Pending(cluster.types, cum) for q in queues}
-    every = _Pending(cluster.types, cum)
+    with_eq = cluster.config.has_equivalents
+    eq = {t: float(v) for t, v in cluster.config.equivalents().items()} if with_eq else {}
+    scopes = {q: _Pending(cluster.types, cum, eq) for q in queues}
+    every = _Pending(cluster.types, cum, eq)
+    eq_s: dict[str, float] = dict.fromkeys(queues, 0.0)              # GPU-equivalent-seconds per queue
+    eq_since: dict[str, tuple[float, float]] = {}                    # running: (admit t, GPU-eq it holds)
     held: dict[str, Gpus] = dict.fromkeys(queues, 0)                  # GPUs running per queue
     pending_gpus: dict[str, Counter[Gpus]] = {q: Counter() for q in queues}   # gang sizes pending
     shared: dict[tuple[str, str], Gpus] = {}              # (node, device) -> share in use, while > 0
@@ -224,6 +247,8 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
                 placed[wid] = e["placement"]
                 take(e["placement"], -1)
             held[w.queue] += w.gpus
+            if with_eq:
+                eq_since[wid] = (t, float(w.gpus) * eq.get(str(e.get("gpu_type") or ""), 1.0))
             if wid in submitted:
                 waits[w.queue].append(t - submitted.pop(wid))
         elif kind in ("finish", "preempt"):
@@ -232,6 +257,9 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
             else:
                 take(placed.pop(wid), 1)
             held[w.queue] -= w.gpus
+            if wid in eq_since:
+                since, worth = eq_since.pop(wid)
+                eq_s[w.queue] += (min(t, makespan) - since) * worth
             if kind == "preempt":
                 preempted[w.queue] += 1
                 pend(w, 1)
@@ -243,6 +271,9 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
     for q in list(violating):
         violation[q] += max(makespan - violating.pop(q), 0.0)
 
+    for wid, (since, worth) in eq_since.items():
+        eq_s[by_id[wid].queue] += max(makespan - since, 0.0) * worth
+
     out: dict[str, dict[str, Any]] = {}
     for q in queues:
         out[q] = _row(waits[q], summary["queues"][q]["gpu_seconds"] / capacity if capacity > 0 else 0.0,
@@ -250,7 +281,20 @@ def quality(cluster: Cluster, workloads: Sequence[Workload], events: Sequence[Ma
     everything = [x for q in queues for x in waits[q]]
     out[ALL] = _row(everything, float(summary["gpu_utilization"]), sum(preempted.values()), every.close(),
                     makespan, sum(violation.values()))
+    if with_eq:
+        eq_capacity = sum(n.gpus * eq.get(n.gpu_type, 1.0) for n in cluster.nodes) * makespan
+        for q, scope in [*((q, scopes[q]) for q in queues), (ALL, every)]:
+            used = sum(eq_s.values()) if q == ALL else eq_s[q]
+            out[q].update(_eq_row(used / eq_capacity if eq_capacity > 0 else 0.0, scope.eq_s, makespan))
     return out
+
+
+def _eq_row(utilization: float, stranded_eq_s: float, makespan: float) -> dict[str, Any]:
+    return {
+        "utilization_eq": round(utilization, 6) + 0.0,
+        "stranded_gpu_eq_hours": round(stranded_eq_s / 3600.0, 6) + 0.0,
+        "stranded_gpus_eq_avg": round(stranded_eq_s / makespan, 6) + 0.0 if makespan > 0 else 0.0,
+    }
 
 
 def _row(waits: list[float], utilization: float, preemptions: int, stranded_gpu_s: float, makespan: float,

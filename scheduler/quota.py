@@ -10,9 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from scheduler.model import Gpus
+from accounting.fairshare import entitlements, want_of
+from accounting.queues import ROOT
+from scheduler.model import Gpus, Workload
 from scheduler.snapshot import PINNED, Cluster, dict_copy
+
+if TYPE_CHECKING:
+    from scheduler.memo import CycleMemo
 
 Vec = tuple[tuple[str, Gpus], ...]    # resource -> amount (GPUs exact: scheduler.model.Gpus)
 _NONE: Mapping[str, Gpus] = MappingProxyType({})
@@ -155,6 +161,70 @@ def below_floor(
             if limit is not None and used.get(key, 0) - amt < limit:
                 return Shortfall(q, key, limit, used.get(key, 0), amt)
     return None
+
+
+def below_entitlement(
+    cluster: Cluster, ledger: Ledger, queue: str, vec: Vec, shared: frozenset[str] | set[str],
+    entitled: Mapping[str, Gpus],
+) -> Shortfall | None:
+    """``reclaim: fair_share``'s victim floor beside :func:`below_floor`: would taking ``vec`` away
+    drop ``queue`` or an ancestor not in ``shared`` below its entitlement (``entitled``:
+    :func:`cycle_entitlements`), in GPUs of any type? (``vec`` is a :func:`scheduler.snapshot.demand`
+    vector: its ``gpu`` comes first.)"""
+    amt = vec[0][1]
+    for q in cluster.chains[queue]:
+        if q in shared:
+            break
+        limit = entitled.get(q, 0)
+        used = ledger.used(q, "gpu")
+        if used - amt < limit:
+            return Shortfall(q, "gpu", limit, used, amt)
+    return None
+
+
+def within_entitlement(ledger: Ledger, queue: str, gpus: Gpus, entitled: Mapping[str, Gpus] | None) -> bool:
+    """``reclaim: fair_share``'s second way to be a preemptor: ``queue`` (the leaf) stays within its
+    entitlement with ``gpus`` more (``entitled``: :func:`cycle_entitlements`; ``None`` in the
+    ``guarantee`` mode, where there is no such way)."""
+    return entitled is not None and ledger.used(queue, "gpu") + gpus <= entitled.get(queue, 0)
+
+
+def cycle_entitlements(cluster: Cluster, ledger: Ledger, pending: Mapping[str, list[Workload]],
+                       memo: CycleMemo) -> Mapping[str, Gpus]:
+    """Each queue's entitlement this cycle (:func:`accounting.fairshare.entitlements`): the cluster's
+    GPUs divided by ``weight`` down the tree, each queue's demand being its subtree's running GPUs
+    (``ledger``, at the cycle's start) plus its pending GPUs (``pending``: the leaf queues' pending
+    lists, as grouped). Computed once per cycle, and kept in ``memo`` while the demands are equal
+    (the result is then the same); each leaf's pending sum is kept while its list is the same object.
+    A queue reads as :func:`accounting.fairshare.want_of` says (the accounting's ``/queues`` too)."""
+    sums = memo.pending_gpus
+    if len(sums) > len(pending):         # a queue no longer waiting: its old list is let go
+        for q in [q for q in sums if q not in pending]:
+            del sums[q]
+    demand: dict[str, Gpus] = {}
+    for q, lst in pending.items():
+        kept = sums.get(q)
+        if kept is None or kept[0] is not lst:
+            kept = sums[q] = (lst, sum([w.pods * w.gpus_per_pod for w in lst]))
+        if kept[1]:
+            for a in cluster.chains[q][:-1]:             # the root left out
+                demand[a] = demand.get(a, 0) + kept[1]
+    for q in cluster.chains:
+        if q != ROOT:
+            running = ledger.used(q, "gpu")
+            if running:
+                demand[q] = demand.get(q, 0) + running
+    last = memo.entitlement
+    if last is not None and last[0] == demand:
+        return last[1]
+    queues = cluster.config.queues
+    wants = {q: want_of(queues[q], d) for q, d in demand.items()}
+    pool = memo.gpus_total
+    if pool is None:
+        pool = memo.gpus_total = sum(n.gpus for n in cluster.nodes)
+    got = MappingProxyType(entitlements(pool, {q: c.children for q, c in queues.items()}, wants, ROOT))
+    memo.entitlement = (demand, got)
+    return got
 
 
 def fair_share(cluster: Cluster, ledger: Ledger, queue: str) -> float:

@@ -77,6 +77,18 @@ def above_guarantee_parts(queue: str, resource: str, guaranteed: Gpus) -> tuple[
     return f"no preemption: queue {queue} would hold ", f" {resource}, above its guaranteed {amount(guaranteed)}"
 
 
+def above_entitlement_parts(queue: str, guaranteed: Gpus, entitled: Gpus) -> tuple[str, str]:
+    """``reclaim: fair_share``'s :func:`above_guarantee_parts`: a queue may preempt within its
+    guarantee or its entitlement (in GPUs of any type), so the reason names both."""
+    return (f"no preemption: queue {queue} would hold ",
+            f" gpu, above its guaranteed {amount(guaranteed)} and its entitlement {amount(entitled)}")
+
+
+def not_entitled(queue: str, would_hold: Gpus, guaranteed: Gpus, entitled: Gpus) -> str:
+    head, tail = above_entitlement_parts(queue, guaranteed, entitled)
+    return f"{head}{amount(would_hold)}{tail}"
+
+
 def pinned_over(s: Shortfall) -> str:
     return (f"non-preemptible: queue {s.queue}'s non-preemptible work would hold {amount(s.used + s.needed)} "
             f"{s.resource}, above its guaranteed {s.limit} (it holds {amount(s.used)})")
@@ -95,6 +107,17 @@ def no_victims(considered: int) -> str:
     return f"no allowed victim set makes it fit ({considered} running workloads considered)"
 
 
+def no_victims_within(queue: str, priority: int, considered: int) -> str:
+    return (f"no lower-priority work of its queue {queue} makes it fit (within_queue: {considered} "
+            f"running workloads below priority {priority} considered)")
+
+
+def protected(n: int, until_s: float, now_s: float) -> str:
+    """Candidates a search could have used but for their queue's ``min_runtime_s``."""
+    which = "1 more candidate is" if n == 1 else f"{n} more candidates are"
+    return f"{which} protected by min_runtime_s, the first until t={num(until_s)} (in {num(until_s - now_s)} s)"
+
+
 def fenced(n: int) -> str:
     return f"no victim set inside its preemption fence; {n} candidates are across a fence"
 
@@ -103,6 +126,19 @@ def strict_fifo(head: Workload, queue: str) -> str:
     return f"behind {head.id} (priority {head.priority}) in strict FIFO queue {queue}"
 
 
+def preempted_within(queue: str, priority: int, victims_top: int) -> str:
+    return (f"preempt within queue {queue} (within_queue: lower_priority): priority {priority} over "
+            f"work of priority {victims_top} and below")
+
+
 def preempted(queue: str, s_used: Gpus, needed: Gpus, guaranteed: Gpus, resource: str = "gpu") -> str:
     return (f"reclaim guaranteed for {queue}: holds {amount(s_used)} of guaranteed {amount(guaranteed)} {resource}, "
             f"needs {amount(needed)}")
+
+
+def preempted_entitled(queue: str, s_used: Gpus, needed: Gpus, entitled: Gpus, guaranteed: Gpus) -> str:
+    """A preemption under ``reclaim: fair_share`` that restores the preemptor's entitlement (its
+    queue goes above its guarantee, within its entitlement); one that restores the guarantee says
+    :func:`preempted`."""
+    return (f"reclaim entitlement for {queue}: holds {amount(s_used)} of entitlement {amount(entitled)} gpu "
+            f"(guaranteed {amount(guaranteed)}), needs {amount(needed)}")

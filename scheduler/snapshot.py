@@ -28,10 +28,23 @@ Partial = Mapping[int, Mapping[int, Decimal]]
 NO_PARTIAL: Partial = MappingProxyType({})
 
 
+GUARANTEE, FAIR_SHARE = "guarantee", "fair_share"
+RECLAIM_MODES = (GUARANTEE, FAIR_SHARE)
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """The cycle's settings. ``reclaim`` (issue 21): what a preemption may restore, ``guarantee``
+    (a queue reclaims only up to its guarantee: YuniKorn's rule, the default) or ``fair_share``
+    (also up to its entitlement, :func:`scheduler.quota.cycle_entitlements`, and no victim's queue
+    goes below its own); docs/SCENARIOS.md states the rules of each."""
+
     preemption: bool = True
     preemption_delay_s: float = 30.0
+    reclaim: str = GUARANTEE
+    # fair share over time (issue 21; 0: off): the half-life of the decayed usage that the caller
+    # puts on each snapshot (Snapshot.usage); the core reads only that usage, never this number
+    usage_half_life_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +303,10 @@ class Snapshot:
     occupancy: Occupancy
     settings: Settings = field(default_factory=Settings)
     changes: PendingChanges | None = field(default=None, compare=False, repr=False)
+    # fair share over time (issue 21): each leaf queue's decayed GPU-seconds now (accounting.decay;
+    # a queue not named used none); None, the default, orders queues as without it
+    # (scheduler.ordering: "Fair share over time")
+    usage: Mapping[str, float] | None = None
 
 
 def snapshot(

@@ -37,8 +37,9 @@ def cycle(
     now: float = 100.0,
     preemption: bool = True,
     delay_s: float = 30.0,
+    reclaim: str = "guarantee",
 ) -> Decisions:
-    return schedule(snapshot(c, running, pending, Settings(preemption, delay_s)), now)
+    return schedule(snapshot(c, running, pending, Settings(preemption, delay_s, reclaim)), now)
 
 
 def admitted(d: Decisions) -> dict[str, dict[str, Gpus]]:

@@ -11,7 +11,9 @@ start and drops the cycle's overheads:
   running ones censored, its kinds), never a workload's true duration;
 - the **same rules, event by event** instead of cycle by cycle: the clock jumps from one finish
   (or preemption-delay expiry) to the next, on the scheduler's grid; at each, queues are served
-  lowest fair share first (:func:`scheduler.ordering.queue_key`), each queue's workloads in
+  lowest fair share first (:func:`scheduler.ordering.queue_key`; with fair share over time
+  :func:`~scheduler.ordering.scored_key`, each queue's score held at its value now over the
+  whole horizon: it moves by hours, a forecast looks ahead by minutes), each queue's workloads in
   workload order, the first that fits its queue chain's maxes (:func:`scheduler.quota.over_max`)
   and a best-fit gang placement (:class:`scheduler.placement.FreeIndex`, the core's own) starts,
   a ``strict_fifo`` queue's head blocking the rest; a workload within its queue's guarantee whose
@@ -56,8 +58,9 @@ from scheduler.cycle import acceptable_types, schedule
 from scheduler.forecast import EPS, DurationModel, Durations, Eta, Sampler, Present, after_first
 from scheduler.memo import CycleMemo
 from scheduler.model import Decisions, Gpus, Placement, Running, Workload
-from scheduler.ordering import QueueKey, queue_key
+from scheduler.ordering import QueueKey, ScoredKey, queue_key, queue_scores, scored_key
 from scheduler.placement import FreeIndex
+from scheduler.preemption import QueueRank, queue_ranks
 from scheduler.quota import Ledger, below_floor, over_guarantee, over_guarantee_pinned, over_max
 from accounting.queues import GPU_EQ
 from scheduler.snapshot import UNBOUNDED, Cluster, Snapshot, demand
@@ -125,7 +128,7 @@ class Timeline:
         """The timeline: target id -> its start on the low, middle and high paths."""
         quantiles = _Quantiles(self.levels, base, sampler if self.spread else None)
         run = _Run(self.cluster, snap.settings.preemption, snap.settings.preemption_delay_s, base, durations,
-                   quantiles)
+                   quantiles, snap.usage)
         starts = run.go(self.interval_s, serve_now)
         self.events += run.events
         return starts
@@ -190,8 +193,10 @@ class _Run:
     drops). A pass considers only the queues with a shape that fits, and those that may reclaim."""
 
     def __init__(self, cluster: Cluster, preemption: bool, delay_s: float, base: Present,
-                 durations: Durations, quantiles: _Quantiles) -> None:
+                 durations: Durations, quantiles: _Quantiles, usage: Mapping[str, float] | None = None) -> None:
         self.cluster, self.durations, self.quantiles = cluster, durations, quantiles
+        # fair share over time: the queues' scores as the snapshot has them, held over the horizon
+        self.scores = None if usage is None else queue_scores(cluster, usage)
         self.now = base.now
         self.delay = delay_s if preemption else math.inf
         self.free = FreeIndex(cluster, base.occupancy.node_free, base.occupancy.levels, base.occupancy.partial)
@@ -220,10 +225,11 @@ class _Run:
         # starts later goes near the end, cheaply; what stops stays until a search meets it
         self.victims: dict[str, list[tuple[_VKey, str]]] = {}
         self.vkeys: dict[str, _VKey] = {}
+        self.ranks = queue_ranks(cluster)
         self.vstale: dict[str, int] = {}
         for r in base.running:
             if r.workload.preemptible:
-                k = self.vkeys[r.workload.id] = _victim_key(r, self.running[r.workload.id][2])
+                k = self.vkeys[r.workload.id] = _victim_key(r, self.running[r.workload.id][2], self.ranks)
                 self.victims.setdefault(r.placement.gpu_type, []).append((k, r.workload.id))
         for lst in self.victims.values():
             lst.sort()
@@ -246,10 +252,10 @@ class _Run:
         self.trigger = (now, now, now)         # the event being served: (its time, low, high)
         self.fit: dict[_Shape, bool] = {}
         self.slots: dict[tuple[str, Gpus], int] = {}    # pods of a size that fit a type, while free is unchanged
-        self.keys: dict[str, QueueKey] = {}
+        self.keys: dict[str, QueueKey | ScoredKey] = {}
         # the queues with pending work by key, kept between passes: an entry is current while its
         # number is the queue's in ``qver`` (a queue whose key changes is pushed again)
-        self.qheap: list[tuple[QueueKey, int, str]] = []
+        self.qheap: list[tuple[QueueKey | ScoredKey, int, str]] = []
         self.qver: dict[str, int] = {}
         self.qseq = 0
         self.failed: dict[str, tuple[float, int]] = {}    # queue -> (time, own) its victim search failed at
@@ -287,10 +293,11 @@ class _Run:
             self.qver[q] = self.qseq
             heapq.heappush(self.qheap, (self.key(q), self.qseq, q))
 
-    def key(self, q: str) -> QueueKey:
+    def key(self, q: str) -> QueueKey | ScoredKey:
         k = self.keys.get(q)
         if k is None:
-            k = self.keys[q] = queue_key(self.cluster, self.ledger, q)
+            k = self.keys[q] = (queue_key(self.cluster, self.ledger, q) if self.scores is None
+                                else scored_key(self.cluster, self.ledger, q, self.scores))
         return k
 
     def shape_fits(self, s: _Shape) -> bool:
@@ -333,7 +340,7 @@ class _Run:
         end = t + max(mid - d, 0.0)
         self.running[w.id] = (Running(w, placement, t), end, self.seq)
         if w.preemptible:
-            k = self.vkeys[w.id] = _victim_key(self.running[w.id][0], self.seq)
+            k = self.vkeys[w.id] = _victim_key(self.running[w.id][0], self.seq, self.ranks)
             insort(self.victims.setdefault(placement.gpu_type, []), (k, w.id))
         at, t_lo, t_hi = self.trigger          # the start on the low and high paths: after the
         s_lo, s_hi = t_lo + (t - at), t_hi + (t - at)      # finish that made room, there
@@ -470,7 +477,7 @@ class _Run:
         while some shape still fits the free GPUs), then what may reclaim, by key."""
         fitting = [s for s, qs in self.shape_queues.items() if qs and self.shape_fits(s)]
         qheap, qver = self.qheap, self.qver
-        popped: list[tuple[QueueKey, int, str]] = []
+        popped: list[tuple[QueueKey | ScoredKey, int, str]] = []
         misses = 0
         while fitting and qheap:
             if misses >= 8:                     # the free GPUs may fit nothing any more
@@ -569,14 +576,16 @@ class _Run:
         return self.starts
 
 
-_VKey = tuple[bool, int, float, bool, str, int]
+_VKey = tuple[tuple[int, ...], bool, int, float, bool, str, int]
 
 
-def _victim_key(r: Running, seq: int) -> _VKey:
+def _victim_key(r: Running, seq: int, ranks: Mapping[str, QueueRank]) -> _VKey:
     """:func:`scheduler.preemption.candidate_key` reversed (but for the id among equals): the
-    first victim last; ``seq`` tells this run of the workload from an earlier one."""
+    first victim last; ``seq`` tells this run of the workload from an earlier one. ``ranks``:
+    :func:`scheduler.preemption.queue_ranks` (all of one length, so negating each priority
+    reverses their order)."""
     w = r.workload
-    return (not w.originator, -w.priority, r.start_s, r.idle, w.id, seq)
+    return (tuple(-p for p in ranks[w.queue]), not w.originator, -w.priority, r.start_s, r.idle, w.id, seq)
 
 
 def _order(w: Workload) -> tuple[int, float, str]:

@@ -13,7 +13,8 @@ How history becomes a scenario (docs/WHATIF.md says it for people):
   (*carried in*: it enters at 0 and its wait, begun before the window, is not counted), else at
   the first submit in the window (so a history the simulator wrote replays on its own grid). The
   replay stops at ``--to`` (``until``).
-* **Workloads** (the history's ``kind: workload`` entries, of any origin) keep their queue, shape,
+* **Workloads** (the history's ``kind: workload`` entries, of any origin: gpuq's, Kueue's Workloads,
+  YuniKorn's applications) keep their queue, shape,
   GPU types, priority, preemptibility and checkpointing. Their ``duration``: for one that finished
   (or was cancelled while running) inside the window, the running time it was seen to need: its
   last run when it does not checkpoint (a preempted run was lost), all its runs when it does; for
@@ -540,8 +541,12 @@ def _glue(argv: Sequence[str]) -> list[str]:
 
 def scheduler_settings(settings: Any) -> dict[str, Any]:
     s = settings.scheduler
-    return {"preemption": bool(s.preemption), "preemption_delay_s": float(s.preemption_delay_s),
-            "cycle_interval_s": float(s.cycle_interval_s)}
+    out: dict[str, Any] = {"preemption": bool(s.preemption), "preemption_delay_s": float(s.preemption_delay_s),
+                           "cycle_interval_s": float(s.cycle_interval_s)}
+    reclaim = getattr(s, "reclaim", "guarantee")
+    if reclaim != "guarantee":           # the default is left out: a scenario without it is as before
+        out["reclaim"] = reclaim
+    return out
 
 
 def base_queues(settings: Any) -> dict[str, Any]:

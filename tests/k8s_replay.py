@@ -1,9 +1,18 @@
 """A local Kubernetes API server that replays recorded objects in the API's wire format.
 
 Serves, for ``pods`` (``/api/v1/pods``, ``/api/v1/namespaces/<ns>/pods``), ``nodes``
-(``/api/v1/nodes``) and KubeRay's custom objects ``rayclusters`` and ``rayjobs``
+(``/api/v1/nodes``), ``configmaps`` (``/api/v1/namespaces/<ns>/configmaps``, with the
+``metadata.name`` field selector, as YuniKorn's are watched) and KubeRay's custom objects ``rayclusters`` and ``rayjobs``
 (``/apis/ray.io/v1/<plural>``, ``/apis/ray.io/v1/namespaces/<ns>/<plural>``; answered 404, as by
-a cluster without the CRDs, for the plurals named in ``absent``):
+a cluster without the CRDs, for the plurals named in ``absent``), and Kueue's (``kueue.x-k8s.io``:
+``resourceflavors``, ``cohorts``, ``clusterqueues``, ``localqueues``, ``workloads``) in the versions of
+``kueue_versions`` only (404 for the others, as a Kueue that does not serve them):
+
+Kueue's visibility API (``visibility.kueue.x-k8s.io``, the versions of ``visibility_versions``; none by
+default, 404 as where it is not served): ``GET .../clusterqueues/<name>/pendingworkloads`` answers the
+``PendingWorkloadsSummary`` of :attr:`ReplayServer.visibility` for that ClusterQueue (``offset``/``limit``
+applied, ``apiVersion`` the version asked), Kueue's NotFound Status naming the queue for one it lacks,
+and :attr:`ReplayServer.visibility_status` (e.g. 403) instead when set.
 
 * list: ``{"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": ...},
   "items": [...]}``, paged with ``limit``/``continue`` (a consistent snapshot, like etcd);
@@ -43,10 +52,14 @@ from typing import Any, Self
 from urllib.parse import parse_qs, urlsplit
 
 DATA = Path(__file__).parent / "data" / "k8s"
-KINDS = {"pods": "Pod", "nodes": "Node", "rayclusters": "RayCluster", "rayjobs": "RayJob"}
-API_VERSIONS = {"pods": "v1", "nodes": "v1", "rayclusters": "ray.io/v1", "rayjobs": "ray.io/v1"}
-CUSTOM = ("rayclusters", "rayjobs")
-NAMESPACED = ("pods", *CUSTOM)
+KUEUE = {"resourceflavors": "ResourceFlavor", "cohorts": "Cohort", "clusterqueues": "ClusterQueue",
+         "localqueues": "LocalQueue", "workloads": "Workload"}
+KINDS = {"pods": "Pod", "nodes": "Node", "configmaps": "ConfigMap", "rayclusters": "RayCluster",
+         "rayjobs": "RayJob", **KUEUE}
+API_VERSIONS = {"pods": "v1", "nodes": "v1", "configmaps": "v1", "rayclusters": "ray.io/v1", "rayjobs": "ray.io/v1",
+                **{k: "kueue.x-k8s.io/v1beta1" for k in KUEUE}}
+CUSTOM = ("rayclusters", "rayjobs", *KUEUE)
+NAMESPACED = ("pods", "configmaps", "rayclusters", "rayjobs", "localqueues", "workloads")
 
 
 def load(name: str) -> Any:
@@ -88,6 +101,12 @@ def _key(obj: dict[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta['name']}"
 
 
+def _selected_name(query: dict[str, str]) -> str | None:
+    """The name a ``fieldSelector=metadata.name=<name>`` selects (the only field selector served)."""
+    sel = query.get("fieldSelector") or ""
+    return sel.removeprefix("metadata.name=") if sel.startswith("metadata.name=") else None
+
+
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
@@ -97,13 +116,19 @@ class ReplayServer:
     def __init__(self, pods: Iterable[dict[str, Any]] = (), nodes: Iterable[dict[str, Any]] = (),
                  resource_version: int = 1, max_watch_s: float = 30.0, *,
                  rayclusters: Iterable[dict[str, Any]] = (), rayjobs: Iterable[dict[str, Any]] = (),
-                 absent: Iterable[str] = ()) -> None:
+                 absent: Iterable[str] = (), kueue: dict[str, Iterable[dict[str, Any]]] | None = None,
+                 kueue_versions: Iterable[str] = ("v1beta1",), configmaps: Iterable[dict[str, Any]] = (),
+                 visibility: dict[str, dict[str, Any]] | None = None, visibility_versions: Iterable[str] = ()) -> None:
         self._cond = threading.Condition()
         self._rv = resource_version
         self._res = {kind: _Resource() for kind in KINDS}
         self.absent = frozenset(absent)
+        self.kueue_versions = tuple(kueue_versions)      # the versions of kueue.x-k8s.io served (404 others)
+        self.visibility = copy.deepcopy(visibility or {})    # ClusterQueue -> PendingWorkloadsSummary
+        self.visibility_versions = tuple(visibility_versions)   # of visibility.kueue.x-k8s.io (none: 404)
+        self.visibility_status: int | None = None       # answered instead of the summary (403: forbidden)
         for kind, items in (("pods", pods), ("nodes", nodes), ("rayclusters", rayclusters),
-                            ("rayjobs", rayjobs)):
+                            ("rayjobs", rayjobs), ("configmaps", configmaps), *(kueue or {}).items()):
             for obj in items:
                 obj = copy.deepcopy(obj)
                 self._rv = max(self._rv, int(obj["metadata"].get("resourceVersion") or 0))
@@ -243,6 +268,26 @@ class ReplayServer:
         return predicate()
 
     # -- serving (called from the handler threads) ------------------------------------------------
+    def _pending_workloads(self, version: str, name: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """Kueue's pendingworkloads subresource (pkg/visibility/storage/pending_workloads_cq.go)."""
+        with self._cond:
+            status, summary = self.visibility_status, copy.deepcopy(self.visibility.get(name))
+        if status == 403:
+            return 403, _status(403, "Forbidden", f'clusterqueues.visibility.kueue.x-k8s.io "{name}" is forbidden: '
+                                "User \"system:serviceaccount:gpuq:gpuq\" cannot get resource "
+                                '"clusterqueues/pendingworkloads" in API group "visibility.kueue.x-k8s.io" at the '
+                                "cluster scope")
+        if status is not None:
+            return status, _status(status, "InternalError", "an error on the server has prevented the request")
+        if summary is None:
+            body = _status(404, "NotFound", f'clusterqueue.visibility.kueue.x-k8s.io "{name}" not found')
+            body["details"] = {"name": name, "group": "visibility.kueue.x-k8s.io", "kind": "clusterqueue"}
+            return 404, body
+        offset, limit = int(query.get("offset") or 0), int(query.get("limit") or 1000)
+        summary["items"] = (summary.get("items") or [])[offset:offset + limit]
+        summary["apiVersion"] = f"visibility.kueue.x-k8s.io/{version}"
+        return 200, summary
+
     def _list(self, kind: str, ns: str | None, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
         token = query.get("continue")
         limit = int(query.get("limit") or 0)
@@ -255,8 +300,10 @@ class ReplayServer:
                     return 410, _status(410, "Expired", "The provided continue parameter is too old")
             else:
                 rv, start = self._rv, 0
+                name = _selected_name(query)
                 snap = sorted((o for k, o in self._res[kind].objects.items()
-                               if ns is None or k.startswith(f"{ns}/")), key=_key)
+                               if (ns is None or k.startswith(f"{ns}/"))
+                               and (name is None or o["metadata"]["name"] == name)), key=_key)
                 self._snapshots.setdefault(rv, {})[(kind, ns or "")] = snap
         end = start + limit if limit else len(snap)
         meta: dict[str, Any] = {"resourceVersion": str(rv)}
@@ -283,7 +330,7 @@ class ReplayServer:
             self._open[kind] -= 1
 
     def _next_events(self, kind: str, ns: str | None, after: int, deadline: float,
-                     bookmarks: bool, seen: int) -> list[_Event] | str | None:
+                     bookmarks: bool, seen: int, name: str | None = None) -> list[_Event] | str | None:
         """New events, an action ("end", "drop", "expire") or None at the deadline."""
         with self._cond:
             while True:
@@ -291,7 +338,8 @@ class ReplayServer:
                 got = [e for e in res.history if e.rv > after
                        and (bookmarks or e.type != "BOOKMARK")
                        and (ns is None or e.type == "BOOKMARK"
-                            or e.obj["metadata"].get("namespace") == ns)]
+                            or e.obj["metadata"].get("namespace") == ns)
+                       and (name is None or e.type == "BOOKMARK" or e.obj["metadata"].get("name") == name)]
                 if len(res.actions) > seen:
                     return res.actions[seen]
                 if got or self._closing:
@@ -316,16 +364,22 @@ def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
             kind, ns = "", None
             if segs[:2] == ["api", "v1"] and len(segs) == 3 and segs[2] in KINDS:
                 kind = segs[2]
-            elif segs[:3] == ["api", "v1", "namespaces"] and len(segs) == 5 and segs[4] == "pods":
-                kind, ns = "pods", segs[3]
-            elif segs[:2] == ["apis", "ray.io"] and segs[2:3] == ["v1"]:
-                if len(segs) == 4 and segs[3] in CUSTOM:
+            elif segs[:3] == ["api", "v1", "namespaces"] and len(segs) == 5 and segs[4] in ("pods", "configmaps"):
+                kind, ns = segs[4], segs[3]
+            elif (segs[:2] == ["apis", "ray.io"] and segs[2:3] == ["v1"]) or (
+                    segs[:2] == ["apis", "kueue.x-k8s.io"] and segs[2:3] and segs[2] in server.kueue_versions):
+                mine = ("rayclusters", "rayjobs") if segs[1] == "ray.io" else tuple(KUEUE)
+                if len(segs) == 4 and segs[3] in mine:
                     kind = segs[3]
-                elif len(segs) == 6 and segs[3] == "namespaces" and segs[5] in CUSTOM:
+                elif len(segs) == 6 and segs[3] == "namespaces" and segs[5] in mine:
                     kind, ns = segs[5], segs[4]
             req = Request("GET", parts.path, query, kind, ns)
             server.requests.append(req)
-            if not kind or kind in server.absent:
+            if (len(segs) == 6 and segs[:2] == ["apis", "visibility.kueue.x-k8s.io"]
+                    and segs[2] in server.visibility_versions and (segs[3], segs[5]) == ("clusterqueues",
+                                                                                        "pendingworkloads")):
+                self._json(*server._pending_workloads(segs[2], segs[4], query))
+            elif not kind or kind in server.absent:
                 self._json(404, _status(404, "NotFound", f"the server could not find {parts.path}"))
             elif req.watch:
                 self._watch(kind, ns, query)
@@ -377,7 +431,7 @@ def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
             bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
             sent, after = 0, rv
             while drop_after is None or sent < drop_after:
-                got = server._next_events(kind, ns, after, deadline, bookmarks, seen)
+                got = server._next_events(kind, ns, after, deadline, bookmarks, seen, _selected_name(query))
                 if got == "drop":
                     break
                 if got == "expire":

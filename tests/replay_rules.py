@@ -20,7 +20,8 @@ from accounting.queues import OPEN_POLICY, QueueConfig, parse_queue_config
 
 MILLI = 1000
 WHOLE = MILLI                      # one device, in thousandths
-SCHED_DEFAULTS = {"preemption": True, "preemption_delay_s": 30, "cycle_interval_s": 1}   # docs/SCENARIOS.md
+SCHED_DEFAULTS = {"preemption": True, "preemption_delay_s": 30, "cycle_interval_s": 1,
+                  "reclaim": "guarantee"}   # docs/SCENARIOS.md
 WORKLOAD_DEFAULTS = {"pods": 1, "gpus_per_pod": 1, "gpu_types": [], "priority": 0, "preemptible": True,
                      "checkpoint": False, "submit": 0}
 
@@ -204,8 +205,19 @@ class Checker:
     chain, non-preemptible work within its queue's guarantee, preemption only when allowed,
     by a preemptor within its guarantee and never while free capacity would do (judged per
     device: a share fits where some device has that much free), victims' queues not pushed below
-    their guarantee, rejections only for what never fits or breaks the queue's policy, every
-    workload run for exactly its (remaining) time, and all ending finished or rejected."""
+    their guarantee, a victim of the preemptor's own queue only under ``within_queue`` and of
+    strictly lower priority (such a preemption takes no other queue's work, and no guarantee
+    bounds it), nothing preempted before its queue's ``min_runtime_s``, each preempt's
+    ``lost_gpu_seconds`` its run's GPU-seconds (0 when it checkpoints), rejections only for what
+    never fits or breaks the queue's policy, every workload run for exactly its (remaining) time,
+    and all ending finished or rejected.
+
+    Under ``scheduler.reclaim: fair_share`` (issue 21) the preemptor is within its guarantee *or*
+    its entitlement, and no victim's queue (nor an ancestor not shared with the preemptor) goes
+    below its entitlement either: the entitlements are this checker's own division of the GPUs
+    (:meth:`entitlements`, from the running and pending work at the preemption). A preemption
+    within the preemptor's own queue is bounded by neither (every queue on the victim's chain is
+    the preemptor's own)."""
 
     def __init__(self, sc: Mapping[str, Any]) -> None:
         self.cfg: QueueConfig = parse_queue_config({"queues": sc["queues"]}, default_policy=OPEN_POLICY)
@@ -222,6 +234,7 @@ class Checker:
         self.left = {w: float(s["duration"]) for w, s in self.spec.items()}
         self.state = dict.fromkeys(self.spec, "new")
         self.preempting: set[str] = set()       # preemptors whose victims are being listed
+        self.own_preemption = False             # is the one being listed within its queue?
         self.at = -1                            # the event being checked (its index)
 
     def chain(self, q: str) -> tuple[str, ...]:
@@ -330,12 +343,32 @@ class Checker:
         nxt = next(x for x in events[i + 1:] if x["event"] != "preempt")
         assert (nxt["event"], nxt["workload"], nxt["t"]) == ("admit", pid, t), "preemptor admitted right after"
         assert self.s["preemption"] and t >= p["submit"] + self.s["preemption_delay_s"]
-        assert w["preemptible"] and w["priority"] <= p["priority"] and w["queue"] != p["queue"]
+        assert w["preemptible"] and w["priority"] <= p["priority"]
+        # within a queue (issue 21): only where within_queue is in force, strictly lower priority,
+        # and a preemption's victims are all of its own queue or all of other queues
+        own = w["queue"] == p["queue"]
+        if own:
+            assert self.cfg.queues[p["queue"]].within_queue, "a victim of its own queue without within_queue"
+            assert w["priority"] < p["priority"], "within a queue only strictly lower priority"
+        assert t - self.running[vid]["start"] >= self.cfg.queues[w["queue"]].min_runtime_s - 1e-9, \
+            "nothing preempted before its queue's min_runtime_s"
+        run_gs = self.running[vid]["gpus"] * (t - self.running[vid]["start"]) / MILLI
+        assert abs(e["lost_gpu_seconds"] - (0.0 if w["checkpoint"] else run_gs)) < 1e-3, \
+            "lost_gpu_seconds: the run without a checkpoint, nothing with one"
         if pid not in self.preempting:                  # first victim of this preemption
             self.preempting.add(pid)
+            self.own_preemption = own
             assert not self.fits_now(p), "no preemption while free capacity would do"
-            assert self.usage(p["queue"], "gpu") + p["pods"] * self.per[pid] <= self.guarantee(p["queue"]), \
-                "preemptor within guarantee"
+            if not own:                                 # within its queue, no guarantee bounds it
+                would = self.usage(p["queue"], "gpu") + p["pods"] * self.per[pid]
+                if self.s["reclaim"] == "fair_share":
+                    ent = self.entitlements()
+                    assert would <= self.guarantee(p["queue"]) or would <= ent.get(p["queue"], 0), \
+                        "preemptor within guarantee or entitlement"
+                else:
+                    assert would <= self.guarantee(p["queue"]), "preemptor within guarantee"
+        assert own == self.own_preemption, "victims all of its own queue or all of others"
+        ent = self.entitlements() if self.s["reclaim"] == "fair_share" and not own else {}
         self._stop(vid, t)
         self.left[vid] = self.left[vid] if w["checkpoint"] else float(w["duration"])
         self.state[vid] = "pending"
@@ -343,6 +376,62 @@ class Checker:
         for q in self.chain(w["queue"]):
             if q not in shared:
                 assert self.usage(q, "gpu") >= self.guarantee(q), f"{q} below guarantee"
+                assert self.usage(q, "gpu") >= ent.get(q, 0), f"{q} below its entitlement ({float(ent.get(q, 0)) / WHOLE:g} GPUs)"
+
+    def entitlements(self) -> dict[str, Fraction]:
+        """Each queue's entitlement now, in thousandths (docs/SCENARIOS.md, ``reclaim: fair_share``):
+        the cluster's GPUs divided level by level from the root; a queue first gets its ``gpu``
+        guarantee up to its demand (its subtree's running and pending work), then what is left of its
+        parent's is divided among those still wanting (demand and max not reached, weight above 0)
+        by weight, rounded down to whole GPUs, in rounds while a round satisfies someone; the
+        rounding's leftover GPUs go one each by the largest fraction cut off (ties: larger weight,
+        then file order), each capped by what it still wants."""
+        demand: dict[str, int] = {}
+        for wid, st_ in self.state.items():
+            if st_ in ("running", "pending"):
+                for q in self.chain(self.spec[wid]["queue"]):
+                    demand[q] = demand.get(q, 0) + self.spec[wid]["pods"] * self.per[wid]
+        queues = self.cfg.queues
+        out = {"root": Fraction(sum(self.cap.values()) * WHOLE)}
+        todo = ["root"]
+        while todo:
+            parent = todo.pop()
+            kids = queues[parent].children
+            want, got, weight = {}, {}, {}
+            for k in kids:
+                cap = queues[k].max.get("gpu")
+                want[k] = Fraction(demand.get(k, 0) if cap is None else min(demand.get(k, 0), cap * WHOLE))
+                got[k] = min(Fraction(queues[k].guaranteed.get("gpu", 0) * WHOLE), want[k])
+                weight[k] = Fraction(queues[k].weight)
+            left = out[parent] - sum(got.values())
+            cut: dict[str, Fraction] = {}
+            while left > 0:
+                asking = [k for k in kids if weight[k] > 0 and got[k] < want[k]]
+                if not asking:
+                    break
+                pot, total, again, cut = left, sum(weight[k] for k in asking), False, {}
+                for k in asking:
+                    fair = pot * weight[k] / total
+                    give = want[k] - got[k]
+                    if give <= fair:
+                        again = True
+                    else:
+                        give = Fraction(int(fair // WHOLE) * WHOLE)
+                        if fair > give:
+                            cut[k] = fair - give
+                    give = min(give, left)
+                    got[k] += give
+                    left -= give
+                if not again:
+                    break
+            for k in sorted(cut, key=lambda k: (-cut[k], -weight[k], kids.index(k))):
+                give = min(Fraction(WHOLE), left, want[k] - got[k])
+                if give > 0:
+                    got[k] += give
+                    left -= give
+            out.update(got)
+            todo.extend(kids)
+        return out
 
     def on_finish(self, e: Mapping[str, Any], w: Mapping[str, Any], t: float, events: Sequence[Any], i: int) -> None:
         wid = e["workload"]

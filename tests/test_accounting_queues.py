@@ -58,8 +58,17 @@ INVALID = [
      "queues.prod.max.gpus: unknown resource (expected gpu, gpu/<TYPE>, gpu_eq, cpu or memory)"),
     ("unknown-queue-key",
      q({"prod": {"guarantee": {"gpu": 8}}}),
-     ("queues.prod.guarantee: unknown key (expected one of guaranteed, max, namespaces, placement, "
-      "policy, preemption, priority, queues, strict_fifo, weight)")),
+     ("queues.prod.guarantee: unknown key (expected one of guaranteed, max, min_runtime_s, namespaces, "
+      "placement, policy, preemption, priority, queues, strict_fifo, weight, within_queue)")),
+    ("within-queue-value",
+     q({"prod": {"within_queue": "LowerPriority"}}),
+     "queues.prod.within_queue: expected one of never, lower_priority, got 'LowerPriority'"),
+    ("min-runtime-negative",
+     q({"research": {"queues": {"nlp": {"min_runtime_s": -5}}}}),
+     "queues.research.nlp.min_runtime_s: must be a non-negative number of seconds, got -5"),
+    ("min-runtime-text",
+     q({"prod": {"min_runtime_s": "10m"}}),
+     "queues.prod.min_runtime_s: expected a number, got '10m'"),
     ("unknown-preemption-key",
      q({"prod": {"preemption": {"fense": True}}}),
      "queues.prod.preemption.fense: unknown key (expected one of fence)"),
@@ -77,7 +86,7 @@ INVALID = [
      "queues.prod.max.memory: must not be negative, got '-1Gi'"),
     ("cpu-guarantee-above-max", q({"prod": {"guaranteed": {"cpu": "1500m"}, "max": {"cpu": 1}}}),
      "queues.prod.max: cpu 1 is below guaranteed 1500"),
-    ("bad-weight", q({"prod": {"weight": 0}}), "queues.prod.weight: must be positive, got 0"),
+    ("bad-weight", q({"prod": {"weight": -1}}), "queues.prod.weight: must be 0 or more (and finite), got -1"),
     ("weight-not-number", q({"prod": {"weight": "heavy"}}), "queues.prod.weight: expected a number, got 'heavy'"),
     ("priority-not-int", q({"prod": {"priority": 1.5}}), "queues.prod.priority: expected an integer, got 1.5"),
     ("fence-not-bool", q({"prod": {"preemption": {"fence": "yes"}}}),
@@ -96,7 +105,7 @@ INVALID = [
     ("mapping-parent-queue", q({"a": {"queues": {"b": {}}}}, mapping={"default": "a"}),
      "mapping.default: queue 'a' is not a leaf (only leaf queues take pods)"),
     ("mapping-unknown-key", q({"prod": {}}, mapping={"label": ["x"]}),
-     "mapping.label: unknown key (expected one of annotations, default, labels, namespaces)"),
+     "mapping.label: unknown key (expected one of annotations, default, labels, local_queues, namespaces)"),
 ]
 
 
@@ -216,3 +225,18 @@ def test_base_config_is_not_mutated() -> None:
     before = copy.deepcopy(BASE_QUEUES)
     parse_queue_config(BASE_QUEUES)
     assert BASE_QUEUES == before
+
+
+def test_within_queue_and_min_runtime_are_inherited_and_may_be_set_back() -> None:
+    """A department's ``within_queue`` and ``min_runtime_s`` are its queues' unless a queue sets its
+    own (``never``, 0: back to the defaults); a placement-made queue has its parent's."""
+    cfg = parse_queue_config({"queues": {
+        "research": {"within_queue": "lower_priority", "min_runtime_s": 600, "queues": {
+            "nlp": {}, "vision": {"within_queue": "never", "min_runtime_s": 0},
+            "tenants": {"placement": {"namespace_queues": True, "template": {"max": {"gpu": 4}}}}}},
+        "prod": {}}})
+    qs = cfg.queues
+    assert (qs["research.nlp"].within_queue, qs["research.nlp"].min_runtime_s) == (True, 600.0)
+    assert (qs["research.vision"].within_queue, qs["research.vision"].min_runtime_s) == (False, 0.0)
+    assert (qs["prod"].within_queue, qs["prod"].min_runtime_s) == (False, 0.0)
+    assert qs["research.tenants"].within_queue and qs["research.tenants"].min_runtime_s == 600.0

@@ -469,7 +469,7 @@ def test_source_lists_pending_and_admitted(api: ApiServer, actuator: KubernetesA
         pending = source.pending()
         assert [w.id for w, _ in pending] == ["raycluster/team-vision/vision-dev", "rayjob/team-a/train-llm"]
         assert pending[0][0].priority == 1000                       # read from scheduling.k8s.io
-        assert source.skipped == ("RayJob team-a/cpu-job: requests no GPUs (no template has nvidia.com/gpu)",)
+        assert source.skipped == ("RayJob team-a/cpu-job: requests no GPUs (no template has nvidia.com/gpu, nvidia.com/gpu.shared)",)
         lists = [r for r in api.calls("GET") if r.path.endswith(("/rayjobs", "/rayclusters"))]
         assert {r.query["limit"] for r in lists} == {"1"} and len(lists) == 3 + 1   # paged
         assert source.admitted() == []
@@ -494,3 +494,90 @@ def test_source_in_the_target_namespaces_only(api: ApiServer, tmp_path: Path) ->
         source.close()
     assert {r.path for r in api.requests} == {"/apis/ray.io/v1/namespaces/team-a/rayjobs",
                                               "/apis/ray.io/v1/namespaces/team-a/rayclusters"}
+
+
+# -- MIG slices and time-sliced replicas in the templates (issue 19) ------------------------------
+MIG_TYPES = {"A100-mig-1g.10gb": ("A100", "1g.10gb"), "A100-mig-3g.40gb": ("A100", "3g.40gb")}
+REPLICAS = {"T4": 3, "A100": 1, "H100": 1}       # LiveAccounting.replicas_by_type: T4 is time-sliced
+
+
+def worker_asks(limits: dict[str, Any], **paths: Any) -> dict[str, Any]:
+    return with_(JOB_F, **{WORKER_RES: {"limits": {"cpu": "1", "memory": "1Gi", **limits}}}, **paths)
+
+
+NO_TYPES = {"metadata__annotations": {}}
+SHARES = [
+    pytest.param(worker_asks({"nvidia.com/mig-1g.10gb": "2"}),
+                 {"pods": 2, "gpus_per_pod": 2, "gpu_types": ("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "A100-mig-1g.10gb")},
+                 id="mig-slices-of-each-selected-type-declared-or-the-nodes-name"),
+    pytest.param(worker_asks({"nvidia.com/mig-1g.10gb": "1"}, **NO_TYPES),
+                 {"gpus_per_pod": 1, "gpu_types": ("A100-mig-1g.10gb",)}, id="mig-every-declared-type-of-the-profile"),
+    pytest.param(worker_asks({"nvidia.com/mig-1g.10gb": "1"}, metadata__annotations={},
+                             **{f"{WORKER}__template__spec__nodeSelector": {KEY: LABELS["A100"]}}),
+                 {"gpu_types": ("A100-mig-1g.10gb",)}, id="mig-of-the-selected-product"),
+    pytest.param(worker_asks({"nvidia.com/mig-1g.10gb": "1"},
+                             metadata__annotations={"gpuq.io/gpu-types": "A100-mig-1g.10gb"}),
+                 {"gpu_types": ("A100-mig-1g.10gb",)}, id="mig-type-named-itself"),
+    pytest.param(worker_asks({"nvidia.com/mig-2g.20gb": "1"}, **NO_TYPES),
+                 "which GPU's slices is unknown", id="mig-of-no-known-gpu"),
+    pytest.param(worker_asks({"nvidia.com/mig-1g.10gb": "1"},
+                             metadata__annotations={"gpuq.io/gpu-types": "A100-mig-3g.40gb"}),
+                 "not of MIG profile 1g.10gb", id="mig-type-of-another-profile"),
+    pytest.param(worker_asks({"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-3g.40gb": "1"}),
+                 "several MIG profiles", id="two-profiles-in-a-pod"),
+    pytest.param(worker_asks({"nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1"}),
+                 "MIG slices and whole GPUs", id="slices-and-gpus-in-a-pod"),
+    pytest.param(worker_asks({"nvidia.com/gpu": "1"}, metadata__annotations={"gpuq.io/gpu-types": "T4"}),
+                 {"gpus_per_pod": Decimal("0.333"), "gpu_types": ("T4",)}, id="one-replica-of-three"),
+    pytest.param(worker_asks({"nvidia.com/gpu": "2"}, metadata__annotations={"gpuq.io/gpu-types": "T4"}),
+                 {"gpus_per_pod": Decimal("0.666")}, id="two-replicas-rounded-down-as-billed"),
+    pytest.param(worker_asks({"nvidia.com/gpu": "3"}, metadata__annotations={"gpuq.io/gpu-types": "T4"}),
+                 {"gpus_per_pod": 1}, id="all-replicas-a-whole-gpu"),
+    pytest.param(worker_asks({"nvidia.com/gpu": "4"}, metadata__annotations={"gpuq.io/gpu-types": "T4"}),
+                 "a share of one device, or whole GPUs", id="more-than-one-gpu-not-whole"),
+    pytest.param(worker_asks({"nvidia.com/gpu": "1"}, metadata__annotations={"gpuq.io/gpu-types": "T4,A100"}),
+                 {"gpus_per_pod": 1}, id="a-pool-with-a-whole-gpu-type-stays-whole"),
+    pytest.param(worker_asks({"nvidia.com/gpu": "1"}, **NO_TYPES),
+                 {"gpus_per_pod": 1, "gpu_types": ()}, id="any-type-stays-whole"),
+    pytest.param(worker_asks({"nvidia.com/gpu": "1"}, metadata__annotations={"gpuq.io/gpu-types": "L4"}),
+                 {"gpus_per_pod": 1}, id="a-type-with-no-node-seen-is-whole"),
+]
+
+
+@pytest.mark.parametrize("obj, want", SHARES)
+def test_mig_and_time_sliced_templates(obj: dict[str, Any], want: dict[str, Any] | str) -> None:
+    def call() -> Any:
+        return workload_of("RayJob", obj, node_labels=LABELS, mig_types=MIG_TYPES, replicas=REPLICAS)
+    if isinstance(want, str):
+        with pytest.raises(ObjectError, match=want):
+            call()
+        return
+    workload, _ = call()
+    for field_name, value in want.items():
+        assert getattr(workload, field_name) == value, field_name
+
+
+def test_a_gang_of_two_mig_profiles_is_refused() -> None:
+    obj = worker_asks({"nvidia.com/mig-1g.10gb": "1"})
+    second = copy.deepcopy(job_worker(obj))
+    second["groupName"] = "big"
+    second["template"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-3g.40gb": "1"}}
+    obj["spec"]["rayClusterSpec"]["workerGroupSpecs"].append(second)
+    with pytest.raises(ObjectError, match="MIG profiles 1g.10gb, 3g.40gb in one gang"):
+        workload_of("RayJob", obj, node_labels=LABELS, mig_types=MIG_TYPES)
+
+
+def test_a_mig_type_is_admitted_without_a_product_selector(api: ApiServer, actuator: KubernetesActuator) -> None:
+    """A mixed-strategy node's product label names the whole GPU: a MIG type's admission pins the
+    pods to the placement's nodes and leaves the product selector to the slices' own resource."""
+    api.put(worker_asks({"nvidia.com/mig-1g.10gb": "2"}))
+    w = Workload(W.id, W.queue, pods=2, gpus_per_pod=2)
+    assert actuator.admit(w, JOB_T, Placement("A100-mig-1g.10gb", (("a-0", 4),))).ok
+    obj = api.get("RayJob", "team-a", "train-llm")
+    assert obj is not None
+    worker = job_worker(obj)["template"]["spec"]
+    assert KEY not in (worker.get("nodeSelector") or {})
+    terms = worker["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["a-0"]}]}]
+    assert actuator.label_value("NVIDIA-A100-SXM4-80GB-MIG-1g.10gb") is None
+    assert actuator.label_value("A100") == LABELS["A100"]

@@ -50,6 +50,10 @@ EXAMPLES: dict[tuple[str, str], Example] = {
     ("DELETE", "/workloads/{workload_id:path}"): Example(
         outside=(Call("/workloads/theirs-queue"), Call("/workloads/theirs-ns")),
         inside=Call("/workloads/mine")),
+    ("POST", "/workloads/{workload_id:path}/checkpoint"): Example(
+        outside=(Call("/workloads/theirs-queue/checkpoint", {"last_checkpoint": 1}),
+                 Call("/workloads/theirs-ns/checkpoint", {"last_checkpoint": "1970-01-01T00:00:02Z"})),
+        inside=Call("/workloads/mine/checkpoint", {"last_checkpoint": 3})),
     ("POST", "/dry-run"): Example(
         outside=(Call("/dry-run", {"queue": "b", "gpus_per_pod": 8}),),
         inside=Call("/dry-run", {"queue": "a.x", "gpus_per_pod": 4}),

@@ -191,3 +191,38 @@ def test_baselines_see_the_devices_shares_hold(policy: Any) -> None:
     assert [e["devices"] for e in events if e["event"] == "admit"] == \
            [{"n-0": {"0": 0.5}}, {"n-0": {"1": 0.75}}, {"n-0": {"0": 0.5}}]
     assert check_devices(sc, events).problems == []
+
+
+def test_gpu_equivalents_side_by_side_only_where_set() -> None:
+    """STRAND with its A100 worth 0.5 and an idle H100 node (worth 1) none of its work accepts: the
+    same decisions; raw utilization over 24 GPUs, utilization_eq over 8 x 0.5 x 2 + 8 = 16 GPU-eq;
+    the stranded A100s weigh half. STRAND itself (no equivalents) has no eq key (the test above)."""
+    import copy
+
+    data = copy.deepcopy(STRAND)
+    data["gpu_types"] = {"A100": {"equivalent": 0.5}, "H100": {}}
+    data["nodes"].append({"name": "h", "gpu_type": "H100", "gpus": 8})
+    for w in data["workloads"]:
+        w["gpu_types"] = ["A100"]
+    q = _quality(data)
+    plain = _quality(STRAND)
+    assert [k for k in plain["a"]] == list(_METRICS)
+    for name in ("a", "b", "(all)"):
+        assert {k: q[name][k] for k in _METRICS if k != "utilization"} == \
+            {k: plain[name][k] for k in _METRICS if k != "utilization"}, name        # same decisions
+    total = q["(all)"]
+    assert total["utilization"] == round(1640 / (24 * 190), 6)
+    assert total["utilization_eq"] == round(1640 * 0.5 / (16 * 190), 6)
+    assert (q["a"]["utilization_eq"], q["b"]["utilization_eq"]) == (round(1440 * 0.5 / (16 * 190), 6),
+                                                                    round(200 * 0.5 / (16 * 190), 6))
+    assert total["stranded_gpu_eq_hours"] == round(420 * 0.5 / 3600, 6)
+    assert total["stranded_gpus_eq_avg"] == round(420 * 0.5 / 190, 6)
+    assert q["b"]["stranded_gpu_eq_hours"] == round(120 * 0.5 / 3600, 6)
+    report, _ = baselines_run(parse_scenario(data), ["fifo"])
+    assert report["queues"]["(all)"]["utilization_eq"]["gpuq"] == total["utilization_eq"]
+    report, _ = baselines_run(parse_scenario(STRAND), ["fifo"])
+    assert "utilization_eq" not in report["queues"]["(all)"]
+
+
+_METRICS = ("wait_p50_s", "wait_p90_s", "wait_p99_s", "utilization", "preemptions", "stranded_gpu_hours",
+            "stranded_gpus_avg", "guarantee_violation_s")

@@ -109,7 +109,7 @@ def from_row(row: Sequence[Any]) -> Versioned:
 
 def to_row(v: int, a: Allocation) -> tuple[Any, ...]:
     ts = lambda t: dt.datetime.fromtimestamp(t, dt.UTC)   # noqa: E731
-    return (a.cluster, a.namespace, a.pod, a.uid, a.queue, a.node, a.gpu_model, a.gpu_resource, a.gpus,
+    return (a.cluster, a.namespace, a.pod, a.uid, a.queue, a.node, a.gpu_model, a.gpu_resource, a.billed_gpus,
             a.priority, a.ray_cluster, ts(a.start_s), None if a.end_s is None else ts(a.end_s), v, a.source,
             a.workload_id, a.owner_kind, a.owner)
 

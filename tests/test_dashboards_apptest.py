@@ -346,13 +346,17 @@ def api_metrics(url: str, page: str) -> dict[str, float]:
         return {"Pending workloads": len(pending), "Pending GPUs": sum(w["gpus"] for w in pending),
                 "Running workloads": sum(w["state"] == "running" for w in work),
                 "Admitted (24h)": sum(e["event"] == "admit" for e in events),
-                "Preempted (24h)": sum(e["event"] == "preempt" for e in events)}
+                "Preempted (24h)": sum(e["event"] == "preempt" for e in events),
+                "Lost to preemption (24h)": sum(r["lost_gpu_seconds"] for r in api_get(
+                    url, "/accounting/usage", by="queue", **day)) / 3600}
     assert page == "cost", page
     rows = api_get(url, "/accounting/usage", by="queue,gpu_type", **day)
     used, idle_s = sum(r["gpu_seconds"] for r in rows), sum(r["idle_gpu_seconds"] for r in rows)
     return {"GPU-hours (24h)": used / 3600, "Idle GPU-hours": idle_s / 3600,
             "Idle share": 100 * idle_s / used if used else 0.0, "Cost": sum(r["cost"] for r in rows),
-            "Idle cost": sum(r["idle_cost"] for r in rows)}
+            "Idle cost": sum(r["idle_cost"] for r in rows),
+            "Lost to preemption": sum(r["lost_gpu_seconds"] for r in api_get(url, "/accounting/usage", by="queue",
+                                                                             **day)) / 3600}
 
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.(\d+))?")
@@ -442,3 +446,22 @@ def test_a_short_history_gets_points() -> None:
     assert step_for(300) == 15 and 300 / step_for(300) >= 20
     for span in (300, 4 * 3600, 86400, 30 * 86400):
         assert 10 <= span / step_for(span) <= POINTS
+
+
+def test_my_queue_page_shows_the_tenant_page(api_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tenant's page (issue 21): the queue chosen in the URL, its numbers those of
+    GET /queues/{queue}/tenant; fair share over time is off in the seed, and says so."""
+    monkeypatch.setenv("GPUQ_DASHBOARD__API_URL", api_url)
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params["range"] = "24h"
+    at.run()
+    at.query_params["queue"] = "prod"
+    at.switch_page("views/tenant.py").run()
+    assert not at.exception and not errors(at)
+    assert [s.value for s in at.selectbox if s.label == "Queue"] == ["prod"]
+    t = httpx.get(api_url + "/queues/prod/tenant").json()
+    m = metrics(at)
+    assert m["Guaranteed"] == f"{t['guaranteed']['gpu']} GPUs" == "56 GPUs"
+    assert m["Allocated"] == f"{next(r for r in t['now'] if r['gpu_type'] == '*')['allocated']:g} GPUs"
+    assert m["Pending"] == f"{len(t['pending'])} workloads"
+    assert any("usage_half_life_s: 0" in c.value for c in at.caption)

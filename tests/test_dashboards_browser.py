@@ -4,9 +4,12 @@ path) and `gpuq dashboard` as subprocesses, every page loaded in headless Chromi
 the system's /usr/bin/chromium; `make test` installs it). A page fails on an exception box or an
 error message; screenshots go to the test's tmp_path. A share of one GPU (0.75 of an A100) is
 admitted too: the idle page shows its decimals and names the partly filled cell of its node map.
+The queue file sets an A100 worth 0.5 GPU-equivalents: the Queues page draws each queue's series in
+GPUs and in GPU-equivalents side by side.
 """
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -14,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -30,6 +34,7 @@ DRAWN = """[...document.querySelectorAll('.vega-embed')].every(e => e.querySelec
   && [...document.querySelectorAll('[data-testid="stDataFrame"]')].every(e => e.querySelector('canvas'))
   && !document.querySelector('[data-testid="stSkeleton"]')"""
 VIEWER, OPERATOR = "view-secret", "op-secret"
+_ports: list[int] = []          # the API's and the dashboard's, once the fixture has them
 SEED = """
 import sys
 from gpuq.store import open_store
@@ -67,8 +72,11 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("browser")
     from tests.accounting_helpers import BASE_QUEUES
 
-    (tmp / "queues.yaml").write_text(yaml.safe_dump(BASE_QUEUES))
+    queues = copy.deepcopy(BASE_QUEUES)
+    queues["gpu_types"]["A100"]["equivalent"] = 0.5          # GPU-equivalents beside GPUs (issue 19)
+    (tmp / "queues.yaml").write_text(yaml.safe_dump(queues))
     api_port, ui_port = free_port(), free_port()
+    _ports[:] = [api_port, ui_port]
     cfg = tmp / "gpuq.yaml"
     cfg.write_text(yaml.safe_dump({
         "store": {"dsn": f"chdb://{tmp / 'data'}", "spill_dir": str(tmp / "spill"), "batch_interval_s": 0.5},
@@ -108,6 +116,24 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 p.wait()
 
 
+def _check_equivalents(page: Any, dashboard: str) -> None:
+    """The API's series carries the equivalents (an A100 worth 0.5: research.nlp holds only A100s,
+    research.vision only H100s), and the page draws them: the heading says so and the per-queue
+    grid has a "GPU-equivalents" column beside the "GPUs" one."""
+    api = dashboard.replace(str(_ports[1]), str(_ports[0]))
+    series = httpx.get(f"{api}/accounting/series?from=-24h&step=1h",
+                       headers={"Authorization": f"Bearer {VIEWER}"}, timeout=10).json()
+    last = {p["queue"]: p for p in series if p["t"] == max(q["t"] for q in series)}
+    assert last["research.nlp"]["allocated"] > 0, last
+    assert last["research.nlp"]["allocated_eq"] == pytest.approx(last["research.nlp"]["allocated"] * 0.5)
+    assert last["research.vision"]["allocated_eq"] == pytest.approx(last["research.vision"]["allocated"])
+    page.get_by_text("in GPUs and in GPU-equivalents side by side").wait_for(timeout=5_000)
+    # the caption comes before vega-embed has drawn the grid (seen under load): wait for the column
+    page.locator(".vega-embed svg text", has_text="GPU-equivalents").first.wait_for(timeout=20_000)
+    headers = page.locator(".vega-embed svg text").all_text_contents()
+    assert "GPU-equivalents" in headers and "GPUs" in headers, headers
+
+
 def _submit(api: str) -> None:
     """One workload admitted and one waiting, so the scheduler page has something to show, and a
     share of one A100 (0.75, admitted next to n1's 2 GPUs on a0: a0 holds 2.75)."""
@@ -136,6 +162,8 @@ def test_every_page_in_chromium(dashboard: str, tmp_path: Path) -> None:
                 page.wait_for_function(DRAWN, timeout=20_000)      # every chart and table has drawn
                 page.wait_for_timeout(500)
                 page.screenshot(path=str(tmp_path / f"dashboard-{path}.png"))
+                if path == "queues":        # GPU-equivalents: a column of charts beside the GPUs'
+                    _check_equivalents(page, dashboard)
                 if path == "idle":          # the share: a partly filled cell, and its decimals
                     page.get_by_text("a0 (A100) GPU 2: 0.75 busy").wait_for(timeout=5_000)
                     page.locator(".vega-embed").last.screenshot(path=str(tmp_path / "dashboard-idle-node-map.png"))

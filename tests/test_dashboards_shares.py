@@ -7,7 +7,8 @@ AppTest against the real API over a chDB store seeded with shares (times from NO
   A100 a0: 8 GPUs; w1 (research.nlp) holds 2 of them, the Ray job r1 two tasks of 0.5 and r2 an
   actor of 0.25 (research.vision): 2.75 allocated, 5.25 free
   A100 m0: split into 14 MIG 1g.10gb slices, 3 of them held by mig1 (research.nlp)
-The scheduler (DryRunActuator): s-1 (prod) asks 0.5 of an A100 and is admitted.
+The scheduler (DryRunActuator): s-1 (prod) asks 0.5 of an A100 and is admitted on a0, device slot
+0; the accounting follows the scheduler as in `gpuq serve`, so a0 holds 3.25.
 """
 from __future__ import annotations
 
@@ -91,6 +92,25 @@ def test_mig_slices_are_sub_cells() -> None:
     assert nodemap.unit_of("H100") == nodemap.Unit("GPU", 1.0, 1)
 
 
+def test_shares_on_known_devices_are_cells_of_their_own() -> None:
+    """gpuq's placements name the devices of its shares (0.5 and 0.25 on two devices): each is a cell
+    of its own, filled to its share ("device"); the node's other shares (0.25 of 1.5 - 0.75 - 1 whole)
+    are estimated as before, and the idle GPU stays a whole cell. Where the placements claim more
+    than the accounting holds (one is behind), the whole node is estimated."""
+    nodes = [node("a0", "A100", 4, 2, 2), node("a1", "A100", 2, 0.25, 1.75)]
+    known = nodemap.known_devices(nodes, [{"name": "c/a0", "devices": {"1": 0.25, "0": 0.5}},
+                                          {"name": "a1", "devices": {"0": 0.75}}, {"name": "zz", "devices": {}}])
+    assert known == {("c", "a0"): [0.5, 0.25], ("c", "a1"): [0.75]}
+    segments, _ = nodemap.cells(nodes, {("c", "a0"): 1}, known)
+    a0 = [(x, x2, state, s["placed"]) for s in segments if s["node"] == "a0 (A100)"
+          for x, x2, state in [(round(s["x"], 4), round(s["x2"], 4), s["state"])]]
+    assert a0 == [(0, 1, "idle", ""), (1, 1.25, "busy", "estimate"), (1.25, 2, "free", ""),
+                  (2, 2.5, "busy", "device"), (2.5, 3, "free", ""), (3, 3.25, "busy", "device"), (3.25, 4, "free", "")]
+    a1 = [(s["x"], s["x2"], s["placed"]) for s in segments if s["node"] == "a1 (A100)" and s["state"] == "busy"]
+    assert a1 == [(0, 0.25, "estimate")]                              # 0.75 claimed, 0.25 held: estimated
+    assert {s["placed"] for s in nodemap.cells(nodes, {}, {})[0]} == {"", "estimate"}
+
+
 @pytest.mark.parametrize(("value", "shown"), [(12, "12"), (12.0, "12"), (0.5, "0.5"), (1.25, "1.25"),
                                               (0.125, "0.125"), (0.9996, "0.9996"), (0.0004, "0.0004"),
                                               (0.1 + 0.2, "0.3"), (1234.75, "1,234.75")])
@@ -121,6 +141,7 @@ def shares_url(chdb_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         qf.write_text(yaml.safe_dump(BASE_QUEUES))
         acc = LiveAccounting(store, queues_file=str(qf))
         svc = SchedulerService(acc.config, DryRunActuator(), sink=EventSink(store))
+        acc.follow(svc)                      # as gpuq serve: the views add what the scheduler admitted
         svc.set_nodes(acc.refresh(NOW).nodes)
         svc.submit(Workload("s-1", "prod", gpus_per_pod=Decimal("0.5"), gpu_types=("A100",), submit_s=NOW - 60),
                    Target(), NOW - 60)
@@ -149,21 +170,29 @@ def chart_rows(at: AppTest) -> list[dict[str, Any]]:
 def test_idle_page_draws_shares_as_partly_filled_cells(shares_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cap = httpx.get(shares_url + "/accounting/capacity").json()
     a0 = next(n for n in cap["nodes"] if n["node"] == "a0")
-    assert (a0["allocated"], a0["free"]) == (2.75, 5.25)            # the API's decimals
+    assert (a0["allocated"], a0["free"]) == (3.25, 4.75)            # the API's decimals
+    [a0_placed] = [n for n in httpx.get(shares_url + "/nodes").json() if n["name"] == "a0"]
+    assert a0_placed["devices"] == {"0": 0.5}                         # s-1's share, on the scheduler's slot 0
     at = render(shares_url, "idle", monkeypatch)
     m = metrics(at)
-    assert m["Free"] == gpus(cap["total"]["free"]) and ".25 GPUs" in m["Free"]
-    # the map: a0's third GPU three quarters busy, the rest of it free; m0's slices sevenths of a GPU
-    cells = [r for r in chart_rows(at) if "state" in r and "x2" in r]
-    a0_row = sorted((round(r["x"], 3), round(r["x2"], 3), r["state"]) for r in cells if r["node"] == "a0 (A100)")
-    assert a0_row[:4] == [(0, 1, "busy"), (1, 2, "busy"), (2, 2.75, "busy"), (2.75, 3, "free")]
+    assert m["Free"] == gpus(cap["total"]["free"]) and ".75 GPUs" in m["Free"]
+    # the map: the Ray shares (0.75, devices unknown) estimated on a0's third GPU, the rest of it free;
+    # s-1's 0.5 on a cell of its own (its device known), half of it free; m0's slices sevenths of a GPU
+    cells = [r for r in chart_rows(at) if "state" in r and "x2" in r and "mark" not in r]
+    a0_row = sorted((round(r["x"], 3), round(r["x2"], 3), r["state"], r["placed"])
+                    for r in cells if r["node"] == "a0 (A100)")
+    assert a0_row[:6] == [(0, 1, "busy", ""), (1, 2, "busy", ""), (2, 2.75, "busy", "estimate"),
+                          (2.75, 3, "free", ""), (3, 3.5, "busy", "device"), (3.5, 4, "free", "")]
+    marks = [r for r in chart_rows(at) if r.get("mark") == "≈"]
+    assert [(r["node"], r["unit"]) for r in marks] == [("a0 (A100)", "GPU 2")]      # the estimate is marked
     m0 = [r for r in cells if r["node"].startswith("m0 ")]
     assert len(m0) == 14 and {round(r["x2"] - r["x"], 4) for r in m0} == {round(1 / 7, 4)}
     assert sum(r["state"] == "busy" for r in m0) == 3
     caption = " ".join(c.value for c in at.caption)
-    assert "a0 (A100) GPU 2: 0.75 busy" in caption and "not which device holds which share" in caption
+    assert "a0 (A100) GPU 2: 0.75 busy ≈" in caption and "a0 (A100) GPU 3: 0.5 busy." in caption
+    assert "not which device holds which share, so they are estimated, marked ≈" in caption
     free = next(df.value for df in at.dataframe if "free (GPUs)" in df.value.columns)
-    assert dict(zip(free["node"], free["free (GPUs)"]))["a0"] == 5.25
+    assert dict(zip(free["node"], free["free (GPUs)"]))["a0"] == 4.75
 
 
 def test_scheduler_and_queue_pages_show_a_share(shares_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

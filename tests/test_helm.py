@@ -452,3 +452,40 @@ def test_dockerfile_is_non_root_pinned_and_runs_gpuq() -> None:
     assert {".venv", ".git", "tests", ".gpuq", "benchmarks"} <= ignored
     for copied in re.findall(r"^COPY (?!--from)(\S+)", text, flags=re.M):
         assert copied not in ignored, f"{copied} is copied but .dockerignore leaves it out"
+
+
+def test_queues_from_kueue_reads_kueue_and_loads(chart: Any, tmp_path: Path) -> None:
+    """``queues.from: kueue`` (issue 20): the collector's ClusterRole also reads Kueue's objects (read
+    only), and the config follows Kueue with the dry-run actuator, no queue file."""
+    objs = objects(render(chart, {"queues": {"from": "kueue"}}))
+    rules = by(objs, "ClusterRole", f"{FULL}-{NAMESPACE}-collector")["rules"]
+    assert rules[-2] == {"apiGroups": ["kueue.x-k8s.io"], "verbs": ["get", "list", "watch"],
+                         "resources": ["resourceflavors", "cohorts", "clusterqueues", "localqueues", "workloads"]}
+    # Kueue's visibility API: the pending Workloads of a ClusterQueue, read with one GET each
+    assert rules[-1] == {"apiGroups": ["visibility.kueue.x-k8s.io"], "verbs": ["get"],
+                         "resources": ["clusterqueues/pendingworkloads"]}
+    (tmp_path / "gpuq.yaml").write_text(by(objs, "ConfigMap", f"{FULL}-config")["data"]["gpuq.yaml"])
+    s = load_settings(tmp_path / "gpuq.yaml")
+    assert (s.queues_from, s.queues_file, s.scheduler.actuator) == ("kueue", None, "dry-run")
+    default = by(objects(render(chart, {})), "ClusterRole", f"{FULL}-{NAMESPACE}-collector")["rules"]
+    assert all("kueue.x-k8s.io" not in g for r in default for g in r["apiGroups"])
+
+
+def test_queues_from_yunikorn_reads_its_two_configmaps_by_name_and_loads(chart: Any, tmp_path: Path) -> None:
+    """``queues.from: yunikorn`` (issue 20): a Role in YuniKorn's namespace reads its two queue
+    ConfigMaps by name (read only), bound to the collector; the config follows YuniKorn with the
+    dry-run actuator, no queue file, the namespace and partition given."""
+    objs = objects(render(chart, {"queues": {"from": "yunikorn", "yunikorn": {"namespace": "yk-system",
+                                                                             "partition": "gpu"}}}))
+    role = by(objs, "Role", f"{FULL}-{NAMESPACE}-yunikorn-configs")
+    assert role["metadata"]["namespace"] == "yk-system"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["yunikorn-configs", "yunikorn-defaults"], "verbs": ["get", "list", "watch"]}]
+    binding = by(objs, "RoleBinding", f"{FULL}-{NAMESPACE}-yunikorn-configs")
+    assert binding["metadata"]["namespace"] == "yk-system" and binding["subjects"][0]["namespace"] == NAMESPACE
+    (tmp_path / "gpuq.yaml").write_text(by(objs, "ConfigMap", f"{FULL}-config")["data"]["gpuq.yaml"])
+    s = load_settings(tmp_path / "gpuq.yaml")
+    assert (s.queues_from, s.queues_file, s.scheduler.actuator, s.yunikorn.namespace, s.yunikorn.partition) == (
+        "yunikorn", None, "dry-run", "yk-system", "gpu")
+    for values in ({}, {"queues": {"from": "kueue"}}):
+        assert not [o for o in objects(render(chart, values)) if o["metadata"]["name"].endswith("-yunikorn-configs")]

@@ -33,6 +33,38 @@ def share_scenario(seed: int) -> dict[str, Any]:
     return sc
 
 
+def rules_scenario(seed: int) -> dict[str, Any]:
+    """:func:`share_scenario` under issue 21's rules too, drawn per scenario: ``reclaim: fair_share``
+    (with weights, so entitlements differ from the guarantees), ``within_queue: lower_priority`` on
+    some leaves (and priorities spread, so there is lower-priority work to take), ``min_runtime_s``
+    on some queues (protected work is no candidate), queue priorities (the victim order's queue
+    rank) and ``usage_half_life_s`` (the order of the queues by their past usage)."""
+    sc = share_scenario(seed)
+    rng = random.Random(10_000 + seed)
+    sched = sc["scheduler"]
+    if rng.random() < 0.6:
+        sched["reclaim"] = "fair_share"
+    if rng.random() < 0.3:
+        sched["usage_half_life_s"] = rng.choice((60, 600))
+    for parent in sc["queues"].values():
+        if rng.random() < 0.3:
+            parent["priority"] = rng.randint(0, 2)
+        if rng.random() < 0.2:
+            parent["min_runtime_s"] = rng.choice((20, 100))
+        for leaf in parent["queues"].values():
+            leaf["weight"] = rng.choice((0, 1, 1, 2, 3))
+            if rng.random() < 0.5:
+                leaf["within_queue"] = "lower_priority"
+            if rng.random() < 0.2:
+                leaf["min_runtime_s"] = rng.choice((0, 30, 150))
+            if rng.random() < 0.2:
+                leaf["priority"] = rng.randint(0, 2)
+    for w in sc["workloads"]:
+        if rng.random() < 0.3:
+            w["priority"] = rng.randint(0, 5)
+    return sc
+
+
 def snapshots(seeds: range) -> list[Snapshot]:
     """The snapshots of replays whose running work holds shares."""
     out: list[Snapshot] = []
@@ -163,7 +195,11 @@ def replay(sc: dict[str, Any]) -> list[tuple[Any, ...]]:
     return cycles
 
 
-def test_the_search_decides_and_says_what_it_did_on_the_index(monkeypatch: pytest.MonkeyPatch) -> None:
+def against_the_index(monkeypatch: pytest.MonkeyPatch, scenarios: list[dict[str, Any]]) -> tuple[
+        list[list[tuple[Any, ...]]], int, int]:
+    """Each scenario replayed with the search as it is and with the reference (every change on the
+    index at once, no search skipped): the same decisions and reasons every cycle. Returns the
+    replays, and how many searches between queues were skipped of those asked."""
     skipped = searched = 0
     quiet = preemption.Pool.quiet
 
@@ -174,18 +210,37 @@ def test_the_search_decides_and_says_what_it_did_on_the_index(monkeypatch: pytes
         searched += 1
         return q
 
-    seeds = range(40)
     with monkeypatch.context() as m:
         m.setattr(preemption.Pool, "quiet", counting)
-        now = [replay(share_scenario(s)) for s in seeds]
+        now = [replay(sc) for sc in scenarios]
     with monkeypatch.context() as m:
         m.setattr(FreeIndex, "trial", lambda self, t, k, pods: _AtOnce(self, t, k, pods))
         m.setattr(preemption.Pool, "quiet", lambda self, *a: False)
-        before = [replay(share_scenario(s)) for s in seeds]
-    for s, a, b in zip(seeds, now, before):
-        assert a == b, f"seed {s}"
+        before = [replay(sc) for sc in scenarios]
+    for sc, a, b in zip(scenarios, now, before):
+        assert a == b, sc["name"]
+    return now, skipped, searched
+
+
+def test_the_search_decides_and_says_what_it_did_on_the_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    now, skipped, searched = against_the_index(monkeypatch, [share_scenario(s) for s in range(40)])
     assert sum(e.count('"preempt"') for c in now for e in c[-1]) > 20      # it preempts, with shares
     assert 0 < skipped < searched                     # some searches skipped, some made
+
+
+def test_the_search_decides_alike_under_fair_share_within_queue_and_min_runtime(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21's rules drawn in (:func:`rules_scenario`): the skip's floor is the entitlement too
+    under fair_share, protected work is no live candidate, and the search within a queue runs on
+    the trial as well (and, deciding, ends what the skip knew)."""
+    now, skipped, searched = against_the_index(monkeypatch, [rules_scenario(s) for s in range(50)])
+    events = "".join(c[-1][0] for c in now)
+    reasons = "".join(m for c in now for cyc in c[:-1] for m in map(str, cyc[3]))
+    assert events.count('"preempt"') > 20
+    assert "preempt within queue" in events           # within_queue: searches within a queue decided
+    assert "reclaim entitlement for" in events         # fair_share: preemptions toward an entitlement
+    assert "protected by min_runtime_s" in reasons     # min_runtime_s: protected candidates counted
+    assert 0 < skipped < searched
 
 
 def test_a_search_that_kills_is_not_skipped() -> None:
@@ -215,3 +270,38 @@ def test_a_search_that_kills_is_not_skipped() -> None:
     simulate(parse_scenario(sc), reading)
     assert said["b0"].endswith("(3 running workloads considered)"), said
     assert said["e0"].endswith("(1 running workloads considered)"), said
+
+
+def test_a_preemption_within_a_queue_ends_what_the_skip_knew(monkeypatch: pytest.MonkeyPatch) -> None:
+    """b0's search (two shares of 0.5) is skippable: given back, a0's share leaves one slot on a
+    device that d0 shares too. Then c-high preempts c-low within its queue (within_queue), a whole
+    GPU for a share of 0.5: half a device more is free. e0, the same shape as b0 in the same cycle
+    (its queue walked after c's: e's share of its guarantee is the larger, its usage on an L40S),
+    fits now with a0 given back: it must search (and take a0), not read b0's skip."""
+    def job(i: str, q: str, submit: int, gpus: float, prio: int = 0) -> dict[str, Any]:
+        return {"id": i, "queue": q, "submit": submit, "duration": 1000, "gpus_per_pod": gpus, "priority": prio}
+
+    sc = {"name": "within", "scheduler": {"preemption": True, "preemption_delay_s": 0, "cycle_interval_s": 1},
+          "nodes": [{"name": "n", "gpu_type": "H100", "gpus": 2}, {"name": "l", "gpu_type": "L40S", "gpus": 1}],
+          "queues": {"a": {"guaranteed": {"gpu": 0}}, "d": {"guaranteed": {"gpu": 8}},
+                     "b": {"guaranteed": {"gpu": 8}}, "e": {"guaranteed": {"gpu": 8}},
+                     "c": {"guaranteed": {"gpu": 100}, "within_queue": "lower_priority"}},
+          "workloads": [job("a0", "a", 0, 0.5, 5), job("d0", "d", 1, 0.5), job("c-low", "c", 2, 1),
+                        {**job("e-run", "e", 3, 1), "gpu_types": ["L40S"]},
+                        {**job("b0", "b", 10, 0.5, 5), "pods": 2, "gpu_types": ["H100"]},
+                        {**job("c-high", "c", 10, 0.5, 1), "gpu_types": ["H100"]},
+                        {**job("e0", "e", 10, 0.5, 5), "pods": 2, "gpu_types": ["H100"]}]}
+    got: dict[str, tuple[str, ...]] = {}
+
+    def reading(snap: Snapshot, now: float) -> Decisions:
+        d = schedule(snap, now)
+        if now == 10.0:
+            got.update((p.preemptor, p.victims) for p in d.preemptions)
+        return d
+
+    quiet = preemption.Pool.quiet
+    said: list[bool] = []
+    monkeypatch.setattr(preemption.Pool, "quiet", lambda self, *a: said.append(quiet(self, *a)) or said[-1])
+    simulate(parse_scenario(sc), reading)
+    assert got == {"c-high": ("c-low",), "e0": ("a0",)}, got
+    assert said[:3] == [True, False, False], said     # b0 skipped; c-high's and e0's searched

@@ -183,3 +183,29 @@ def test_failed_search_counts_candidates_on_other_types(fenced_queue: bool, code
     r = cycle(c, [wl("p", "hi", types=("H100",))], running).reason("p")
     assert r is not None and r.code is code
     assert r.message == f"no node of type H100 with 8 free GPUs (largest free: 0); {tail}"
+
+
+@pytest.mark.parametrize(("queues", "expect"), [
+    # the lower queue priority goes first, though its workload is older than the other's
+    ({"a": {"priority": 0}, "b": {"priority": 1}}, "a.w"),
+    ({"a": {"priority": 1}, "b": {"priority": 0}}, "b.w"),
+    # equal priorities: today's order (the youngest, b's)
+    ({"a": {}, "b": {}}, "b.w"),
+    # departments first (KAI's order, parent queue first): d1 (priority 0) before d2 (priority 1),
+    # though d1's queue is at priority 5 and d2's at -5
+    ({"d1": {"priority": 0, "queues": {"a": {"priority": 5}}},
+      "d2": {"priority": 1, "queues": {"b": {"priority": -5}}}}, "d1.a.w"),
+    # a shallower queue counts as priority 0 at the levels below it: (0, 0) before d2's (0, 1)
+    ({"a": {}, "d2": {"queues": {"b": {"priority": 1}}}}, "a.w"),
+])
+def test_victims_come_from_the_lowest_priority_queue_first(queues: dict[str, Any], expect: str) -> None:
+    """The victim order (scheduler/preemption.py's docstring): the victim's queue rank first,
+    the queue ``priority`` along its chain from the top, then today's order within it."""
+    tree = {**queues, "hi": {"guaranteed": {"gpu": 8}}}
+    leaves = [q for q in ("a", "b", "d1.a", "d2.b") if q.split(".")[0] in queues]
+    old, young = leaves
+    c = cluster(tree, ("n", "A100", 8, 2))
+    running = [run(wl(f"{old}.w", old), "A100", ("n-0", 8), start_s=0),
+               run(wl(f"{young}.w", young), "A100", ("n-1", 8), start_s=10)]
+    d = cycle(c, [wl("p", "hi")], running, now=100.0)
+    assert victims(d) == {"p": (expect,)}

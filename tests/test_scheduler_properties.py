@@ -43,6 +43,11 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         a["policy"] = {"max_priority": draw(st.integers(0, 2)), "non_preemptible": draw(st.booleans())}
         if "queues" in a and draw(st.booleans()):
             a["queues"]["x"]["policy"] = {"max_priority": draw(st.integers(0, a["policy"]["max_priority"]))}
+    for leaf in ("a", "b"):                                # issue 21: within a queue, a minimum runtime
+        if draw(st.integers(0, 2)) == 0:
+            queues[leaf]["within_queue"] = "lower_priority"
+        if draw(st.integers(0, 2)) == 0:
+            queues[leaf]["min_runtime_s"] = draw(st.sampled_from([5, 40, 120]))
     workloads = []
     for i in range(draw(st.integers(2, 10))):
         types = draw(st.sampled_from([[], ["H100"], ["A100"], ["H100", "A100"], ["A100", "H100"]]))
@@ -66,6 +71,12 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     sched = {"preemption": draw(st.booleans()) or draw(st.booleans()),
              "preemption_delay_s": draw(st.sampled_from([0, 5, 5, 30])),
              "cycle_interval_s": draw(st.sampled_from([1, 2.5, 10]))}
+    if draw(st.booleans()):                                # issue 21: reclaim toward the entitlement
+        sched["reclaim"] = "fair_share"
+        for spec in (queues["a"], queues["b"], *queues["a"].get("queues", {}).values()):
+            spec["weight"] = draw(st.sampled_from([0, 1, 1, 2, 3, 0.5]))
+    if draw(st.integers(0, 3)) == 0:                      # issue 21: fair share over time, beside the rest
+        sched["usage_half_life_s"] = draw(st.sampled_from([30, 600, 86400]))
     return {"name": "random", "scheduler": sched, "nodes": nodes, "queues": queues, "workloads": workloads}
 
 

@@ -126,7 +126,13 @@ def test_outputs_are_byte_identical_and_follow_the_format(tmp_path: Path) -> Non
     first = (tmp_path / "events.jsonl").read_text().splitlines()[0]
     assert first == '{"t": 0.0, "event": "submit", "workload": "f-0", "queue": "first"}'
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert list(summary) == ["name", "makespan_s", "gpu_utilization", "preemptions", "queues", "scheduler"]
+    # lost_gpu_seconds (issue 21) only where something was preempted: a run without keeps its bytes
+    assert summary["preemptions"] > 0
+    assert list(summary) == ["name", "makespan_s", "gpu_utilization", "preemptions", "queues", "scheduler",
+                             "lost_gpu_seconds"]
+    preempts = [e for e in a.events if e["event"] == "preempt"]
+    assert all(list(e)[-1] == "lost_gpu_seconds" for e in preempts)
+    assert summary["lost_gpu_seconds"] == round(sum(e["lost_gpu_seconds"] for e in preempts), 6)
     assert list(summary["queues"]["first"]) == ["admitted", "finished", "preempted", "rejected",
                                                 "gpu_seconds", "wait_p50_s", "wait_p95_s"]
     assert summary["queues"]["second"]["wait_p50_s"] == 30.0

@@ -196,7 +196,7 @@ def test_finding_3_again_a_scheduler_spill_file_with_t_not_a_number(
     with caplog.at_level(logging.DEBUG):
         w.start()
         for _ in range(5):
-            w.write("scheduler_events", [(*event(float(10), 10), {}, "")])   # today's 14 values
+            w.write("scheduler_events", [(*event(float(10), 10), {}, "", 0.0)])   # today's 15 values
             w.flush()
         w.close()
     got = store.query(f"SELECT seq FROM {store.database}.scheduler_events ORDER BY seq").rows

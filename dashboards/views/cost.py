@@ -1,4 +1,6 @@
-"""Cost: GPU-hours, idle GPU-hours and cost per queue and GPU type over the range, as CSV too."""
+"""Cost: GPU-hours, idle GPU-hours and cost per queue and GPU type over the range, as CSV too; and
+what gpuq's preemptions threw away per queue over the range (issue 21: ``lost_gpu_seconds`` of
+``/accounting/usage`` by queue, the work since each victim's last checkpoint)."""
 from __future__ import annotations
 
 import altair as alt
@@ -31,9 +33,29 @@ def table(rows: list[dict]) -> pd.DataFrame:
         for r in rows], columns=COLUMNS + (EQ_COLUMNS if eq else []))
 
 
+LOST_HELP = ("GPU-hours of work gpuq's preemptions threw away: since the workload's last reported checkpoint "
+             "(POST /workloads/{id}/checkpoint or the gpuq.io/last-checkpoint annotation), all of its run "
+             "without one")
+
+
+def lost_by_queue(client: Client, rng: Range) -> dict[str, float] | None:
+    """Queue -> GPU-hours preemptions threw away over the range (the queues that lost some), or None
+    when the API did not answer (said on the page). The scheduler page shows the same numbers."""
+    rows = fetch(client, "/accounting/usage", **{"from": rng.since, "to": "now", "by": "queue"})
+    if rows is None:
+        return None
+    return {r["queue"]: r["lost_gpu_seconds"] / 3600 for r in rows if r.get("lost_gpu_seconds")}
+
+
+def lost_table(lost: dict[str, float]) -> pd.DataFrame:
+    return pd.DataFrame([{"queue": q, "lost GPU-h": round(h, 3)} for q, h in sorted(lost.items())],
+                        columns=["queue", "lost GPU-h"])
+
+
 def body(client: Client, rng: Range) -> None:
     rows = fetch(client, "/accounting/usage", **{"from": rng.since, "to": "now", "by": "queue,gpu_type"})
-    if rows is None:
+    lost = lost_by_queue(client, rng) if rows is not None else None      # one message when the API is down
+    if rows is None or lost is None:
         return
     if not rows:
         st.info(f"No GPU usage in the last {rng.key}: no allocations were collected in this range.")
@@ -46,6 +68,7 @@ def body(client: Client, rng: Range) -> None:
         ("Idle share", f"{100 * idle_h / used if used else 0:.1f} %"),
         ("Cost", f"$ {cost:,.2f}", "gpu_types.*.price_per_hour in the queue file"),
         ("Idle cost", f"$ {df['idle_cost'].sum():,.2f}"),
+        ("Lost to preemption", f"{sum(lost.values()):,.2f} GPU-h", LOST_HELP),
         *([("Cost per GPU-equivalent hour", f"$ {cost / df['eq_hours'].sum():,.2f}",
             "cost over GPU-hours x gpu_types.*.equivalent")] if "eq_hours" in df and df["eq_hours"].sum() else []),
     ])
@@ -70,6 +93,10 @@ def body(client: Client, rng: Range) -> None:
         "idle_cost": st.column_config.NumberColumn("idle cost", format="$ %.2f"),
         "eq_hours": st.column_config.NumberColumn("GPU-eq h", format="%.2f"),
         "cost_per_eq_hour": st.column_config.NumberColumn("$ / GPU-eq h", format="$ %.2f")})
+    if lost:
+        st.subheader("Lost to preemption per queue")
+        st.dataframe(lost_table(lost), hide_index=True, width="stretch", column_config={
+            "lost GPU-h": st.column_config.NumberColumn("lost GPU-h", format="%.3f", help=LOST_HELP)})
     st.download_button("Download CSV", df.to_csv(index=False).encode(), file_name=f"gpuq-cost-{rng.key}.csv",
                        mime="text/csv")
 

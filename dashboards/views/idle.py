@@ -67,7 +67,7 @@ def body(client: Client, rng: Range) -> None:
                     "samples (configure collector.dcgm or collector.nvml).")
         else:
             st.success("No allocated GPU has been idle for the whole idle window.")
-    _nodes(cap, idle)
+    _nodes(client, cap, idle)
     _methods(client, rng)
 
 
@@ -95,20 +95,22 @@ def _methods(client: Client, rng: Range) -> None:
                         for r in sorted(idle, key=lambda r: -r["idle_gpu_seconds"])]))
 
 
-def _nodes(cap: dict, idle: dict) -> None:
+def _nodes(client: Client, cap: dict, idle: dict) -> None:
     nodes = cap["nodes"]
     if not nodes:
         return
     idle_on = {(n["cluster"], n["node"]): n["idle_gpus"] for n in idle["nodes"]}
     st.subheader("Node by GPU map")
-    segments, outlines = nodemap.cells(nodes, idle_on)
+    placed = fetch(client, "/nodes") or []          # the scheduler's: which device each of its shares is on
+    segments, outlines = nodemap.cells(nodes, idle_on, nodemap.known_devices(nodes, placed))
     shared = nodemap.partial(segments)
     st.caption("Each cell is one GPU: busy, idle (allocated, unused), free, or unavailable (node not ready or "
                "cordoned); a GPU held in part (a share: a Ray task's num_gpus=0.5, a pod's fraction) is filled "
                "in part, and a MIG slice is a sub-cell as wide as its share of the GPU. Free cells on a partly "
-               "used node are stranded for whole-node requests. The API gives each node's amounts, not which "
-               "device holds which share, so a node's GPUs are filled in order: whole GPUs first, what is "
-               "left of its shares one partly filled cell (the shares may sit on more devices than drawn)."
+               "used node are stranded for whole-node requests. Shares gpuq placed are drawn on the devices "
+               "its placements name; for the other shares the API gives each node's amounts, not which "
+               "device holds which share, so they are estimated, marked ≈: filled in order, whole GPUs first, "
+               "what is left one partly filled cell (they may sit on more devices than drawn)."
                + (f" Partly held now: {', '.join(_held(s) for s in shared)}." if shared else ""))
     st.altair_chart(_map(segments, outlines, len(nodes)), width="stretch")
     st.subheader("Free GPUs by type and node")
@@ -125,22 +127,30 @@ def _map(segments: list[dict], outlines: list[dict], rows: int) -> alt.LayerChar
     """Cells as rectangles on a GPU axis: the states' segments, then each GPU's and slice's outline
     over them (white), so a partly filled cell reads as one cell."""
     width = max((o["x2"] for o in outlines), default=1.0)
-    x = alt.X("x:Q", title="GPUs", scale=alt.Scale(domain=[0, width], nice=False),
+    scale = alt.Scale(domain=[0, width], nice=False)
+    x = alt.X("x:Q", title="GPUs", scale=scale,
               axis=alt.Axis(tickMinStep=1, format="d", grid=False))
     y = alt.Y("node:N", sort=None, title=None, axis=alt.Axis(labelLimit=320))
     fill = alt.Chart(pd.DataFrame(segments)).mark_rect().encode(
         x=x, x2="x2:Q", y=y,
         color=alt.Color("state:N", scale=alt.Scale(domain=list(STATE_COLOURS), range=list(STATE_COLOURS.values()))),
-        tooltip=["node", "unit", "state", alt.Tooltip("share:Q", title="of it")])
+        tooltip=["node", "unit", "state", alt.Tooltip("share:Q", title="of it"),
+                 alt.Tooltip("placed:N", title="device")])
     lines = alt.Chart(pd.DataFrame(outlines)).mark_rect(filled=False, color="white").encode(
         x=x, x2="x2:Q", y=y,
         strokeWidth=alt.StrokeWidth("kind:N", scale=alt.Scale(domain=["GPU", "slice"], range=[3, 1]), legend=None))
-    return alt.LayerChart(layer=[fill, lines], height=bar_height(rows, 30))
+    layers = [fill, lines]
+    guessed = [{**s, "mid": (s["x"] + s["x2"]) / 2, "mark": "≈"} for s in segments if s["placed"] == "estimate"]
+    if guessed:          # a share whose device is not known: laid out by estimate
+        layers.append(alt.Chart(pd.DataFrame(guessed)).mark_text(fontSize=14, color="black").encode(
+            x=alt.X("mid:Q", scale=scale), y=y, text="mark:N", tooltip=["node", "unit", "state", "share"]))
+    return alt.LayerChart(layer=layers, height=bar_height(rows, 30))
 
 
 def _held(segment: Mapping[str, Any]) -> str:
-    """ "a100-0 (A100) GPU 2: 0.25 busy" for the caption."""
-    return f"{segment['node']} {segment['unit']}: {amount(segment['share'])} {segment['state']}"
+    """ "a100-0 (A100) GPU 2: 0.25 busy" for the caption; "≈" after it where the device is estimated."""
+    mark = " ≈" if segment.get("placed") == "estimate" else ""
+    return f"{segment['node']} {segment['unit']}: {amount(segment['share'])} {segment['state']}{mark}"
 
 
 if __name__ == "__main__":      # run by st.navigation as a page script

@@ -16,6 +16,7 @@ from dashboards.client import ApiError, Client
 from dashboards.common import (Range, amount, bar_height, duration, fetch, fetch_queues, fit, gpus, leaves,
                                metrics_row, pct, table, when)
 from dashboards.views import run
+from dashboards.views.cost import LOST_HELP, lost_by_queue, lost_table
 
 EVENT_COLOURS = {"admit": "#54a24b", "preempt": "#e45756", "finish": "#4c78a8", "cancel": "#bab0ac",
                  "reject": "#b279a2"}
@@ -28,11 +29,20 @@ def page() -> None:
     _history_what_if(st.session_state["gpuq_client"])
 
 
+def _advice(w: dict) -> dict[str, str]:
+    """The "gpuq would" column: for another scheduler's pending workload (``queues_from: kueue``:
+    the reason beside it is Kueue's), what gpuq's scheduler would do with it (its advice's summary);
+    no column at all where nothing has advice (gpuq schedules alone)."""
+    a = w.get("advice")
+    return {"gpuq would": a["summary"].removeprefix("gpuq would ")} if a else {}
+
+
 def body(client: Client, rng: Range) -> None:
     work = fetch(client, "/workloads")
     shown_rng = fit(client, rng)
     events = fetch(client, "/scheduler/events", **{"from": rng.since, "to": "now"})
-    if work is None or events is None:
+    lost = lost_by_queue(client, rng) if work is not None and events is not None else None
+    if work is None or events is None or lost is None:
         return
     pending = sorted((w for w in work if w["state"] == "pending"), key=lambda w: (w["queue"], w["position"] or 0))
     running = [w for w in work if w["state"] == "running"]
@@ -43,6 +53,7 @@ def body(client: Client, rng: Range) -> None:
         ("Running workloads", f"{len(running)}", f"{gpus(sum(w['gpus'] for w in running))} held"),
         (f"Admitted ({rng.key})", f"{int(kinds.get('admit', 0))}"),
         (f"Preempted ({rng.key})", f"{int(kinds.get('preempt', 0))}"),
+        (f"Lost to preemption ({rng.key})", f"{sum(lost.values()):,.2f} GPU-h", LOST_HELP),
     ])
     st.subheader("Pending workloads")
     now = shown_rng.end_s if shown_rng.end_s is not None else time.time()
@@ -51,7 +62,7 @@ def body(client: Client, rng: Range) -> None:
             "queue": w["queue"], "position": w["position"], "id": w["id"], "GPUs": w["gpus"],
             "GPU types": ", ".join(w["gpu_types"]) or "any", "priority": w["priority"],
             "waiting": duration(max(0.0, now - w["submit_s"])), "expected start": expected(w.get("eta"), now),
-            "reason": w["reason_code"], "message": w["message"]}
+            "reason": w["reason_code"], **_advice(w), "message": w["message"]}
             for w in pending]))
     else:
         st.success("Nothing is waiting.")
@@ -72,7 +83,12 @@ def body(client: Client, rng: Range) -> None:
         ).properties(height=bar_height(len(qnames))), width="stretch")
         table(pd.DataFrame([{"time": when(e["t"]), "event": e["event"], "workload": e["workload"],
                              "queue": e["queue"], "GPUs": e["gpus"] or None, "GPU type": e["gpu_type"] or None,
-                             "by": e["by"] or None, "reason": e["reason"] or None} for e in shown]))
+                             "by": e["by"] or None, "reason": e["reason"] or None,
+                             "lost GPU-h": round(e["lost_gpu_seconds"] / 3600, 3) if "lost_gpu_seconds" in e
+                             else None} for e in shown]))
+    if lost:
+        st.subheader(f"Lost to preemption per queue, {shown_rng.label}")
+        table(lost_table(lost))
 
 
 def expected(eta: dict[str, str] | None, now: float) -> str | None:

@@ -70,6 +70,7 @@ SHARDING_KEYS: dict[str, str] = {
     "gpu_allocations_open": _ALLOC,                   # fed by gpu_allocations_open_mv
     "gpu_allocations_open_pruned": "cityHash64(cutoff)",
     "collector_state": "cityHash64(cluster, source, key)",
+    "kueue_objects": "cityHash64(cluster, kind, namespace, name)",   # the ReplacingMergeTree key
     "accounting_usage_1h": "cityHash64(cluster, queue, hour)",
     "accounting_hours": "cityHash64(hour)",
     "scheduler_events": "cityHash64(cluster, workload)",   # a workload's events together

@@ -38,9 +38,11 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "owner",
     ),
     "collector_state": ("ts", "cluster", "source", "key", "value"),
+    "kueue_objects": ("ts", "cluster", "kind", "namespace", "name", "uid", "resource_version", "deleted",
+                      "object"),
     "scheduler_events": (
         "ts", "cluster", "t", "seq", "event", "workload", "queue", "gpu_type", "placement", "by",
-        "reason", "spec", "placement_milli", "shares",
+        "reason", "spec", "placement_milli", "shares", "lost_gpu_seconds",
     ),
     "scheduler_state": ("cluster", "workload", "version", "deleted", "ts", "events"),
 }
@@ -53,5 +55,5 @@ DERIVED: dict[str, tuple[str, ...]] = {"gpu_allocations": ("milli_gpus",)}
 # with a DEFAULT): the number of values such a row holds. A spill file of format 1 (rows only, no
 # header naming its columns) written then is read with the table's first columns, so a spill made
 # before an upgrade is replayed after it (scheduler_events: 12 before 0009 added placement_milli
-# and shares).
-OLDER_WIDTHS: dict[str, tuple[int, ...]] = {"scheduler_events": (12,)}
+# and shares, 14 before 0011 added lost_gpu_seconds).
+OLDER_WIDTHS: dict[str, tuple[int, ...]] = {"scheduler_events": (12, 14)}

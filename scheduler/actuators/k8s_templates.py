@@ -42,7 +42,9 @@ ADMISSION_ANNOTATION = "gpuq.io/admission"
 WORKLOAD_ANNOTATION = "gpuq.io/workload"
 PREEMPTED_ANNOTATION = "gpuq.io/preempted"
 CANCELLED_ANNOTATION = "gpuq.io/cancelled"
-GPU_RESOURCES = ("nvidia.com/gpu",)
+# what makes a template a GPU pod set: devices (time-sliced replicas too), and the time-sliced
+# replicas NVIDIA's device plugin renames with ``renameByDefault: true``; MIG slices by their prefix
+GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared")
 MIG_PREFIX = "nvidia.com/mig-"
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 

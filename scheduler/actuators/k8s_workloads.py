@@ -24,6 +24,35 @@ The mapping (:func:`workload_of`). The scheduler's Workload is one pod set (``po
   over-approximated to the largest (a 1-GPU + an 8-GPU group of 2 pods each counts 4 x 8): the
   scheduler then never admits a gang that does not fit, at the price of counting more GPUs
   against quota than the gang holds. cpu/memory per pod come from the same largest template.
+* **shares and slices** (issue 19), read per template as the accounting bills the pods
+  (:mod:`gpuq.gpu_share`):
+
+  - KAI's ``gpu-fraction`` annotation on a template requesting no ``nvidia.com/gpu``: a share of
+    one GPU (:func:`template_share`).
+  - **MIG**: a template asking ``nvidia.com/mig-<profile>: N`` (the mixed strategy) is ``N``
+    slices of a MIG type, as the scheduler counts the nodes' slices (1 a slice; the accounting
+    bills each slice its fraction of the GPU). The type: for each GPU type the gang selects
+    (``gpuq.io/gpu-types``, else the templates' ``nvidia.com/gpu.product`` selector), the queue
+    file's ``<TYPE>-mig-<profile>`` when declared, else ``<product>-MIG-<profile>`` (what the
+    nodes' slices are named when no MIG type is declared); when it selects none, every declared
+    MIG type of the profile; none declared either is a mapping error saying what to add. A pod of
+    two profiles, or of slices and whole GPUs, or a gang of two profiles, is refused (a gang is one
+    type). With the single strategy the slices are ``nvidia.com/gpu`` on nodes labelled
+    ``<product>-MIG-<profile>``, which already type them: a selector of that label is a MIG type.
+  - **Time-slicing** (and MPS): a template's ``nvidia.com/gpu: k`` is ``k`` replicas of a GPU that
+    the device plugin advertises ``R`` times, ``k / R`` of a GPU (rounded down to thousandths, as
+    the collector bills the pod; ``R`` replicas are a whole GPU). A template cannot say ``R``: the
+    source takes it from the nodes the collector sees (``replicas``: per GPU type the fewest
+    ``nvidia.com/gpu.replicas`` among its schedulable nodes, the accounting's last snapshot), over
+    the types the gang may run on (all types when it selects none). The fewest, so that where one
+    node of the pool is not time-sliced (or a type has no node seen) the request stays whole GPUs:
+    the scheduler then counts at least what the pod will hold, never less. ``k / R`` of more than
+    one GPU but not whole is refused. ``nvidia.com/gpu.shared: k`` (the device plugin's
+    ``renameByDefault: true``, which advertises a time-sliced node's replicas under that name, and
+    GFD still labels them ``nvidia.com/gpu.replicas``) is read the same way, as the collector bills
+    it; as only time-sliced nodes advertise it, a gang selecting no type may run on the time-sliced
+    types alone (those with ``R`` above 1; none seen: refused, naming the annotation). A gang asking both ``nvidia.com/gpu`` and
+    ``nvidia.com/gpu.shared`` is refused (different nodes: not one GPU type).
 * **originator** = True: the workload holds the Ray head, so it is preempted after plain pods.
 * **gpu_types**: the ``gpuq.io/gpu-types`` annotation (``H100,A100``, in preference order), else
   the value of ``nvidia.com/gpu.product`` (``node_label_key``) that the GPU templates already
@@ -42,7 +71,7 @@ The mapping (:func:`workload_of`). The scheduler's Workload is one pod set (``po
 * **id**: ``rayjob/<namespace>/<name>`` or ``raycluster/<namespace>/<name>``.
 
 Not mapped (skipped with the reason): a RayJob without ``rayClusterSpec`` (it runs on an existing
-cluster), a gang requesting no GPUs, unreadable annotations.
+cluster), a gang requesting no GPUs, unreadable annotations, MIG requests that are not one type.
 
 An object the scheduler holds because its namespace may not use the queue it names
 (``queue_not_allowed``, :mod:`accounting.access`) is told so by a ``QueueNotAllowed`` Event
@@ -60,6 +89,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
+from types import MappingProxyType
 from typing import Any
 
 import urllib3
@@ -67,18 +98,30 @@ from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi, Scheduling
 from kubernetes.client.exceptions import ApiException
 
 from accounting.quantity import cpu_millicores, memory_bytes
-from gpuq.gpu_share import KAI_DEVICES, KAI_FRACTION, kai_fraction_milli
+from gpuq.gpu_share import (
+    GPU_RESOURCE,
+    SHARED_GPU_RESOURCE,
+    KAI_DEVICES,
+    KAI_FRACTION,
+    MIG_PREFIX,
+    SHARED_SUFFIX,
+    kai_fraction_milli,
+    mig_type_parts,
+    milli_floor,
+)
 from gpuq.settings import KubernetesTarget, Settings
 from scheduler.actuators.base import Target
 from scheduler.actuators.k8s_events import EventRecorder, Involved
 from scheduler.actuators.kubernetes import (
     CANCELLED_ANNOTATION,
     GPU_PRODUCT_LABEL,
+    GPU_RESOURCES,
     PLURALS,
     RAY_GROUP,
     RAY_VERSION,
     ObjectError,
     admission_record,
+    gpu_mig_types,
     gpu_node_labels,
     kubernetes_target,
     make_api_client,
@@ -92,6 +135,7 @@ GPU_TYPES_ANNOTATION = "gpuq.io/gpu-types"
 PRIORITY_ANNOTATION = "gpuq.io/priority"
 PREEMPTIBLE_ANNOTATION = "gpuq.io/preemptible"
 EXPECTED_DURATION_ANNOTATION = "gpuq.io/expected-duration"
+LAST_CHECKPOINT_ANNOTATION = "gpuq.io/last-checkpoint"     # RFC 3339 or Unix seconds (issue 21)
 _FALSE = ("false", "0", "no")
 MAX_EXPECTED_S = 10 * 366 * 86400.0         # the API's bound on a declared running time
 # Go's time.ParseDuration units (a duration is one or more of <number><unit>, "2h30m")
@@ -117,7 +161,7 @@ class SourceKeys:
 
     queue_labels: tuple[str, ...] = ("kueue.x-k8s.io/queue-name", "queue", "yunikorn.apache.org/queue")
     queue_annotations: tuple[str, ...] = ("yunikorn.apache.org/queue",)
-    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)
+    gpu_resources: tuple[str, ...] = GPU_RESOURCES     # nvidia.com/gpu and nvidia.com/gpu.shared
     node_label_key: str = GPU_PRODUCT_LABEL
 
 
@@ -175,6 +219,69 @@ def template_share(template: Mapping[str, Any]) -> Gpus:
     return Decimal(milli) / 1000
 
 
+def template_mig(spec: Mapping[str, Any]) -> tuple[str, int]:
+    """``(profile, slices)`` a pod of this spec asks through MIG resources
+    (``nvidia.com/mig-1g.10gb: 2`` -> ``("1g.10gb", 2)``; the mixed strategy's, ``.shared`` too);
+    ``("", 0)`` when none. One pod set is one GPU type: two profiles in one pod are an error."""
+    names = sorted({name for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]
+                    if isinstance(c, dict)
+                    for amounts in ((c.get("resources") or {}).get("limits") or {},
+                                    (c.get("resources") or {}).get("requests") or {})
+                    for name, amount in amounts.items()
+                    if name.startswith(MIG_PREFIX) and str(amount) not in ("0", "")})
+    profiles = sorted({n[len(MIG_PREFIX):].removesuffix(SHARED_SUFFIX) for n in names})
+    if not profiles:
+        return "", 0
+    if len(profiles) > 1:
+        raise ObjectError(f"{', '.join(names)}: a pod of several MIG profiles is not one GPU type")
+    return profiles[0], pod_gpus(spec, names)
+
+
+def time_sliced(count: int, replicas: int) -> Gpus:
+    """``count`` replicas of a GPU the device plugin advertises ``replicas`` times (time-slicing or
+    MPS) as GPUs: ``count / replicas`` rounded down to thousandths, as the collector bills such a pod
+    (:func:`gpuq.gpu_share.milli_floor`); whole GPUs stay whole. A number of replicas that is more
+    than one GPU but not whole GPUs is an error (gpuq places a share of one device, or whole GPUs)."""
+    if replicas <= 1:
+        return count
+    milli = milli_floor(Fraction(count, replicas))
+    if milli % 1000 == 0:
+        return milli // 1000
+    if milli > 1000:
+        raise ObjectError(f"{GPU_RESOURCE}: {count} replicas of a GPU shared {replicas} ways are "
+                          f"{Decimal(milli) / 1000} GPUs: gpuq schedules a share of one device, or whole GPUs")
+    return Decimal(milli) / 1000
+
+
+def _mig_gang_types(profile: str, bases: tuple[str, ...], mig_types: Mapping[str, tuple[str, str]],
+                    node_labels: Mapping[str, str], resource: str) -> tuple[str, ...]:
+    """The GPU types a gang of ``profile`` slices may run on: for each GPU type it selects (a MIG
+    type of that profile as it is), the queue file's MIG type slicing it (``<TYPE>-mig-<profile>``),
+    else the nodes' own name for such slices (``<product>-MIG-<profile>``, the type the scheduler
+    sees them as when none is declared); when it selects none, every declared MIG type of the
+    profile. None declared and no GPU selected: an error saying what to add."""
+    declared = {parts: name for name, parts in mig_types.items()}
+    out: list[str] = []
+    for base in bases:
+        parts = mig_types.get(base) or mig_type_parts(base)
+        if parts is not None:
+            if parts[1] == profile:
+                out.append(base)
+            continue
+        out.append(declared.get((base, profile)) or f"{node_labels.get(base, base)}-MIG-{profile}")
+    if bases:
+        if not out:
+            raise ObjectError(f"{resource}: the GPU types it selects ({', '.join(bases)}) are not of "
+                              f"MIG profile {profile}")
+        return tuple(dict.fromkeys(out))
+    found = tuple(name for name, (_, p) in mig_types.items() if p == profile)
+    if not found:
+        raise ObjectError(f"{resource}: which GPU's slices is unknown: select the GPU (a "
+                          f"{GPU_PRODUCT_LABEL} node selector or the {GPU_TYPES_ANNOTATION} annotation) or "
+                          f"declare a <TYPE>-mig-{profile} GPU type in the queue file")
+    return found
+
+
 def _requests(spec: Mapping[str, Any]) -> tuple[int, int]:
     cpu = mem = 0
     for c in spec.get("containers") or ():
@@ -223,6 +330,53 @@ def duration_seconds(text: str) -> float:
     return value
 
 
+def checkpoint_seconds(value: object) -> float:
+    """A checkpoint's time as Unix seconds: an RFC 3339 time with its offset (``2025-06-01T10:00:00Z``)
+    or Unix seconds (a number, or its text); ValueError saying what is wrong. The API's
+    ``last_checkpoint`` and the ``gpuq.io/last-checkpoint`` annotation both read it."""
+    import datetime as dt
+    import math
+
+    if isinstance(value, bool):
+        raise ValueError(f"expected an RFC 3339 time or Unix seconds, got {value!r}")
+    if isinstance(value, (int, float)):
+        t = float(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            t = float(text)
+        except ValueError:
+            try:
+                when = dt.datetime.fromisoformat(text.replace("z", "Z"))
+            except ValueError:
+                raise ValueError(f"expected an RFC 3339 time or Unix seconds, got {value[:64]!r}") from None
+            if when.tzinfo is None:
+                raise ValueError(f"an RFC 3339 time needs its offset (Z or +hh:mm), got {value[:64]!r}")
+            t = when.timestamp()
+    else:
+        raise ValueError(f"expected an RFC 3339 time or Unix seconds, got {type(value).__name__}")
+    if not math.isfinite(t) or not 0 <= t < 1e11:
+        raise ValueError(f"{value!r} is not a time gpuq takes (Unix seconds from 0 to 1e11)")
+    return t
+
+
+def last_checkpoint(notes: Mapping[str, str], warn: Callable[[str], None] | None = None) -> float | None:
+    """The ``gpuq.io/last-checkpoint`` annotation as Unix seconds, or None (absent, or unreadable:
+    then said through ``warn``, as :func:`_expected` does; a preemption counts all of the run)."""
+    raw = notes.get(LAST_CHECKPOINT_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        return checkpoint_seconds(raw)
+    except ValueError as exc:
+        message = f"annotation {LAST_CHECKPOINT_ANNOTATION}: {exc}; a preemption counts all of its run as lost"
+        if warn is not None:
+            warn(message)
+        else:
+            log.warning("%s", message)
+        return None
+
+
 def _expected(notes: Mapping[str, str], warn: Callable[[str], None] | None) -> float | None:
     raw = notes.get(EXPECTED_DURATION_ANNOTATION)
     if raw is None:
@@ -243,12 +397,17 @@ def workload_of(kind: str, obj: Mapping[str, Any], *, keys: SourceKeys = SourceK
                 node_labels: Mapping[str, str] | None = None,
                 priority_of: Callable[[str], int | None] = lambda _name: None,
                 warn: Callable[[str], None] | None = None,
+                mig_types: Mapping[str, tuple[str, str]] = MappingProxyType({}),
+                replicas: Mapping[str, int] = MappingProxyType({}),
                 ) -> tuple[Workload, Target] | None:
     """The ``(Workload, Target)`` of a KubeRay object; None when it is not gpuq's (no queue,
     being deleted, cancelled); ObjectError naming the field when it has a queue but cannot be mapped.
     ``node_labels``: GPU type -> node label value; ``priority_of``: PriorityClass name -> value;
     ``warn``: told what was left out of an object that is mapped anyway (a bad
-    ``gpuq.io/expected-duration``; logged when not given)."""
+    ``gpuq.io/expected-duration``; logged when not given); ``mig_types``: the queue file's MIG
+    types, name -> (the type it slices, profile); ``replicas``: GPU type -> the fewest replicas the
+    device plugin makes of each GPU on the schedulable nodes of that type now (time-slicing; a
+    type absent is not time-sliced)."""
     meta = obj.get("metadata") or {}
     labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
     queue = _queue(labels, notes, keys)
@@ -262,7 +421,38 @@ def workload_of(kind: str, obj: Mapping[str, Any], *, keys: SourceKeys = SourceK
     cluster = (original["spec"].get("rayClusterSpec") if kind == "RayJob" else original["spec"]) or {}
     counts = [1] + [group_pods(g) for g in cluster.get("workerGroupSpecs") or ()]
     counts += [1] * (len(templates) - len(counts))        # the submitter pod, when it has a template
-    per_pod = [pod_gpus((t.get("spec") or {}), keys.gpu_resources) or template_share(t) for _, t in templates]
+    migs = [template_mig(t.get("spec") or {}) for _, t in templates]
+    devices = [pod_gpus((t.get("spec") or {}), keys.gpu_resources) for _, t in templates]
+    for (where, _), (profile, _), count in zip(templates, migs, devices):
+        if profile and count:
+            raise ObjectError(f"{where}: a pod of MIG slices and whole GPUs is not one GPU type")
+    profiles = {p for (p, n), c in zip(migs, counts) if p and n and c}
+    if len(profiles) > 1:
+        raise ObjectError(f"MIG profiles {', '.join(sorted(profiles))} in one gang: a gang is one GPU type")
+    asked = [n if p else d for (p, n), d in zip(migs, devices)]     # slices, or devices (replicas)
+    gpu_templates = [t for n, a, (_, t) in zip(counts, asked, templates)
+                     if n > 0 and (a > 0 or ((t.get("metadata") or {}).get("annotations") or {}).get(KAI_FRACTION))]
+    labels = node_labels or {}
+    types = _gpu_types(notes, gpu_templates, keys, labels)
+    if profiles:
+        (profile,) = profiles
+        types = _mig_gang_types(profile, types, mig_types, labels, f"{MIG_PREFIX}{profile}")
+        per_pod: list[Gpus] = list(asked)
+    else:
+        renamed = [pod_gpus(t.get("spec") or {}, (SHARED_GPU_RESOURCE,)) if SHARED_GPU_RESOURCE in keys.gpu_resources
+                   else 0 for _, t in templates]
+        asks_renamed = any(r and n for r, n in zip(renamed, counts))
+        if asks_renamed and any(d - r and n for d, r, n in zip(devices, renamed, counts)):
+            raise ObjectError(f"{SHARED_GPU_RESOURCE} and {GPU_RESOURCE} in one gang: the device plugin advertises "
+                              "them on different nodes, and a gang is one GPU type")
+        if asks_renamed and not types:      # advertised by time-sliced nodes only: those types
+            types = tuple(sorted(t for t, r in replicas.items() if r > 1))
+            if not types:
+                raise ObjectError(f"{SHARED_GPU_RESOURCE}: no time-sliced GPU type seen (no schedulable node "
+                                  "labelled nvidia.com/gpu.replicas above 1); name one in gpuq.io/gpu-types")
+        pool = types or tuple(replicas)
+        shared = min((replicas.get(t, 1) for t in pool), default=1)     # time-slicing (module docstring)
+        per_pod = [time_sliced(d, shared) if d else template_share(t) for d, (_, t) in zip(devices, templates)]
     gang = [(n, g, t) for n, g, (_, t) in zip(counts, per_pod, templates) if g > 0 and n > 0]
     if not gang:
         raise ObjectError("requests no GPUs (no template has " + ", ".join(keys.gpu_resources) + ")")
@@ -271,7 +461,7 @@ def workload_of(kind: str, obj: Mapping[str, Any], *, keys: SourceKeys = SourceK
     cpu, mem = _requests(widest.get("spec") or {})
     workload = Workload(
         id=f"{kind.lower()}/{ns}/{name}", queue=queue, pods=sum(n for n, _, _ in gang), gpus_per_pod=gpus,
-        gpu_types=_gpu_types(notes, [t for _, _, t in gang], keys, node_labels or {}),
+        gpu_types=types,
         priority=_priority(notes, [t for _, t in templates], priority_of),
         preemptible=str(notes.get(PREEMPTIBLE_ANNOTATION, "true")).strip().lower() not in _FALSE,
         submit_s=submit_seconds(meta.get("creationTimestamp")), originator=True,
@@ -317,13 +507,19 @@ class KubernetesWorkloadSource:
                  api_client: ApiClient | None = None, keys: SourceKeys = SourceKeys(),
                  node_labels: Mapping[str, str] | None = None,
                  kinds: tuple[str, ...] = ("RayJob", "RayCluster"), page_size: int = 500,
-                 timeout_s: float = 10.0, events: bool = True, clock: Callable[[], float] = time.time) -> None:
+                 timeout_s: float = 10.0, events: bool = True, clock: Callable[[], float] = time.time,
+                 mig_types: Mapping[str, tuple[str, str]] | None = None,
+                 replicas: Callable[[], Mapping[str, int]] = lambda: {}) -> None:
         self.target = target or kubernetes_target(settings)
         self._client = api_client or make_api_client(self.target)
         self._custom = CustomObjectsApi(self._client)
         self._scheduling = SchedulingV1Api(self._client)
         self.keys = keys
         self.node_labels = dict(node_labels) if node_labels is not None else gpu_node_labels(settings)
+        self.mig_types = dict(mig_types) if mig_types is not None else gpu_mig_types(settings)
+        # GPU type -> the fewest replicas of a GPU on its nodes now (time-slicing), as the accounting
+        # read the nodes the collector sees (LiveAccounting.replicas_by_type); asked at every listing
+        self.replicas = replicas
         self.kinds, self.page_size, self.timeout_s = kinds, page_size, timeout_s
         self.skipped: tuple[str, ...] = ()
         self.events = EventRecorder(CoreV1Api(self._client), clock=clock, instance=socket.gethostname(),
@@ -331,6 +527,9 @@ class KubernetesWorkloadSource:
         self._seen: dict[str, tuple[str, str]] = {}      # workload id -> (uid, generation) as last listed
         # workload id -> (uid, generation, problem) told by a BadAnnotation Event: told once per generation
         self.warned: dict[str, tuple[str, str, str]] = {}
+        # workload id -> its gpuq.io/last-checkpoint as last listed (Unix seconds; issue 21): not part
+        # of the Workload, which a checkpoint must not change (a changed Workload is taken again as new)
+        self.checkpoints: dict[str, float] = {}
 
     def refused(self, workload: Workload, target: Target, code: str, message: str) -> dict[str, str]:
         """Tell the object's owners that the scheduler holds it (``code``: ``queue_not_allowed``) with
@@ -369,22 +568,28 @@ class KubernetesWorkloadSource:
 
         out, skipped = [], []
         seen: dict[str, tuple[str, str]] = {}
+        checkpoints: dict[str, float] = {}
+        replicas = dict(self.replicas())
         for kind in self.kinds:
             for obj in self.list_objects(kind):
                 meta = obj.get("metadata") or {}
                 problems: list[str] = []
                 try:
                     got = workload_of(kind, obj, keys=self.keys, node_labels=self.node_labels,
-                                      priority_of=priority_of, warn=problems.append)
+                                      priority_of=priority_of, warn=problems.append,
+                                      mig_types=self.mig_types, replicas=replicas)
                 except ObjectError as exc:
                     skipped.append(f"{kind} {meta.get('namespace')}/{meta.get('name')}: {exc}")
                     continue
                 if got is not None:
                     out.append((*got, obj))
                     seen[got[0].id] = (str(meta.get("uid") or ""), str(meta.get("generation") or ""))
+                    at = last_checkpoint(meta.get("annotations") or {}, problems.append)
+                    if at is not None:
+                        checkpoints[got[0].id] = at
                     if problems:
                         self._tell_problem(*got, seen[got[0].id], "; ".join(problems))
-        self.skipped, self._seen = tuple(skipped), seen
+        self.skipped, self._seen, self.checkpoints = tuple(skipped), seen, checkpoints
         self.warned = {wid: told for wid, told in self.warned.items() if wid in seen}
         return sorted(out, key=lambda x: x[0].id)
 

@@ -76,6 +76,7 @@ import urllib3
 from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
+from gpuq.gpu_share import mig_type_parts
 from gpuq.kube import load_configuration
 from gpuq.settings import KubernetesTarget, Settings
 from scheduler.actuators.base import ActionResult, Fence, Target, fenced, may_act, with_retries
@@ -102,7 +103,7 @@ from scheduler.model import Placement, Workload
 
 __all__ = ["ADMISSION_ANNOTATION", "CANCELLED_ANNOTATION", "GPU_PRODUCT_LABEL", "HOSTNAME_LABEL",
            "PREEMPTED_ANNOTATION", "WORKLOAD_ANNOTATION", "KubernetesActuator", "ObjectError",
-           "admission_record", "gpu_node_labels", "kubernetes_target", "make_api_client", "merge_patch",
+           "admission_record", "gpu_mig_types", "gpu_node_labels", "kubernetes_target", "make_api_client", "merge_patch",
            "pod_templates", "restore_templates"]
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,16 @@ def gpu_node_labels(settings: Settings) -> dict[str, str]:
 
     types = load_queue_config(settings.queues_file).gpu_types
     return {name: t.node_labels[0] for name, t in types.items() if t.node_labels}
+
+
+def gpu_mig_types(settings: Settings) -> dict[str, tuple[str, str]]:
+    """The queue file's MIG types: name -> (the GPU type it slices, its profile)."""
+    if not settings.queues_file:
+        return {}
+    from accounting.queues import load_queue_config
+
+    types = load_queue_config(settings.queues_file).gpu_types
+    return {name: (t.mig_of, t.mig_profile) for name, t in types.items() if t.mig_of}
 
 
 # -- the actuator ---------------------------------------------------------------------------------
@@ -181,8 +192,13 @@ class KubernetesActuator:
         self._client.close()  # type: ignore[no-untyped-call]
 
     def label_value(self, gpu_type: str) -> str | None:
-        """The node label value selecting ``gpu_type`` (None for "any type")."""
-        return self.node_labels.get(gpu_type, gpu_type) if gpu_type else None
+        """The node label value selecting ``gpu_type`` (None for "any type"). None for a MIG type
+        too (``A100-mig-1g.10gb``, ``<product>-MIG-<profile>``): the pods' own
+        ``nvidia.com/mig-<profile>`` request and the pin to the placement's nodes select its nodes,
+        and a mixed-strategy node's product label names the whole GPU, not the slice."""
+        if not gpu_type or mig_type_parts(gpu_type) is not None:
+            return None
+        return self.node_labels.get(gpu_type, gpu_type)
 
     # -- the protocol ---------------------------------------------------------------------------
     def admit(self, workload: Workload, target: Target, placement: Placement) -> ActionResult:

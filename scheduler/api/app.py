@@ -28,7 +28,7 @@ from gpuq.errors import GpuqError, shown
 from scheduler.api import readable
 from scheduler.api.auth import Auth, Caller, check_exposure
 from scheduler.api.limits import Guard, RefusalLog
-from scheduler.api.models import DryRunIn, ReloadOut, WorkloadIn, check_spec_size
+from scheduler.api.models import CheckpointIn, DryRunIn, ReloadOut, WorkloadIn, check_spec_size
 from scheduler.api.problems import Problem, install, invalid, problem_response
 from scheduler.api.routes_acting import acting_router
 from scheduler.api.routes_dashboard import dashboard_router
@@ -46,6 +46,7 @@ from scheduler.service.errors import (
     UnknownWorkload,
 )
 from scheduler.service.metrics import SchedulerCollector
+from scheduler.service.tenant import tenant_page
 from scheduler.service.views import DryRun, NodeView, PreemptionRecord, WorkloadView
 from scheduler.whatif import Jobs
 
@@ -114,6 +115,8 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
                                                       "server's log)"))
 
     viewer = Annotated[Caller, Depends(auth.require("viewer"))]
+    # the reads that filter by the caller's queues: a queue-scoped viewer (a tenant) gets these only
+    tenant = Annotated[Caller, Depends(auth.require("viewer", scoped=True))]
     operator = Annotated[Caller, Depends(auth.require("operator"))]
     admin = Annotated[Caller, Depends(auth.require("admin"))]
 
@@ -163,16 +166,28 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
     # -- the scheduler -------------------------------------------------------------------------
     @app.get("/workloads", tags=["workloads"], response_model=list[WorkloadView],
              summary="Workloads, filtered by queue (and its subtree) and state; a page with limit and offset")
-    def list_workloads(_: viewer, queue: str | None = None,
+    def list_workloads(caller: tenant, queue: str | None = None,
                        state: Literal["pending", "running", "finished", "cancelled", "rejected"] | None = None,
                        limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
                        offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> Any:
+        reads = caller.reads
+        if reads is not None:                     # a tenant: its queues' workloads only
+            if queue is not None:
+                caller.check_read(queue)
+            elif len(reads) == 1:
+                queue = reads[0]
+            else:
+                mine = [v for v in service.workloads(None, state) if caller.may_read(v.queue)]
+                return readable.workloads(mine[offset:None if limit is None else offset + limit])
         return readable.workloads(service.workloads(queue, state, limit, offset))
 
     @app.get("/workloads/{workload_id:path}", tags=["workloads"], response_model=WorkloadView,
              summary="One workload with its reason code, message and position", responses={404: {}})
-    def get_workload(workload_id: str, _: viewer) -> Any:
-        return readable.workload(service.explain(workload_id))
+    def get_workload(workload_id: str, caller: tenant) -> Any:
+        view = service.explain(workload_id)
+        if not caller.may_read(view.queue):       # a tenant learns nothing of others' workloads
+            raise UnknownWorkload(workload_id)
+        return readable.workload(view)
 
     @app.post("/workloads", tags=["workloads"], response_model=WorkloadView, status_code=201,
               summary="Submit a workload (422 also when its priority or non-preemptibility is over its "
@@ -187,6 +202,14 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
         response.headers["Location"] = f"/workloads/{view.id}"
         log.info("%s submitted %s to %s", caller.actor, view.id, view.queue)
         return view
+
+    @app.post("/workloads/{workload_id:path}/checkpoint", tags=["workloads"], response_model=WorkloadView,
+              summary="Report the workload's last checkpoint (RFC 3339 or Unix seconds): a preemption then "
+                      "throws away only the work since it", responses={404: {}, 409: {}, 422: {}})
+    def checkpoint(workload_id: str, body: CheckpointIn, caller: operator) -> Any:
+        current = service.explain(workload_id)
+        caller.check_target(current.queue, current.target.get("namespace", ""))
+        return readable.workload(service.checkpoint(workload_id, body.seconds(), clock()))
 
     @app.delete("/workloads/{workload_id:path}", tags=["workloads"], response_model=WorkloadView,
                 summary="Cancel a pending or running workload", responses={404: {}, 409: {}, 502: {}})
@@ -229,12 +252,29 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
              responses={200: {"headers": {"X-Total-Count": {
                  "description": "the number of queues in the view (the root included)",
                  "schema": {"type": "integer"}}}}})
-    def queues(_: viewer, response: Response,
+    def queues(caller: tenant, response: Response,
                limit: Annotated[int, Query(ge=1, le=MAX_QUEUE_PAGE)] = QUEUE_PAGE,
                offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> Any:
+        if caller.reads is not None:              # a tenant: its queues' rows, paged by queue
+            rows = [r for r in need_accounting().rows() if caller.may_read(str(r["queue"]))]
+            names = list(dict.fromkeys(str(r["queue"]) for r in rows))
+            page = set(names[offset:offset + limit])
+            response.headers["X-Total-Count"] = str(len(names))
+            return [r for r in rows if r["queue"] in page]
         rows, total = need_accounting().queue_page(limit, offset)
         response.headers["X-Total-Count"] = str(total)
         return rows
+
+    @app.get("/queues/{queue}/tenant", tags=["accounting"],
+             summary="One queue as its tenants see it: guarantee, entitlement, decayed usage and score, the "
+                     "forecasts of its pending work, the preemptions it suffered (docs/API.md)",
+             responses={403: {}, 404: {}})
+    def tenant_view(queue: str, caller: tenant) -> Any:
+        caller.check_read(queue)
+        page = tenant_page(service, accounting, queue, clock(), readable.preemptions, readable.workloads)
+        if page is None:
+            raise Problem(404, f"unknown queue {shown(queue)}")
+        return page
 
     @app.get("/books", tags=["accounting"],
              summary="The last audit of the books: the accounting against what the scheduler placed, per queue, "
@@ -248,7 +288,7 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
                                  "placed": d.placed, "difference": d.gpus} for d in diffs]}
 
     @app.get("/accounting/usage", tags=["accounting"], summary="GPU-seconds, idle and cost over a window")
-    def usage(_: viewer, start: Annotated[str, Query(alias="from")] = "-1d",
+    def usage(caller: tenant, start: Annotated[str, Query(alias="from")] = "-1d",
               end: Annotated[str, Query(alias="to")] = "now", by: str = "queue", rollup: bool = False) -> Any:
         acc = need_accounting()
         now = clock()
@@ -257,6 +297,10 @@ def create_app(service: SchedulerService, accounting: Any, settings: Any, *,
             keys = check_by([k.strip() for k in by.split(",") if k.strip()])
         except ValueError as exc:
             raise invalid("query.by", str(exc).replace("--by", "by")) from exc
+        if caller.reads is not None:              # a tenant: rows by queue, its queues' only
+            if "queue" not in keys:
+                raise Problem(403, "this token reads usage by queue only (by=queue,...)")
+            return [r for r in acc.usage(t0, t1, keys, now, rollup) if caller.may_read(str(r["queue"]))]
         return acc.usage(t0, t1, keys, now, rollup)
 
     @app.get("/accounting/series", tags=["accounting"],

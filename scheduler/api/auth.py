@@ -7,7 +7,11 @@ a known token whose role is too low, 403. The 403 names the role needed, never t
 
 An operator token is scoped (:class:`Scope`): the Kubernetes namespaces of its targets and the
 queue subtrees it may act in, both of which must allow a submit or a cancel (a Ray or target-less
-workload has no namespace: its queue decides). Admins are unscoped; viewers read everything.
+workload has no namespace: its queue decides). Admins are unscoped; viewers read everything,
+unless their token names ``queues`` (issue 21: a tenant's token, :attr:`Caller.reads`): then
+they read only those queues' subtrees, on the routes that filter by queue (``scoped=True`` in
+:meth:`Auth.require`: ``/queues``, ``/workloads``, ``/accounting/usage``, the tenant page) and
+are refused (403) every other read. docs/SECURITY.md, "Queue-scoped viewer tokens".
 What a submitted workload may ask (its priority, whether it is non-preemptible) is bounded for
 every caller by its queue's policy, and for an operator also by its token's ``max_priority`` and
 ``non_preemptible`` (:meth:`Caller.check_policy`, :mod:`scheduler.policy`).
@@ -71,11 +75,26 @@ class Scope:
 EVERYWHERE = Scope()
 
 
+SCOPED_READS = ("this token reads only its queues: GET /queues, /workloads, /accounting/usage (by queue) and "
+                "/queues/{queue}/tenant")
+
+
 @dataclass(frozen=True, slots=True)
 class Caller:
     name: str
     role: str
     scope: Scope = EVERYWHERE
+    # a queue-scoped viewer (a tenant): the queue subtrees it may read; None: every queue
+    reads: tuple[str, ...] | None = None
+
+    def may_read(self, queue: str) -> bool:
+        """May this caller read ``queue``'s rows (it is in one of :attr:`reads`' subtrees)?"""
+        return self.reads is None or any(queue == q or queue.startswith(q + ".") for q in self.reads)
+
+    def check_read(self, queue: str) -> None:
+        """403 unless the caller may read ``queue``."""
+        if not self.may_read(queue):
+            raise Problem(403, "this token may not read this queue")
 
     @property
     def actor(self) -> str:
@@ -104,7 +123,8 @@ class Auth:
                                                   Scope.of(getattr(t, "namespaces", None), getattr(t, "queues", None),
                                                            getattr(t, "max_priority", None),
                                                            getattr(t, "non_preemptible", None))
-                                                  if t.role == "operator" else EVERYWHERE))
+                                                  if t.role == "operator" else EVERYWHERE,
+                                                  _reads(t)))
                         for i, t in enumerate(tokens)]
         self.scheme = HTTPBearer(auto_error=False, description="A token from api.tokens in the settings.")
 
@@ -143,14 +163,27 @@ class Auth:
             raise Problem(403, f"this needs the {role} role; the token has the {caller.role} role")
         return caller
 
-    def require(self, role: str) -> Callable[..., Caller]:
+    def require(self, role: str, scoped: bool = False) -> Callable[..., Caller]:
+        """The route's dependency for ``role``. A queue-scoped viewer (:attr:`Caller.reads`) passes
+        only where ``scoped`` says the route filters what it answers by the caller's queues."""
         credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(self.scheme)]
 
         def dependency(cred: credentials) -> Caller:
             header = f"{cred.scheme} {cred.credentials}" if cred is not None else None
-            return self.check(header, role)
+            caller = self.check(header, role)
+            if caller.reads is not None and not scoped:
+                raise Problem(403, SCOPED_READS)
+            return caller
         dependency.gpuq_role = role  # type: ignore[attr-defined]  # read by limits.Guard
         return dependency
+
+
+def _reads(token: Any) -> tuple[str, ...] | None:
+    """A viewer token's ``queues``, the subtrees it reads (None: all, also for ``*`` or ``root``)."""
+    queues = getattr(token, "queues", None)
+    if token.role != "viewer" or queues is None or "*" in queues or "root" in queues:
+        return None
+    return tuple(q.strip(".") for q in queues)
 
 
 def is_loopback(host: str) -> bool:

@@ -8,7 +8,7 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StringConstraints, model_validator
 
 from scheduler.actuators.base import Target
 from scheduler.api.problems import FieldError
@@ -61,6 +61,28 @@ class TargetIn(_Body):
     def to_target(self) -> Target:
         return Target(self.kind, self.namespace, self.name, self.api_version, self.entrypoint,
                       dict(self.runtime_env), dict(self.metadata))
+
+
+class CheckpointIn(_Body):
+    """A workload's last checkpoint (issue 21): an RFC 3339 time with its offset, or Unix seconds.
+    A preemption after it throws away only the work since then (``lost_gpu_seconds``)."""
+
+    last_checkpoint: Annotated[str, StringConstraints(min_length=1, max_length=64)] | StrictFloat | StrictInt
+
+    @model_validator(mode="after")
+    def _readable(self) -> CheckpointIn:
+        from scheduler.actuators.k8s_workloads import checkpoint_seconds
+
+        try:
+            checkpoint_seconds(self.last_checkpoint)
+        except ValueError as exc:
+            raise FieldError("last_checkpoint", str(exc)) from None
+        return self
+
+    def seconds(self) -> float:
+        from scheduler.actuators.k8s_workloads import checkpoint_seconds
+
+        return checkpoint_seconds(self.last_checkpoint)
 
 
 class WorkloadIn(_Body):

@@ -12,7 +12,10 @@ from scheduler.service.views import DryRun, PreemptionRecord, WorkloadView
 
 
 def workload(v: WorkloadView) -> WorkloadView:
-    return replace(v, message=readable(v.message), actuator_message=readable(v.actuator_message) or "")
+    a = v.advice
+    if a is not None:
+        a = replace(a, summary=readable(a.summary) or "", message=readable(a.message))
+    return replace(v, message=readable(v.message), actuator_message=readable(v.actuator_message) or "", advice=a)
 
 
 def workloads(vs: list[WorkloadView]) -> list[WorkloadView]:

@@ -17,19 +17,23 @@ from accounting import service as acc
 from accounting.audit import Difference, Placed, audit
 from accounting.intervals import running
 from accounting.idle import IdleParams, current
-from accounting.ledger import ADMISSION, by_slot, combine, holder
+from accounting.ledger import KUEUE, RESERVATIONS, by_slot, combine, holder
 from accounting.metrics import AccountingCollector
 from accounting.model import Allocation, NodeCapacity, PendingDemand, Window
 from accounting.now import NowSnapshot, NowView, compute_now
 from accounting.queues import QueueConfig
 from accounting.resolve import Resolver
-from accounting.rollup import materialize_hours
+from accounting.decay import HOUR, decayed_interval
+from accounting.rollup import decayed_materialized, materialize_hours
 from accounting.series import queue_series
-from accounting.store_adapter import read_allocations
+from accounting.store_adapter import read_allocations, read_usage
 from accounting.watcher import QueueConfigWatcher, Reload
 from scheduler.model import Node
 
 log = logging.getLogger(__name__)
+
+DECAY_REFRESH_S = 60.0        # LiveAccounting.decayed_usage reads the store at most this often
+TAIL_MAX_S = 48 * 3600.0      # and reads live at most this far back (materialize_hours' own reach)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +48,16 @@ class Refresh:
 class LiveAccounting:
     def __init__(self, store: Any, *, queues_file: str | None = None, params: IdleParams | None = None,
                  starvation_s: float = 600.0, config: QueueConfig | None = None,
-                 collector: AccountingCollector | None = None, declared: Sequence[NodeCapacity] = ()) -> None:
+                 collector: AccountingCollector | None = None, declared: Sequence[NodeCapacity] = (),
+                 watcher: Any = None) -> None:
         self.store = store
         self.declared = tuple(declared)           # scheduler.nodes_file, in the one inventory
         self.params = params or IdleParams()
         self.starvation_s = starvation_s
         self.collector = collector or AccountingCollector()
-        self.watcher = QueueConfigWatcher(queues_file) if queues_file else None
+        # the queue tree's source: the queue file, or ``watcher`` (the same poll(); queues_from: kueue's
+        # scheduler.service.kueue.KueueQueues), which may have nothing to give yet at start
+        self.watcher: Any = QueueConfigWatcher(queues_file) if queues_file else watcher
         self._config = config if config is not None else acc.load_config(None)
         self._lock = threading.Lock()
         self.view: NowView | None = None
@@ -71,11 +78,13 @@ class LiveAccounting:
         # configuration (the file's with the queues placement rules made: accounting.access)
         self._current: Callable[[], QueueConfig] = lambda: self._config
         self._resolver: tuple[QueueConfig, Resolver] | None = None
+        # the last decayed usage (half-life, when, queue -> decayed GPU-seconds): decayed_usage
+        self._decayed: tuple[float, float, dict[str, float]] | None = None
         if self.watcher is not None:
             self.collector.watch_config(lambda: self.error is not None)
         if self.watcher is not None and config is None:
             self.reload()
-            if self.watcher.config is None:
+            if self.watcher.config is None and getattr(self.watcher, "required_at_start", True):
                 raise self.watcher.error or RuntimeError(f"cannot load {queues_file}")
 
     def follow(self, service: Any) -> None:
@@ -111,7 +120,8 @@ class LiveAccounting:
         result = self.watcher.poll()
         if result is Reload.REJECTED:
             self.error = str(self.watcher.error)
-            log.error("queue file rejected, the last good configuration stays: %s", self.error)
+            log.error("queue configuration from %s rejected, the last good one stays: %s", self.watcher.path,
+                      self.error)
             return result
         new = self.watcher.config
         if new is None or new is self._config:
@@ -135,7 +145,9 @@ class LiveAccounting:
         if pending is not None and self.pending is None:
             fixed = tuple(pending)
             self.pending = lambda: fixed
-        observed = tuple(a for a in snap.allocations if a.source != ADMISSION)
+        # observed on a node: not gpuq's admissions, nor Kueue's reservations (no node; they count for
+        # their queue in the view until their pods are seen, which the scheduler then sees)
+        observed = tuple(a for a in snap.allocations if a.source not in RESERVATIONS)
         view = self._compute(snap)
         with self._lock:
             self.view, self._snap = view, snap
@@ -173,17 +185,65 @@ class LiveAccounting:
             return ()
         on_nodes = _on_capacity_nodes(admitted, snap.nodes)
         at = max([snap.at_s, *(a.start_s for a in on_nodes)])
-        live = running(combine(snap.allocations, on_nodes, snap.at_s, snap.history), at)
+        live = [a for a in running(combine(snap.allocations, on_nodes, snap.at_s, snap.history), at)
+                if a.source != KUEUE]                  # on no node: Kueue's to place, not in gpuq's books
         resolver = self.resolver()
         types = {n.name: n.gpu_type for n in nodes}
         return audit(live, placed, resolver, node_name,
                      lambda node, a: types.get(node) or resolver.gpu_type(a.gpu_model, a.gpu_resource))
+
+    def replicas_by_type(self) -> dict[str, int]:
+        """GPU type -> the fewest replicas the device plugin makes of each GPU on the schedulable
+        nodes of that type in the last snapshot (``nvidia.com/gpu.replicas`` as the collector saw
+        the nodes; 1: not time-sliced), every type with GPUs. The Kubernetes workload source reads a
+        template's ``nvidia.com/gpu`` request as replicas of these (the fewest: a share never less
+        than the pod holds on any node it may land on)."""
+        with self._lock:
+            snap = self._snap
+        if snap is None:
+            return {}
+        resolver = self.resolver()
+        out: dict[str, int] = {}
+        for n in snap.nodes:
+            if n.schedulable and n.milli_gpus > 0:
+                t = resolver.gpu_type(n.gpu_model)
+                out[t] = min(out.get(t, n.replicas), n.replicas)
+        return out
 
     def queue_of(self, a: Allocation) -> str:
         return self.resolver().queue(a.queue, a.namespace)
 
     def materialize(self, now_s: float) -> list[float]:
         return materialize_hours(self.store, now_s, self.params)
+
+    def decayed_usage(self, now_s: float, half_life_s: float) -> dict[str, float]:
+        """Fair share over time (issue 21): each queue's decayed GPU-seconds at ``now_s``
+        (:mod:`accounting.decay`), as the accounting has it: the materialised hours
+        (:func:`accounting.rollup.decayed_materialized`, one aggregation in the store) and, after
+        the newest of them (or over the last :data:`TAIL_MAX_S` when there is none), the rest read
+        live from the allocations an hour at a time, each hour taken as used evenly. Raw queues and
+        namespaces resolve to the configuration's queues as every view does. Kept for
+        :data:`DECAY_REFRESH_S` (the scores move by hours, a cycle comes every second): the store
+        is read at most that often."""
+        hit = self._decayed
+        if hit is not None and hit[0] == half_life_s and 0 <= now_s - hit[1] < DECAY_REFRESH_S:
+            return hit[2]
+        resolver = self.resolver()
+        out: dict[str, float] = {}
+        rows, tail = decayed_materialized(self.store, now_s, half_life_s)
+        for raw, ns, v in rows:
+            q = resolver.queue(raw, ns)
+            out[q] = out.get(q, 0.0) + v
+        t = max(tail if tail is not None else now_s - TAIL_MAX_S, now_s - TAIL_MAX_S)
+        while t < now_s:
+            end = min(t + HOUR, now_s)
+            for a in read_usage(self.store, Window(t, end), now_s, by_workload=False):
+                if a.gpu_seconds > 0:
+                    q = resolver.queue(a.queue, a.namespace)
+                    out[q] = out.get(q, 0.0) + decayed_interval(a.gpu_seconds / (end - t), t, end, now_s, half_life_s)
+            t = end
+        self._decayed = (half_life_s, now_s, out)
+        return out
 
     # -- what the API serves ------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
@@ -241,8 +301,7 @@ class LiveAccounting:
         window = Window(start_s, end_s)
         points = queue_series(read_allocations(self.store, window, now_s), self.resolver(), window,
                               step_s, now_s)
-        return [{"queue": p.queue, "t": p.t_s, "allocated": p.allocated, "guaranteed": p.guaranteed,
-                 "max": p.max} for p in points if queue is None or p.queue == queue]
+        return [p.as_dict() for p in points if queue is None or p.queue == queue]
 
     def ping(self) -> bool:
         try:

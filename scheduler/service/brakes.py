@@ -11,6 +11,9 @@
   "would preempt ..."). Pausing and resuming are ``pause``/``resume`` rows in
   ``scheduler_events`` (``by`` who, ``reason`` why), and the last one is read at start
   (:func:`last_pause`), so a restart stays paused.
+
+What the preemptions of the last day cost (issue 21, ``preemption_cost`` in the status) is read
+at start the same way (:func:`recent_losses`).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from scheduler.events import TABLE, round_t
 from scheduler.service.replay import read_pause
 
 WINDOW_S = 3600.0
+COST_WINDOW_S = 86400.0     # the window of what preemptions cost in GET /scheduler/status (issue 21)
 PAUSE_KINDS = ("pause", "resume")
 LIMITED, PAUSED, REFUSED = "preemption_limited", "paused", "preemption_refused"
 
@@ -99,6 +103,14 @@ def recent_preemptions(store: Any, cluster: str, since_s: float) -> list[tuple[f
     sql = (f"SELECT t, queue FROM {store.database}.{TABLE} WHERE cluster = {{c:String}} "
            f"AND event = 'preempt' AND t >= {{s:Float64}} ORDER BY t")
     return [(float(r[0]), str(r[1])) for r in store.query(sql, {"c": cluster, "s": since_s}).rows]
+
+
+def recent_losses(store: Any, cluster: str, since_s: float) -> list[tuple[float, str, float]]:
+    """``(t, victim queue, lost GPU-seconds)`` of the cluster's ``preempt`` events after ``since_s``,
+    oldest first (issue 21: what they cost, for :meth:`SchedulerService.preemption_cost`)."""
+    sql = (f"SELECT t, queue, lost_gpu_seconds FROM {store.database}.{TABLE} WHERE cluster = {{c:String}} "
+           f"AND event = 'preempt' AND t > {{s:Float64}} ORDER BY t, seq")
+    return [(float(r[0]), str(r[1]), float(r[2])) for r in store.query(sql, {"c": cluster, "s": since_s}).rows]
 
 
 def last_pause(store: Any, cluster: str) -> Pause | None:

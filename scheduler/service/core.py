@@ -66,10 +66,11 @@ from accounting.ledger import admission_rows
 from accounting.model import Allocation, PendingDemand, milli
 from accounting.queue_names import leaf_problem
 from accounting.queues import ROOT, QueueConfig
+from accounting.resolve import local_queue
 from scheduler import events as ev
 from scheduler.actuators.base import FENCED, ActionResult, Actuator, Fence, Target, may_act, with_retries
 from scheduler.service.acting import Lanes
-from scheduler.service.brakes import LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Pause, PreemptionBrake
+from scheduler.service.brakes import COST_WINDOW_S, LIMITED, PAUSE_KINDS, PAUSED, REFUSED, Pause, PreemptionBrake
 from scheduler.cycle import never_fits, schedule
 from scheduler.model import (
     Decisions,
@@ -81,6 +82,7 @@ from scheduler.model import (
     Running,
     Workload,
     gpus_out,
+    lost_gpu_seconds,
     placement_event,
     placement_of_event,
 )
@@ -125,7 +127,7 @@ from scheduler.service.ledger import (DRIFT, MISPLACED, Foreign, Mismatch, admis
 from scheduler.service.dryrun import dry_run
 from scheduler.service.forecasts import Forecasts
 from scheduler.service.kept import KeptSnapshot, difference, scratch
-from scheduler.service.replay import STATE_TABLE, Journal
+from scheduler.service.replay import CHECKPOINT, STATE_TABLE, Journal
 from scheduler.snapshot import Cluster, Settings, Snapshot, build_cluster
 
 log = logging.getLogger(__name__)
@@ -153,6 +155,10 @@ class SchedulerService:
         self._fence = fence
         self._fenced_at: float | None = None          # the first cycle that found the fence closed
         self.settings = settings or Settings()
+        # fair share over time (issue 21; settings.usage_half_life_s > 0): each queue's decayed
+        # GPU-seconds from the accounting (set_usage) and when; every snapshot carries it
+        self._usage: Mapping[str, float] | None = None
+        self._usage_at: float | None = None
         self.cluster_name = cluster
         self.stats = ServiceStats()
         self._config = config
@@ -180,6 +186,9 @@ class SchedulerService:
         self._idle: frozenset[str] = frozenset()
         self._cluster: Cluster | None = None
         self._foreign = Foreign((), {}, ())           # observed allocations gpuq did not admit
+        # the workloads another scheduler holds (queues_from: kueue: scheduler.service.kueue.KueueWorkloads):
+        # shown after gpuq's own in workloads() and explain(), read only
+        self.external: Any = None
         self.mismatches: tuple[Mismatch, ...] = ()     # the last reconciliation's
         self.books: tuple[Difference, ...] = ()        # the last audit's (accounting.audit), set by serve
         self.books_at_s: float | None = None
@@ -189,6 +198,9 @@ class SchedulerService:
         self._lanes = Lanes(workers)
         self._budget_s = budget_s
         self.brake = brake or PreemptionBrake()
+        # (t, victim queue, lost GPU-seconds) of the preemptions of the last COST_WINDOW_S (issue 21:
+        # what they cost, in status()); filled at start from the store (load_brakes), as the brake is
+        self._lost_recent: deque[tuple[float, str, float]] = deque()
         self._paused: Pause | None = None
         self._refused_backoff_s = refused_backoff_s
         self._pos = Positions()                   # queue positions of the pending, kept at each transition
@@ -295,6 +307,23 @@ class SchedulerService:
         with self._lock:
             self._set_idle(frozenset(workload_ids))
 
+    def set_usage(self, usage: Mapping[str, float], at_s: float) -> None:
+        """Fair share over time: each queue's decayed GPU-seconds at ``at_s`` (the accounting's,
+        :meth:`scheduler.service.accounting.LiveAccounting.decayed_usage`); the snapshots of the
+        cycles, dry runs and forecasts from now on carry it (:attr:`scheduler.snapshot.Snapshot.usage`).
+        Ignored while ``usage_half_life_s`` is 0: the snapshots then carry none."""
+        if self.settings.usage_half_life_s <= 0:
+            return
+        with self._lock:
+            self._usage, self._usage_at = dict(usage), at_s
+
+    def usage_now(self) -> tuple[Mapping[str, float], float] | None:
+        """The decayed usage the snapshots carry and when it was read, or None (off, or not yet)."""
+        with self._lock:
+            if self._usage is None or self._usage_at is None:
+                return None
+            return self._usage, self._usage_at
+
     def set_idle_targets(self, keys: Collection[tuple[str, str]]) -> None:
         """Idle flags from the accounting's ``(namespace, workload)`` keys: a running workload is
         idle when its target's name is the key's workload (a pod or Ray cluster) or its prefix
@@ -339,6 +368,7 @@ class SchedulerService:
             closed = self._done.get(workload.id)
             if closed is not None and actor and caller_name(closed.owner) != caller_name(actor):
                 raise TakenWorkload(workload.id, closed.state)
+            workload = self._named(workload, target.namespace)
             why = self._not_allowed(workload.queue, target.namespace)
             if why is not None:
                 if not hold_not_allowed:
@@ -454,6 +484,23 @@ class SchedulerService:
             return None
         own = next((q for q in self._nsq.own_queues(namespace) if q != queue), None)
         return f"{why}; not admitted (what it runs anyway is billed to {own or '(unassigned)'})"
+
+    def _named(self, workload: Workload, namespace: str) -> Workload:
+        """``workload`` with the queue it names as one of ``namespace``'s LocalQueues
+        (``mapping.local_queues``, :func:`accounting.resolve.local_queue`: the accounting's first
+        step too), else as it is; the namespace rules and the placement rules then apply to that
+        queue."""
+        queue = local_queue(self._config, workload.queue, namespace)
+        return workload if queue is None or queue == workload.queue else dataclasses.replace(workload, queue=queue)
+
+    def as_held(self, workload: Workload, namespace: str, placed: bool = True) -> Workload:
+        """``workload`` as the service holds it once submitted for ``namespace``: its LocalQueue
+        resolved and, with ``placed``, the queue the placement rules put it in (not made here). For
+        the world's sync to compare what an object asks now with what the service holds."""
+        with self._lock:
+            w = self._named(workload, namespace)
+            path = self._nsq.place(w.queue, namespace) if placed else None
+            return w if path is None or path == w.queue else dataclasses.replace(w, queue=path)
 
     def _placed(self, queue: str, namespace: str) -> str:
         """``queue`` as the placement rules place work of ``namespace`` (made now if need be)."""
@@ -603,6 +650,8 @@ class SchedulerService:
         changed, self._dirty = self._dirty, set()
         foreign = self._foreign.running
         snap = self._kept.snapshot(cluster, self._entries, changed, self._idle, foreign, self.settings, extra, core)
+        if self._usage is not None:
+            snap = dataclasses.replace(snap, usage=self._usage)
         if self.check_snapshots:
             fresh = scratch(cluster, self._entries.values(), self._idle, foreign, self.settings, extra)
             why = difference(snap, fresh)
@@ -803,7 +852,7 @@ class SchedulerService:
         if stopped:
             self._history.append(PreemptionRecord(
                 ev.round_t(now), e.workload.id, e.workload.queue, tuple(v.workload.id for v in stopped),
-                tuple(v.workload.queue for v in stopped), reason))
+                tuple(v.workload.queue for v in stopped), reason, round(sum(v.lost_last for v in stopped), 6)))
 
     def _call(self, verb: str, call: Callable[[], ActionResult]) -> ActionResult:
         """One action through the actuator, with retries, within the budget; never with the lock."""
@@ -888,11 +937,26 @@ class SchedulerService:
 
     def load_brakes(self, store: Any, now: float) -> None:
         """At start: the pause in force and the preemptions of the brake's window, from the store."""
-        from scheduler.service.brakes import last_pause, recent_preemptions
+        from scheduler.service.brakes import last_pause, recent_losses, recent_preemptions
 
         with self._lock:
             self._paused = last_pause(store, self.cluster_name)
             self.brake.load(recent_preemptions(store, self.cluster_name, now - self.brake.window_s))
+            self._lost_recent.extendleft(reversed(recent_losses(store, self.cluster_name, now - COST_WINDOW_S)))
+
+    def preemption_cost(self, now: float) -> dict[str, Any]:
+        """What the preemptions of the last ``COST_WINDOW_S`` (a day) up to ``now`` threw away, in
+        all and by the victim's queue (GPU-seconds, as their ``preempt`` events store them)."""
+        with self._lock:
+            recent = self._lost_recent
+            while recent and recent[0][0] <= now - COST_WINDOW_S:
+                recent.popleft()
+            by: dict[str, float] = {}
+            for t, q, lost in recent:
+                if t <= now:
+                    by[q] = by.get(q, 0.0) + lost
+            return {"window_s": COST_WINDOW_S, "lost_gpu_seconds": round(sum(by.values()), 6),
+                    "by_queue": {q: round(x, 6) for q, x in sorted(by.items())}}
 
     def status(self, now: float) -> dict[str, Any]:
         """The scheduler's acting status (``GET /scheduler/status``)."""
@@ -909,6 +973,7 @@ class SchedulerService:
                 "preemptions_last_hour": dict(sorted(counts.items())),
                 "preemptions_limited": dict(sorted(b.limited.items())),
                 "last_cycle_s": self.stats.last_cycle_s, "cycles": self.stats.cycles,
+                "preemption_cost": self.preemption_cost(now),
             }
 
     # -- state transitions (each records its event) ------------------------------------------------
@@ -928,10 +993,17 @@ class SchedulerService:
             self._ledger(e, now, None)
             bump(self.stats.admissions, w.queue)
 
-    def _preempt(self, v: Entry, by: str, reason: str, now: float, record: bool = True) -> None:
+    def _preempt(self, v: Entry, by: str, reason: str, now: float, record: bool = True,
+                 lost: float | None = None) -> None:
+        """``lost``: what the preemption threw away as stored (a replay); else from its run and its
+        last checkpoint (:func:`scheduler.model.lost_gpu_seconds`)."""
         r = v.running
         assert r is not None
         self._touch(v)
+        if lost is None:
+            lost = round(lost_gpu_seconds(r, now, v.last_checkpoint_s), 6) + 0.0
+        v.lost_last = lost
+        v.lost_gpu_seconds += lost
         if record:
             self._ledger(v, r.start_s, now)
         if v.left_s > 0:
@@ -941,8 +1013,11 @@ class SchedulerService:
         v.reason = Reason(PREEMPTED, f"preempted by {by} at t={ev.round_t(now)}: {reason}")
         self._police(v)
         if record:
-            self._emit(now, "preempt", v.workload, by=by, reason=reason)
+            self._emit(now, "preempt", v.workload, by=by, reason=reason, lost_gpu_seconds=lost)
             bump(self.stats.preemptions, v.workload.queue)
+            q = v.workload.queue
+            self.stats.lost_gpu_seconds[q] = self.stats.lost_gpu_seconds.get(q, 0.0) + lost
+            self._lost_recent.append((ev.round_t(now), q, lost))
 
     def _finish(self, e: Entry, now: float, record: bool = True) -> None:
         self._close(e, FINISHED, now, None)
@@ -997,7 +1072,7 @@ class SchedulerService:
         return admission_rows(e.workload.id, e.workload.queue, cluster=self.cluster_name,
                               namespace=e.target.namespace, gpu_type=r.placement.gpu_type,
                               placement=[(n, float(g)) for n, g in r.placement.nodes], start_s=r.start_s, end_s=end_s,
-                              priority=e.workload.priority)
+                              priority=e.workload.priority, mig_model=self._config.mig_model(r.placement.gpu_type))
 
     # -- the ledger ---------------------------------------------------------------------------------
     def admitted_allocations(self) -> list[Allocation]:
@@ -1094,14 +1169,41 @@ class SchedulerService:
             target={"kind": t.kind, "namespace": t.namespace, "name": t.name},
             actuator_message=e.message, acting=e.acting or (CANCELLING if e.cancelling else None),
             expected_duration_s=w.expected_duration_s,
-            eta=self.forecasts.eta(w.id) if e.state == PENDING else None)
+            eta=self.forecasts.eta(w.id) if e.state == PENDING else None,
+            last_checkpoint_s=e.last_checkpoint_s, lost_gpu_seconds=round(e.lost_gpu_seconds, 6))
+
+    def checkpoint(self, workload_id: str, at_s: float, now: float | None = None) -> WorkloadView:
+        """Its submitter reports a checkpoint taken at ``at_s`` (issue 21): a preemption from now on
+        throws away only the work since then. A report older than the last one is kept as the
+        last (a late or repeated report never moves it back, and changes nothing: the Kubernetes
+        source reports the annotation at every sync). One that moves it is kept in
+        ``scheduler_state`` (reported at ``now``; default: the last event's time), so a restart
+        still counts from it (:mod:`scheduler.service.replay`)."""
+        with self._lock:
+            e = self._active(workload_id)
+            if e.last_checkpoint_s is None or at_s > e.last_checkpoint_s:
+                self._touch(e)
+                e.last_checkpoint_s = at_s
+                self._seq += 1          # its own seq: a restart replays it in order (no scheduler_events row)
+                t = ev.round_t(self._last_t if now is None else max(now, self._last_t))
+                self._journal.write(self._sink, ev.event(t, CHECKPOINT, workload_id, e.workload.queue, at_s=at_s),
+                                    self._seq)
+            return self._view(e)
+
+    def checkpoints(self) -> dict[str, float]:
+        """The open workloads' last reported checkpoints (id -> Unix seconds)."""
+        with self._lock:
+            return {wid: e.last_checkpoint_s for wid, e in self._entries.items() if e.last_checkpoint_s is not None}
 
     def explain(self, workload_id: str) -> WorkloadView:
         with self._lock:
             e = self._entries.get(workload_id) or self._done.get(workload_id)
-            if e is None:
-                raise UnknownWorkload(workload_id)
-            return self._view(e)
+            if e is not None:
+                return self._view(e)
+        got = self.external.get(workload_id) if self.external is not None else None
+        if got is None:
+            raise UnknownWorkload(workload_id)
+        return got  # type: ignore[no-any-return]
 
     def workloads(self, queue: str | None = None, state: str | None = None, limit: int | None = None,
                   offset: int = 0) -> list[WorkloadView]:
@@ -1123,7 +1225,18 @@ class SchedulerService:
                     offset -= 1
                     continue
                 out.append(self._view(e))
-            return out
+        for v in self.external.views() if self.external is not None else ():    # another scheduler's, after
+            if limit is not None and len(out) >= limit:
+                break
+            if queue and queue != ROOT and v.queue != queue and not v.queue.startswith(queue + "."):
+                continue
+            if state and v.state != state:
+                continue
+            if offset > 0:
+                offset -= 1
+                continue
+            out.append(v)
+        return out
 
     def nodes(self) -> list[NodeView]:
         with self._lock:
@@ -1131,12 +1244,17 @@ class SchedulerService:
             used: dict[str, Gpus] = {}
             on: dict[str, list[str]] = {}
             own = (e.running for e in self._entries.values() if e.running is not None)
+            shared: dict[str, dict[str, Gpus]] = {}
             for r in (*own, *self._foreign.running):       # foreign work holds its GPUs too
                 for name, n in r.placement.nodes:
                     used[name] = used.get(name, 0) + n
                     on.setdefault(name, []).append(r.workload.id)
+                for name, slot, share in r.placement.shares:      # which device each share is on
+                    d = shared.setdefault(name, {})
+                    d[str(slot)] = d.get(str(slot), 0) + share
             return [NodeView(n.name, n.gpu_type, n.gpus, gpus_out(used.get(n.name, 0)),
-                             gpus_out(n.gpus - used.get(n.name, 0)), tuple(on.get(n.name, ())))
+                             gpus_out(n.gpus - used.get(n.name, 0)), tuple(on.get(n.name, ())),
+                             {k: gpus_out(v) for k, v in sorted(shared.get(n.name, {}).items(), key=lambda kv: int(kv[0]))})
                     for n in cluster.nodes]
 
     def preemptions(self, limit: int = 100) -> list[PreemptionRecord]:
@@ -1234,6 +1352,7 @@ class SchedulerService:
         """``namespace``: the target's; QueueNotAllowed as for :meth:`submit` (a queue the
         namespace's placement rule makes is made: asking counts as its first use)."""
         with self._lock:
+            workload = self._named(workload, namespace)
             why = self._not_allowed(workload.queue, namespace)
             if why is not None:
                 raise QueueNotAllowed(workload.queue, namespace, why)
@@ -1257,6 +1376,13 @@ class SchedulerService:
                           preemption_delay_s=self.settings.preemption_delay_s)
         return self.forecasts.dry_run(out, seen[0] if seen else None, now)
 
+    def advice_input(self) -> tuple[Snapshot, Mapping[str, tuple[str, ...]]]:
+        """What the advisor (:mod:`scheduler.service.advisor`) decides on: the snapshot the next
+        cycle would see (not the cycle's: a copy it runs on a memo of its own) and, per foreign
+        running workload, the workload ids of its rows (another scheduler's work by its id)."""
+        with self._lock:
+            return self._snapshot(), self._foreign.workload_ids
+
     def restore(self, stored: Iterable[ev.StoredEvent]) -> int:
         """Rebuild the state from stored events (before any submit); return the events replayed.
         The forecasts learn the finished workloads' running times from the same events."""
@@ -1266,7 +1392,7 @@ class SchedulerService:
             self._kept.drop()                       # (and the reasons are all read again)
             self._dirty, self._retold, self._told = set(), set(), {}
             n = self._replay(s for s in stored if s.event["event"] not in PAUSE_KINDS)
-            self.forecasts.learn(stored)
+            self.forecasts.learn(s for s in stored if s.event["event"] != CHECKPOINT)
             for e in self._entries.values():        # the queues placement rules made before the restart
                 path, ns = e.workload.queue, e.target.namespace
                 if path not in self._config.queues and self._nsq.place(path, ns) == path:
@@ -1293,7 +1419,8 @@ class SchedulerService:
                 by_entry = self._entries.get(by)
                 queue = by_entry.workload.queue if by_entry else ""
                 self._history.append(PreemptionRecord(t, by, queue, tuple(e.workload.id for e, *_ in group),
-                                                     tuple(e.workload.queue for e, *_ in group), reason))
+                                                     tuple(e.workload.queue for e, *_ in group), reason,
+                                                     round(sum(e.lost_last for e, *_ in group), 6)))
                 group.clear()
 
         for se in stored:
@@ -1323,11 +1450,16 @@ class SchedulerService:
                 skipped += 1
                 continue
             journal.record(e, se.seq)
-            if kind == "admit":
+            if kind == CHECKPOINT:
+                at = float(e.get("at_s", 0.0))
+                if entry.last_checkpoint_s is None or at > entry.last_checkpoint_s:
+                    entry.last_checkpoint_s = at
+            elif kind == "admit":
                 placement = placement_of_event(e["gpu_type"], e["placement"], e.get("shares"))
                 self._start(entry, placement, t, "restored", record=False)
             elif kind == "preempt" and entry.running is not None:
-                self._preempt(entry, e.get("by", ""), e.get("reason", ""), t, record=False)
+                self._preempt(entry, e.get("by", ""), e.get("reason", ""), t, record=False,
+                              lost=float(e.get("lost_gpu_seconds", 0.0)))
                 group.append((entry, t, e.get("by", ""), e.get("reason", "")))
             elif kind == "finish":
                 self._finish(entry, t, record=False)

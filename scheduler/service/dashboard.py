@@ -180,7 +180,7 @@ def _scrapes(registry: Any) -> list[dict[str, Any]]:
 
 
 _EVENTS_SQL = """
-SELECT t, seq, event, workload, queue, gpu_type, placement_milli, by, reason
+SELECT t, seq, event, workload, queue, gpu_type, placement_milli, by, reason, lost_gpu_seconds
 FROM {db}.scheduler_events
 WHERE cluster = {c:String} AND t >= {t0:Float64} AND t <= {t1:Float64} AND event IN {kinds:Array(String)}
 ORDER BY t DESC, seq DESC
@@ -193,13 +193,15 @@ def scheduler_events(store: Any, cluster: str, start_s: float, end_s: float, kin
     ``gpu_type`` are the workload's: an admit carries its placement; a finish, preempt or cancel of
     a running workload the placement of its last admit before it (since its last preemption);
     anything else (submit, reject, a
-    pending workload's cancel) the GPUs its submission asked for (``gpu_type`` '' there)."""
+    pending workload's cancel) the GPUs its submission asked for (``gpu_type`` '' there). A
+    ``preempt`` also has ``lost_gpu_seconds``, the work it threw away (issue 21)."""
     rows = store.query(_EVENTS_SQL.replace("{db}", store.database),
                        {"c": cluster, "t0": start_s, "t1": end_s, "kinds": list(kinds), "limit": limit}).rows
     out = [{"t": float(t), "seq": int(seq), "event": str(e), "workload": str(w), "queue": str(q),
             "gpu_type": str(g), "gpus": as_gpus(int(sum((p or {}).values()))),
             "placement": {str(k): as_gpus(int(v)) for k, v in (p or {}).items()},
-            "by": str(b), "reason": str(r)} for t, seq, e, w, q, g, p, b, r in rows]
+            "by": str(b), "reason": str(r), **({"lost_gpu_seconds": float(x)} if e == "preempt" else {})}
+           for t, seq, e, w, q, g, p, b, r, x in rows]
     bare = [e for e in out if not e["placement"]]
     if bare:
         _fill_gpus(store, cluster, bare)

@@ -57,7 +57,7 @@ from gpuq.timefmt import iso
 from scheduler import events as ev
 from scheduler.forecast import DurationModel, Eta
 from scheduler.timeline import Timeline, live_forecaster
-from scheduler.model import Workload
+from scheduler.model import Decisions, Workload
 from scheduler.snapshot import Cluster, Snapshot
 
 if TYPE_CHECKING:
@@ -172,9 +172,10 @@ class _Engine:
         self._forecaster: Timeline | None = None
 
     def forecast(self, snap: Snapshot, now: float, sampler: random.Random, targets: Iterable[str],
-                 done_s: dict[str, float], cycle: bool = True) -> dict[str, Eta]:
+                 done_s: dict[str, float], cycle: bool = True, first: Decisions | None = None) -> dict[str, Eta]:
         """``cycle``: run the present cycle first (a dry run, whose workload may start now); the
-        refresh passes False, its snapshot holding the last cycle's decisions already."""
+        refresh passes False, its snapshot holding the last cycle's decisions already. ``first``:
+        the present cycle's decisions, already made (the advisor's run)."""
         with self.lock:
             while self.inbox:
                 w, ran = self.inbox.popleft()
@@ -183,7 +184,7 @@ class _Engine:
                 self._cluster = snap.cluster         # the service builds a new one at each change
                 self._forecaster = live_forecaster(snap.cluster, self.interval_s)
             return self._forecaster.forecast(snap, now, self.model, sampler, targets=targets, done_s=done_s,
-                                             cycle=cycle)
+                                             cycle=cycle, first=first)
 
 
 class Forecasts:
@@ -199,6 +200,8 @@ class Forecasts:
         self._open: dict[str, _Open] = {}
         self._refresh = _Engine(interval_s)
         self._dry = _Engine(interval_s)
+        self._external = _Engine(interval_s)          # another scheduler's pending work (external)
+        self._external_learnt: set[str] = set()
         self.accuracy = Accuracy()
         self._wake = threading.Event()
         self.refreshes = 0
@@ -367,6 +370,24 @@ class Forecasts:
         sampler = random.Random(self.seed * 1_000_003 - 1)
         eta = self._dry.forecast(snap, now, sampler, (out.workload,), done).get(out.workload)
         return replace(out, eta=made(now, eta).shown) if eta is not None else out
+
+    def external(self, snap: Snapshot, first: Decisions, now: float, targets: Iterable[str],
+                 finished: Iterable[tuple[Workload, float]] = ()) -> dict[str, dict[str, str]]:
+        """Start-time forecasts of another scheduler's pending workloads (``queues_from: kueue``,
+        ``yunikorn``) as gpuq would run them: forward from the advisor's run
+        (:func:`scheduler.service.advisor.run`: ``snap`` is the live snapshot with them added,
+        ``first`` its decisions at ``now``), by the same timeline as gpuq's own. So it is gpuq's
+        forecast under gpuq's policy with the other scheduler's quotas, not that scheduler's.
+        ``finished``: that scheduler's finished workloads with their running times; each teaches
+        this forecast's duration model once (gpuq's own forecasts learn from gpuq's events only).
+        Called from the accounting loop; an engine of its own, so it never waits for a refresh."""
+        for w, ran in finished:
+            if w.id not in self._external_learnt and ran >= 0:
+                self._external_learnt.add(w.id)
+                self._external.inbox.append((w, ran))
+        sampler = random.Random(self.seed * 1_000_003 - 2)
+        got = self._external.forecast(snap, now, sampler, tuple(targets), {}, cycle=False, first=first)
+        return {wid: made(now, eta).shown for wid, eta in got.items()}
 
     # -- the loop ---------------------------------------------------------------------------------------
     def serve(self, stop: threading.Event, clock: Callable[[], float], every_s: float, gap_s: float) -> None:

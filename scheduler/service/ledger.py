@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from accounting.ledger import ADMISSION
@@ -34,7 +34,7 @@ def admission_store_row(a: Allocation) -> tuple[Any, ...]:
     end = None if a.end_s is None else dt.datetime.fromtimestamp(max(a.end_s, a.start_s), dt.UTC)
     version = round((a.start_s if a.end_s is None else max(a.end_s, a.start_s)) * 1000) * 10 \
         + (1 if a.end_s is None else 2)
-    return (a.cluster, a.namespace, a.pod, a.uid, a.queue, a.node, a.gpu_model, a.gpu_resource, a.gpus,
+    return (a.cluster, a.namespace, a.pod, a.uid, a.queue, a.node, a.gpu_model, a.gpu_resource, a.billed_gpus,
             a.priority, a.ray_cluster, start, end, version, ADMISSION, a.workload_id, "", "")
 
 
@@ -65,6 +65,9 @@ class Foreign:
     running: tuple[Running, ...]            # counted for a leaf queue
     occupied: Mapping[str, tuple[str, int]]  # node -> (gpu type, GPUs) held outside any leaf queue
     allocations: tuple[Allocation, ...]
+    # running id -> the workload ids its rows carry (another scheduler's: ``kueue/<ns>/<name>``),
+    # sorted; what the advisor (scheduler.service.advisor) names another scheduler's work by
+    workload_ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def foreign(observed: Iterable[Allocation], known: Callable[[str], bool],
@@ -84,6 +87,7 @@ def foreign(observed: Iterable[Allocation], known: Callable[[str], bool],
         groups.setdefault(key, []).append((node, a))
     running: list[Running] = []
     occupied: dict[str, tuple[str, int]] = {}
+    ids: dict[str, tuple[str, ...]] = {}
     for (cluster, ns, owner, queue, gpu_type), members in sorted(groups.items()):
         per_node: dict[str, int] = {}
         for node, a in members:
@@ -104,7 +108,10 @@ def foreign(observed: Iterable[Allocation], known: Callable[[str], bool],
                      gpu_types=(gpu_type,), priority=max(a.priority for _, a in members), preemptible=False,
                      submit_s=start)
         running.append(Running(w, Placement(gpu_type, tuple(sorted(per_node.items()))), start))
-    return Foreign(tuple(running), occupied, tuple(rows))
+        named = sorted({a.workload_id for _, a in members if a.workload_id})
+        if named:
+            ids[w.id] = tuple(named)
+    return Foreign(tuple(running), occupied, tuple(rows), ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ bookkeeping; register on the serving process's registry next to the accounting's
     gpuq_scheduler_rejected_total{queue}             workloads that can never run
     gpuq_scheduler_admissions_total{queue}           admissions (a preempted workload counts again)
     gpuq_scheduler_preemptions_total{queue}          preempted workloads, by the victim's queue
+    gpuq_scheduler_preemption_lost_gpu_seconds_total{queue}  work they threw away (issue 21)
     gpuq_scheduler_actuator_failures_total{verb}     admit / preempt / cancel that failed after retries
     gpuq_scheduler_actions_fenced_total{verb}        actions dropped (not carried out, or retries stopped)
                                                      because this replica no longer holds the Lease
@@ -112,6 +113,12 @@ class SchedulerCollector(Collector):
             ("gpuq_scheduler_preemptions", "Workloads preempted, by the victim's queue.", st.preemptions),
         ):
             yield _counter(name, doc, ["queue"], {(q,): n for q, n in data.items()})
+        lost = CounterMetricFamily("gpuq_scheduler_preemption_lost_gpu_seconds",
+                                   "GPU-seconds of work preemptions threw away (since the last checkpoint "
+                                   "where the workload reports one), by the victim's queue.", labels=["queue"])
+        for q, x in sorted(st.lost_gpu_seconds.items()):
+            lost.add_metric([q], x)
+        yield lost
         yield _counter("gpuq_scheduler_actuator_failures", "Actuator calls that failed after their retries.",
                        ["verb"], {(v,): n for v, n in st.actuator_failures.items()})
         yield _counter("gpuq_scheduler_actions_fenced", "Actions dropped because this replica no longer holds "

@@ -16,6 +16,13 @@ tombstone when it ends), and :func:`read_restart` replays the union of both tabl
 running longer than the events' retention is still known. The cluster's pause is kept there too
 (workload ``""``, a tombstone at resume; :func:`read_pause`), so no retention lifts a pause. The
 restore writes the open workloads' rows again (a store from before ``scheduler_state`` gets them at its first restart).
+
+A checkpoint its submitter reported (issue 21: ``POST /workloads/{id}/checkpoint`` or the
+``gpuq.io/last-checkpoint`` annotation) is kept in the same row as a ``checkpoint`` event
+(``at_s``: when the checkpoint was taken; ``t``: when it was reported), the last one only: it
+matters only while the workload is open (a preemption's cost, stored on its ``preempt`` event,
+counts from it), so it is not an audit-trail row in ``scheduler_events`` and needs no table of
+its own. Replayed, it gives the workload its ``last_checkpoint_s`` again.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ from scheduler.events import StoredEvent, read_events
 STATE_TABLE = "scheduler_state"
 CLOSING = ("finish", "cancel", "reject")
 PAUSE_KEY = ""          # the cluster's pause in scheduler_state: workload ids are never empty
+CHECKPOINT = "checkpoint"   # a reported checkpoint: scheduler_state only (the module docstring)
 
 
 class Journal:
@@ -55,6 +63,9 @@ class Journal:
         elif kind in CLOSING:
             known = self._open.pop(wid, None) is not None
             return [self._row(wid, seq, event, deleted=True)] if known else []
+        elif kind == CHECKPOINT and wid in self._open:      # the last one only
+            kept = [x for x in self._open[wid] if x[1].get("event") != CHECKPOINT]
+            self._open[wid] = [*kept, [int(seq), dict(event), ""]]
         elif wid in self._open:
             self._open[wid].append([int(seq), dict(event), ""])
         else:

@@ -53,6 +53,44 @@ def _loop(name: str, stop: threading.Event, interval_s: float, body: Callable[[]
     return t
 
 
+def kueue_workloads(store: Any, accounting: Any, service: Any) -> Any:
+    """Kueue's Workloads (:class:`scheduler.service.kueue.KueueWorkloads`) in ``service``'s
+    ``/workloads`` and ``explain``, and their pending GPUs in the accounting's pending demand; their
+    queue is the one the accounting resolves their LocalQueue to (``mapping.local_queues``), else the
+    leaf named after their ClusterQueue."""
+    from accounting.resolve import UNASSIGNED
+    from scheduler.service.kueue import KueueWorkloads, store_reader
+
+    def queue_of(namespace: str, local_queue: str, cluster_queue: str) -> str:
+        resolver = accounting.resolver()
+        got = resolver.queue(local_queue, namespace) if local_queue else UNASSIGNED
+        if got == UNASSIGNED and cluster_queue:
+            got = resolver.queue(cluster_queue, namespace)
+        return str(got)
+
+    kueue = KueueWorkloads(store_reader(store), queue_of)
+    service.external = kueue
+    scheduled = service.pending_demand
+    accounting.pending = lambda: kueue.demand(scheduled())
+    return kueue
+
+
+def yunikorn_applications(store: Any, accounting: Any, service: Any) -> Any:
+    """YuniKorn's pending applications (:class:`scheduler.service.yunikorn.YuniKornApplications`) in
+    ``service``'s ``/workloads`` and ``explain`` (their GPUs are pending pods, which the accounting
+    counts already); their queue is the one the accounting resolves the queue their pods name to (the
+    namespace's own where they name none)."""
+    from scheduler.service.kueue import store_reader
+    from scheduler.service.yunikorn import YuniKornApplications
+
+    def queue_of(namespace: str, queue: str, _: str) -> str:
+        return str(accounting.resolver().queue(queue, namespace))
+
+    apps = YuniKornApplications(store_reader(store), queue_of)
+    service.external = apps
+    return apps
+
+
 def _has_sources(settings: Any) -> bool:
     c = settings.collector
     return bool(c.ray or c.dcgm or c.kubernetes or c.nvml.enabled)
@@ -97,11 +135,28 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
     actuator: Any = None
     service: Any = None
     sc: Any = None
+    kueue: Any = None
     try:
+        tree: Any = None
+        if settings.queues_from == "kueue":
+            from scheduler.service.kueue import KueueQueues, store_reader
+
+            log.warning("queues_from: kueue: gpuq advises; Kueue acts (the %s actuator acts on nothing); the "
+                        "queue tree follows Kueue's objects", settings.scheduler.actuator)
+            tree = KueueQueues(store_reader(store))
+        elif settings.queues_from == "yunikorn":
+            from scheduler.service.kueue import store_reader
+            from scheduler.service.yunikorn import YuniKornQueues
+
+            yk = settings.yunikorn
+            log.warning("queues_from: yunikorn: gpuq advises; YuniKorn acts (the %s actuator acts on nothing); the "
+                        "queue tree follows the queues.yaml of the ConfigMap yunikorn-configs (else yunikorn-defaults) "
+                        "of namespace %s, partition %s", settings.scheduler.actuator, yk.namespace, yk.partition)
+            tree = YuniKornQueues(store_reader(store), yk.namespace, yk.partition)
         accounting = LiveAccounting(store, queues_file=settings.queues_file, params=idle_params(settings),
                                     starvation_s=settings.accounting.starvation_s,
                                     declared=declared([(n.name, n.gpu_type, n.gpus) for n in nodes or ()],
-                                                      cluster))
+                                                      cluster), watcher=tree)
         sc = settings.scheduler
         fence = leader.holds_lease if leader is not None else None    # no election: never fenced
         actuator = make_actuator(settings, fence=fence)
@@ -113,7 +168,8 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         # the actuators retry with backoff themselves, and the next cycle is the retry after that
         limit = sc.preemption_limit
         service = SchedulerService(accounting.config, actuator, nodes=nodes or (),
-                                   settings=CoreSettings(sc.preemption, sc.preemption_delay_s), sink=writer,
+                                   settings=CoreSettings(sc.preemption, sc.preemption_delay_s, sc.reclaim,
+                                                         sc.usage_half_life_s), sink=writer,
                                    cluster=cluster, retry_attempts=1, workers=sc.actuator_workers,
                                    budget_s=sc.actuator_budget_s, refused_backoff_s=sc.refused_backoff_s,
                                    brake=PreemptionBrake(limit.per_queue_per_hour, limit.cluster_per_hour),
@@ -125,6 +181,10 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
             log.warning("acting is PAUSED since %s by %s (%s): POST /admin/resume to act again",
                         iso(service.paused.since_s), service.paused.by or "?", service.paused.reason or "no reason")
         accounting.follow(service)
+        if settings.queues_from == "kueue":
+            kueue = kueue_workloads(store, accounting, service)
+        elif settings.queues_from == "yunikorn":
+            kueue = yunikorn_applications(store, accounting, service)
         # admitted but unseen for this long is actuator drift; the dry-run actuator acts on nothing
         grace = None if sc.actuator == "dry-run" else max(120.0, 4 * settings.accounting.interval_s)
         log.info("nodes: the accounting's inventory (%s)", "the collectors' nodes and %d declared in the nodes file"
@@ -134,10 +194,16 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
         def account() -> None:
             now = clock()
             accounting.reload(accept=service.set_config)
+            if kueue is not None:
+                kueue.refresh()                     # Kueue's Workloads (YuniKorn's pending applications): views, demand
             r = accounting.refresh(now)
             service.set_nodes(r.nodes)              # the one inventory (nodes file included)
             service.set_idle_targets(r.idle)
+            if sc.usage_half_life_s > 0:            # fair share over time: the queues' decayed usage
+                service.set_usage(accounting.decayed_usage(now, sc.usage_half_life_s), now)
             service.set_observed(r.observed, accounting.queue_of, r.node_name, now, grace)
+            if kueue is not None:
+                kueue.advise(service, now)          # gpuq's advice beside Kueue's reasons (advisor)
             if check_books(accounting, service, r, now):    # the books against the scheduler's record
                 log.warning("the books do not balance: %d cells, %g GPUs (gpuq check)", len(service.books),
                             unbalanced(service.books))
@@ -161,7 +227,7 @@ def serve(settings: Any, stop: threading.Event, *, nodes: Sequence[Node] | None 
                                      args=(stop, clock, settings.accounting.interval_s, sc.cycle_interval_s))
         forecasts.start()
         threads.append(forecasts)
-        sync = world_sync(settings, service, actuator)
+        sync = world_sync(settings, service, actuator, accounting.replicas_by_type)
         if sync is not None:
             threads.append(_loop("world-sync", stop, settings.accounting.interval_s, lambda: sync(clock())))
         if collect and _has_sources(settings):

@@ -14,7 +14,11 @@ function every ``accounting.interval_s``).
   (``gpuq.io/priority`` above ``max_priority``, ``gpuq.io/preemptible: "false"`` where
   non-preemptible work is not allowed: :mod:`scheduler.policy`) is submitted but held pending with
   the reason ``policy``, and told so by a ``PolicyRefused`` Event on the object; fixed, it is taken
-  again as it is.
+  again as it is. A listed object's ``gpuq.io/last-checkpoint`` annotation (the source's
+  ``checkpoints``; issue 21) is its workload's last checkpoint, as ``POST /workloads/{id}/checkpoint``
+  reports one: the ``Workload`` is immutable and the annotation moves as the job saves, so it is fed
+  to the service's entry (:meth:`SchedulerService.checkpoint`: only a later one moves it), and a
+  preemption then throws away only the work since it.
 * **ray**: :func:`sync_ray` asks the Ray actuator for the status of each running
   ``RaySubmission`` workload; a job that ended (SUCCEEDED, FAILED, or STOPPED by someone else)
   finishes the workload.
@@ -22,7 +26,7 @@ function every ``accounting.interval_s``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,11 +70,11 @@ def sync_listed(service: SchedulerService, source: WorkloadLister, now: float, t
     refused = getattr(source, "refused", None)
     for w, t in pending:
         hold = service.policy_hold(w.id)
-        if hold is not None and hold[0] != w:
+        if hold is not None and hold[0] != service.as_held(w, t.namespace):
             service.remove(w.id, now, "its object changed while held for its queue's policy")
         state = service.state_of(w.id)
         held_in = service.not_allowed_queue(w.id) if state == "pending" else None
-        if held_in is not None and held_in != w.queue:                     # relabelled: taken again
+        if held_in is not None and held_in != service.as_held(w, t.namespace, placed=False).queue:   # relabelled
             service.remove(w.id, now, f"its object now names queue {w.queue}")
             state = "cancelled"
         if state in (None, "finished", "cancelled"):
@@ -95,6 +99,10 @@ def sync_listed(service: SchedulerService, source: WorkloadLister, now: float, t
                     tell(w, t, hold[1])
                 if told is not None:
                     told[w.id] = hold[1]
+    known = service.checkpoints()
+    for wid, at in (getattr(source, "checkpoints", None) or {}).items():
+        if (wid not in known or at > known[wid]) and service.state_of(wid) in ("running", "pending"):
+            service.checkpoint(wid, at, now)
     for w, _, _ in admitted:
         if service.state_of(w.id) not in ("running", "pending"):
             unknown.append(w.id)
@@ -126,12 +134,14 @@ def sync_ray(service: SchedulerService, actuator: Any, now: float) -> list[str]:
     return done
 
 
-def world_sync(settings: Any, service: SchedulerService, actuator: Actuator) -> Callable[[float], Any] | None:
-    """The sync for the configured actuator, or None (dry-run: workloads come from the API only)."""
+def world_sync(settings: Any, service: SchedulerService, actuator: Actuator,
+               replicas: Callable[[], Mapping[str, int]] = lambda: {}) -> Callable[[float], Any] | None:
+    """The sync for the configured actuator, or None (dry-run: workloads come from the API only).
+    ``replicas``: the time-sliced GPU types now (``LiveAccounting.replicas_by_type``)."""
     if actuator.name == "kubernetes":
         from scheduler.actuators.k8s_workloads import KubernetesWorkloadSource
 
-        source = KubernetesWorkloadSource(settings)
+        source = KubernetesWorkloadSource(settings, replicas=replicas)
         told: dict[str, str] = {}
         return lambda now: sync_listed(service, source, now, tell=getattr(actuator, "refuse", None), told=told)
     if actuator.name == "ray":

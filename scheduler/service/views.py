@@ -60,6 +60,11 @@ class Entry:
     not_allowed: bool = False          # its namespace may not use its queue: held pending, not decided on
     owner: str = ""                    # who submitted it (``name (role)``; "" for the world's own)
     policy: str = ""                   # pending over its queue's policy (why): held out of the cycle
+    # issue 21: the last checkpoint its submitter reported (the API, or gpuq.io/last-checkpoint), and
+    # the GPU-seconds of work its preemptions threw away (the last one's, and all of them)
+    last_checkpoint_s: float | None = None
+    lost_last: float = 0.0
+    lost_gpu_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,15 @@ class WorkloadView:
     # pending: when it is expected to start, ISO times {p10, p50, p90, at (when forecast)};
     # None while not forecast yet, held, or not pending (scheduler.service.forecasts)
     eta: dict[str, str] | None = None
+    # issue 21: its last checkpoint as reported (scheduler clock), and what its preemptions cost
+    last_checkpoint_s: float | None = None
+    lost_gpu_seconds: float = 0.0
+    # another scheduler's pending workload (queues_from: kueue): what gpuq's own scheduler would do
+    # with it (scheduler.service.advisor); None for gpuq's own workloads and while not advised yet
+    advice: Advice | None = None
+    # another scheduler's pending workload: whose ``position`` it is, ``kueue`` (Kueue's visibility
+    # API) or ``computed`` (gpuq's rank in that scheduler's order); None for gpuq's own
+    position_source: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +115,9 @@ class NodeView:
     used: int | float                  # shares held count as shares (issue 19)
     free: int | float
     workloads: tuple[str, ...]
+    # the devices gpuq's gangs of shares hold part of: device slot -> the share in use (issue 19).
+    # A slot is one device for as long as shares hold it, not the device's index on the node
+    devices: dict[str, int | float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +128,7 @@ class PreemptionRecord:
     victims: tuple[str, ...]
     victim_queues: tuple[str, ...]
     reason: str
+    lost_gpu_seconds: float = 0.0        # the work its victims threw away (issue 21)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +162,29 @@ class DryRun:
     eta: dict[str, str] | None = None       # when it would start (as WorkloadView.eta); None: rejected
 
 
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """What gpuq's scheduler would do with a workload another scheduler holds pending
+    (:mod:`scheduler.service.advisor`), decided by the core on the snapshot of the live cycle with
+    that scheduler's pending workloads added. ``outcome``: ``admit`` (fits now, at ``placement``),
+    ``preempt`` (admitted after ``victims`` stop), ``wait`` (with gpuq's ``reason_code``,
+    ``message`` and ``position`` in its queue), ``reject`` (can never run here) or ``none`` (gpuq
+    cannot decide on it: ``message`` says why). ``after_delay``: a ``preempt`` that would come only
+    once the workload's preemption delay is over (``at_s``). ``summary``: the one line people read
+    (``gpuq explain``, the dashboards)."""
+
+    outcome: str
+    at_s: float
+    summary: str
+    gpu_type: str | None = None
+    placement: dict[str, int | float] | None = None
+    victims: tuple[Victim, ...] = ()
+    reason_code: str | None = None
+    message: str | None = None
+    position: int | None = None
+    after_delay: bool = False
+
+
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # a workload's wait from submission to its first admission: seconds to a day
 WAIT_BUCKETS_S = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0,
@@ -161,6 +202,7 @@ class ServiceStats:
     last_cycle_duration_s: float = 0.0
     admissions: dict[str, int] = field(default_factory=dict)      # by queue
     preemptions: dict[str, int] = field(default_factory=dict)     # by victim queue
+    lost_gpu_seconds: dict[str, float] = field(default_factory=dict)  # by victim queue: what they threw away
     submitted: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     actuator_failures: dict[str, int] = field(default_factory=dict)   # by verb

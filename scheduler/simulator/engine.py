@@ -1,6 +1,6 @@
 """The simulated clock around the production core: ``schedule()`` runs on a grid of
 ``cycle_interval_s``; the clock jumps over idle stretches to the next grid time at or after the
-next submit, finish or preemption-delay expiry, so a long trace costs what its events cost.
+next submit, finish or preemption-delay expiry or end of a minimum runtime, so a long trace costs what its events cost.
 
 At one instant the order is: finishes (in start order), the ends and then the starts of fixed load
 (the scenario's optional ``fixed:``, below), submits (in file order, each followed by
@@ -21,6 +21,13 @@ victim and makes no event. At its start it takes its node when the GPUs are free
 node of its GPU type with the fewest free GPUs that has room (the replay may have placed work
 where history did not), else it is *displaced*: not held, and named in the summary. A scenario
 without ``fixed:`` runs exactly as before: nothing of this is touched.
+
+Fair share over time (``scheduler.usage_half_life_s`` > 0, issue 21): each queue's decayed usage
+(:class:`accounting.decay.DecayedUsage`) follows the replay's own starts and stops (admits,
+finishes, preemptions, and fixed load held in a queue) on the simulated clock, and every cycle's
+snapshot carries it at the cycle's time (:attr:`scheduler.snapshot.Snapshot.usage`): a pure
+function of the events so far, the same on every run. Off (0, the default), no snapshot carries
+usage and nothing of this runs.
 """
 from __future__ import annotations
 
@@ -35,10 +42,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from accounting.decay import DecayedUsage
 from scheduler.cycle import never_fits, schedule
 from scheduler.events import event as make_event
 from scheduler.forecast import MIN_SAMPLES, RUNS, ArrivalModel, DurationModel, Forecaster
-from scheduler.model import Decisions, Placement, Running, Workload, gpus_out, whole
+from scheduler.model import Decisions, Placement, Running, Workload, gpus_out, lost_gpu_seconds, whole
 from scheduler.timeline import HIGH, LOW, MID, Timeline
 from scheduler.policy import refusal
 from scheduler.progress import Progress
@@ -164,6 +172,9 @@ class _Sim:
         self.seq = 0
         self.next_submit = 0
         self.expiry: list[tuple[float, str]] = []   # (submit + preemption delay, id)
+        # (start + its queue's min_runtime_s, id): when running work may first be a victim
+        self.protected: list[tuple[float, str]] = []
+        self.min_runtime = {q: c.min_runtime_s for q, c in sc.cluster.config.queues.items() if c.min_runtime_s > 0}
         # the occupancy as last computed, and what stopped and started since (see settle)
         self.occ: Occupancy = occupancy_of(sc.cluster, ())
         self.stopped: list[Running] = []
@@ -184,6 +195,10 @@ class _Sim:
         self.held: list[HeldLoad] = []
         self.displaced: list[str] = []
         self.devices = Devices(sc.cluster)
+        # fair share over time (scheduler.usage_half_life_s > 0): each queue's decayed usage, fed by
+        # every start and stop below; None when off (the snapshots then carry no usage)
+        h = sc.settings.usage_half_life_s
+        self.decayed = DecayedUsage(h) if h > 0 else None
 
     def emit(self, t: float, event: str, w: Workload, **extra: Any) -> None:
         self.events.append(make_event(t, event, w.id, w.queue, **extra))
@@ -255,6 +270,8 @@ class _Sim:
         r = Running(w, Placement(gpu_type, ((node, f.gpus),)), t)
         self.occ = occupancy_after(self.cluster, self.occ, (), (r,))
         self.devices.take(w.id, r.placement)
+        if self.decayed is not None and f.queue is not None:
+            self.decayed.change(f.queue, float(f.gpus), t)
         self.holding[f.id] = (f, r)
         if f.end_s is not None:
             heapq.heappush(self.fixed_ends, (f.end_s, self.next_fixed, f.id))
@@ -273,6 +290,8 @@ class _Sim:
         f, r = self.holding.pop(fid)
         self.occ = occupancy_after(self.cluster, self.occ, (r,), ())
         self.devices.give(r.workload.id)
+        if self.decayed is not None and f.queue is not None:
+            self.decayed.change(f.queue, -float(f.gpus), t)
         self._log_hold(f, r, t)
 
     def _log_hold(self, f: Fixed, r: Running, t: float) -> None:
@@ -291,6 +310,8 @@ class _Sim:
             self.settle()
         self.stopped.append(r)
         self.gpu_seconds_add(r, t)
+        if self.decayed is not None:
+            self.decayed.change(r.workload.queue, -float(r.workload.gpus), t)
 
     def gpu_seconds_add(self, r: Running, t: float) -> None:
         gs = float(r.workload.gpus) * (t - r.start_s)
@@ -319,7 +340,8 @@ class _Sim:
         running = tuple(self.running.values())
         if self.holding:                    # fixed load runs too: never a victim (not preemptible)
             running += tuple(r for _, r in self.holding.values())
-        snap = Snapshot(self.cluster, running, pending, self.occ, self.sc.settings, changes)
+        usage = self.decayed.at(now) if self.decayed is not None else None
+        snap = Snapshot(self.cluster, running, pending, self.occ, self.sc.settings, changes, usage)
         t0 = time.perf_counter()
         decisions = self.schedule_fn(snap, now)
         self.core_s += time.perf_counter() - t0
@@ -357,8 +379,11 @@ class _Sim:
                 self._stop(vid, now)
                 v = self.stopped[-1]
                 vw = v.workload
-                self.emit(now, "preempt", vw, by=w.id, reason=why[w.id])
+                # a workload that checkpoints resumes where it stopped: it loses nothing (issue 21)
+                lost = round(lost_gpu_seconds(v, now, now if vw.checkpoint else None), 6) + 0.0
+                self.emit(now, "preempt", vw, by=w.id, reason=why[w.id], lost_gpu_seconds=lost)
                 self.stats[vw.queue].preempted += 1
+                self.stats[vw.queue].lost_gpu_seconds += lost
                 self.left[vid] = self.left[vid] - (now - v.start_s) if vw.checkpoint else vw.duration_s
                 if self.eta is not None and vw.checkpoint:
                     self.eta.ran[vid] = self.eta.ran.get(vid, 0.0) + now - v.start_s
@@ -376,6 +401,11 @@ class _Sim:
                 self.stats[w.queue].waits.append(now - w.submit_s)
             r = Running(w, a.placement, now)
             self.running[w.id] = r
+            protect = self.min_runtime.get(w.queue)
+            if protect:                  # a cycle when it may first be a victim (issue 21)
+                heapq.heappush(self.protected, (now + protect, w.id))
+            if self.decayed is not None:
+                self.decayed.change(w.queue, float(w.gpus), now)
             started.append(r)
             self.seq += 1
             end = now + self.left[w.id]
@@ -398,6 +428,11 @@ class _Sim:
             heapq.heappop(ex)
         if ex and self.sc.settings.preemption:
             times.append(ex[0][0])
+        pr = self.protected
+        while pr and (pr[0][0] <= now + EPS or pr[0][1] not in self.running):
+            heapq.heappop(pr)
+        if pr and self.pending and self.sc.settings.preemption:   # a victim its min runtime protected
+            times.append(pr[0][0])
         if self.fixed_ends and self.pending:    # GPUs fixed load gives back may start a pending one
             times.append(self.fixed_ends[0][0])
         return min(times) if times else None

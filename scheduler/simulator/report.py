@@ -24,6 +24,7 @@ class QueueStats:
     preempted: int = 0          # preempt events
     rejected: int = 0
     gpu_seconds: float = 0.0
+    lost_gpu_seconds: float = 0.0   # work its preemptions threw away (issue 21)
     waits: list[float] = field(default_factory=list)   # submit to first admit
 
 
@@ -131,6 +132,8 @@ def summarize(
         },
         "scheduler": {"cycles": cycles, "wall_s": round(core_s, 6)},
     }
+    if summary["preemptions"]:      # issue 21: only then, so a run without preemptions keeps its bytes
+        summary["lost_gpu_seconds"] = round(sum(s.lost_gpu_seconds for s in stats.values()), 6) + 0.0
     if sc.fixed:            # only then: a scenario without fixed load keeps its bytes
         summary["fixed"] = {
             "held": len(held),

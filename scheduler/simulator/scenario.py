@@ -26,11 +26,11 @@ from gpuq.errors import shown
 from gpuq.gcpause import collector_paused
 from scheduler.errors import ScenarioError, SnapshotError
 from scheduler.model import Gpus, Node, Workload, share_of_gpus
-from scheduler.snapshot import Cluster, Settings, build_cluster
+from scheduler.snapshot import GUARANTEE, RECLAIM_MODES, Cluster, Settings, build_cluster
 
 TOP = frozenset({"name", "until", "scheduler", "gpu_types", "nodes", "queues", "policy", "workloads",
                  "workloads_file", "fixed"})
-SCHED = frozenset({"preemption", "preemption_delay_s", "cycle_interval_s"})
+SCHED = frozenset({"preemption", "preemption_delay_s", "cycle_interval_s", "reclaim", "usage_half_life_s"})
 NODE = frozenset({"name", "gpu_type", "gpus", "count", "cpu", "memory"})
 WORK = frozenset({"id", "queue", "submit", "duration", "pods", "gpus_per_pod", "gpu_types", "priority",
                   "preemptible", "checkpoint", "count", "originator", "expected_duration"})
@@ -155,6 +155,21 @@ def load_nodes(path: str) -> list[Node]:
     return list(parse_scenario({"nodes": nodes}, source=path).cluster.nodes)
 
 
+def _reclaim(r: _Reader, v: Any) -> str:
+    """``scheduler.reclaim`` (issue 21): ``guarantee`` (the default) or ``fair_share``."""
+    if v not in RECLAIM_MODES:
+        raise r.fail("scheduler.reclaim", f"expected one of {', '.join(RECLAIM_MODES)}, got {shown(v)}")
+    return str(v)
+
+
+def _half_life(r: _Reader, v: Any) -> float:
+    """``scheduler.usage_half_life_s``: 0 (off) or a finite positive number of seconds."""
+    h = r.num(v, "scheduler.usage_half_life_s")
+    if not math.isfinite(h):
+        raise r.fail("scheduler.usage_half_life_s", f"expected a finite number of seconds (0: off), got {shown(v)}")
+    return h
+
+
 def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(load_yaml(path), source=str(path))
 
@@ -168,6 +183,8 @@ def parse_scenario(data: Any, source: str = "<mapping>", base_dir: str | Path | 
     settings = Settings(
         preemption=r.flag(sched.get("preemption", True), "scheduler.preemption"),
         preemption_delay_s=r.num(sched.get("preemption_delay_s", 30), "scheduler.preemption_delay_s"),
+        reclaim=_reclaim(r, sched.get("reclaim", GUARANTEE)),
+        usage_half_life_s=_half_life(r, sched.get("usage_half_life_s", 0)),
     )
     interval = r.num(sched.get("cycle_interval_s", 1), "scheduler.cycle_interval_s", positive=True)
     until = None if top.get("until") is None else r.num(top["until"], "until")

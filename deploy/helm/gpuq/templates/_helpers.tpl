@@ -110,6 +110,13 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- $api := dict "host" "0.0.0.0" "port" (int .Values.service.port) -}}
 {{- $dash := dict "api_url" (printf "http://%s.%s.svc:%d" (include "gpuq.fullname" .) .Release.Namespace (int .Values.service.port)) "host" "0.0.0.0" "port" (int .Values.dashboard.port) -}}
 {{- $cfg := dict "store" $store "collector" $collector "scheduler" $sched "api" $api "dashboard" $dash "queues_file" "/etc/gpuq/queues/queues.yaml" -}}
+{{- if ne (.Values.queues.from | default "file") "file" -}}
+{{- $cfg = dict "store" $store "collector" $collector "scheduler" $sched "api" $api "dashboard" $dash "queues_from" .Values.queues.from -}}
+{{- if eq .Values.queues.from "yunikorn" -}}
+{{- $yk := .Values.queues.yunikorn | default dict -}}
+{{- $_ := set $cfg "yunikorn" (dict "namespace" ($yk.namespace | default "yunikorn") "partition" ($yk.partition | default "default")) -}}
+{{- end -}}
+{{- end -}}
 {{- if $scaled -}}
 {{- $_ := set $cfg "leader" (dict "enabled" true "lease_name" (include "gpuq.fullname" .) "namespace" .Release.Namespace "in_cluster" true "lease_duration_s" .Values.leader.leaseDurationS "renew_deadline_s" .Values.leader.renewDeadlineS "retry_period_s" .Values.leader.retryPeriodS) -}}
 {{- end -}}
