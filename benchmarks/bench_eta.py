@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.bench_eta [--quick] [--only NAME ...] [--n N] [--variants V,...]
         [--runs K] [--min-samples N] [--scale-sizes 10000,50000 [--scale-runs K]]
+        [--reclaim guarantee|fair_share|both]
 
 Each replay runs plainly and with ``simulate(..., eta=EtaOptions(...))``, checks that the events
 are the same (``eta`` keys aside), then scores the forecast put on each submit against the
@@ -22,6 +23,12 @@ workload's actual first start. For the workloads that waited at least ``MIN_WAIT
 arrival bootstrap), ``true-arrivals`` and ``oracle`` (reference rows that know the real future arrivals and, for
 ``oracle``, each synthetic workload's true duration distribution: what no forecast can know,
 to measure how much of the error is left when it is known).
+
+``--reclaim``: the replays under ``scheduler.reclaim: guarantee`` (the default, as before issue
+21), ``fair_share``, or ``both`` (each replay twice; the fair_share one's lines are labelled
+``<replay>+fair_share``). The replay follows the mode; the timeline reclaims by the guarantee
+rule in both (it does not compute entitlements: docs/PERFORMANCE.md, "Start-time forecasts"), so
+the ``+fair_share`` rows measure what that gap costs.
 
 Replays: synthetic scenarios with heavy-tailed durations and bursty arrivals (:func:`synthetic`:
 sweeps of one kind arriving at Poisson times; lognormal or Pareto runs, each kind with a median of
@@ -176,6 +183,14 @@ def alibaba(limit: int | None, time_scale: float, shrink: int = 8, round_fractio
                     for q, v in sc["queues"].items()}
     sc["name"] = f"alibaba-v2023-1/{shrink}-x{1 / time_scale:g}"
     return sc
+
+
+def with_reclaim(sc: dict[str, Any], mode: str) -> dict[str, Any]:
+    """``sc`` under ``scheduler.reclaim: mode`` (issue 21; ``guarantee``, the default, leaves it as
+    it was)."""
+    if mode == "guarantee":
+        return sc
+    return {**sc, "scheduler": {**(sc.get("scheduler") or {}), "reclaim": mode}}
 
 
 # -- scoring ---------------------------------------------------------------------------------------
@@ -385,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the trace's shares of one GPU rounded up to whole GPUs (as before issue 19)")
     p.add_argument("--alibaba-shrink", type=int, help="keep 1/N of each node group (default 8; --quick 16)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--reclaim", default="guarantee", choices=("guarantee", "fair_share", "both"),
+                   help="scheduler.reclaim of every replay (issue 21); both: each replay under guarantee, "
+                        "then under fair_share, labelled <replay>+fair_share")
     p.add_argument("--scale-sizes", default="", metavar="N[,N]",
                    help="also time one forecast of every pending workload at these backlog depths "
                         "(the live refresh; e.g. 10000,50000), with --scale-runs forward runs")
@@ -401,18 +419,22 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--levels: three quantiles, LOW,MID,HIGH")
     kw: dict[str, Any] = {"method": args.method, "levels": levels}
     result("method", args.method + ("" if levels is None else " " + ",".join(map(str, levels))))
-    for label, (kind, groups, declared) in REPLAYS.items():
-        if args.only is not None and label not in args.only:
+    modes = ("guarantee", "fair_share") if args.reclaim == "both" else (args.reclaim,)
+    for name, (kind, groups, declared) in REPLAYS.items():
+        if args.only is not None and name not in args.only:
             continue
-        if kind == "alibaba":
-            backtest(label, alibaba(args.alibaba_limit or (1000 if args.quick else None),
-                                    args.alibaba_scale or (0.005 if args.quick else 0.008),
-                                    args.alibaba_shrink or (16 if args.quick else 8), args.round_fractions),
-                     args.runs, ms, variants=tuple(v for v in variants if v != "oracle"), **kw)
-            continue
-        truth = Truth()
-        sc = synthetic(n, kind, args.seed, declared=declared, load=args.load, groups=groups, truth=truth)
-        backtest(label, sc, args.runs, ms, variants=variants, truth=truth, **kw)
+        for mode in modes:
+            label = name if mode == "guarantee" else f"{name}+{mode}"
+            if kind == "alibaba":
+                sc = alibaba(args.alibaba_limit or (1000 if args.quick else None),
+                             args.alibaba_scale or (0.005 if args.quick else 0.008),
+                             args.alibaba_shrink or (16 if args.quick else 8), args.round_fractions)
+                backtest(label, with_reclaim(sc, mode), args.runs, ms,
+                         variants=tuple(v for v in variants if v != "oracle"), **kw)
+                continue
+            truth = Truth()
+            sc = synthetic(n, kind, args.seed, declared=declared, load=args.load, groups=groups, truth=truth)
+            backtest(label, with_reclaim(sc, mode), args.runs, ms, variants=variants, truth=truth, **kw)
     for size in (int(x) for x in args.scale_sizes.split(",") if x):
         got = scale(size, args.scale_runs, method="timeline")
         for k, v in got.items():

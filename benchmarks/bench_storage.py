@@ -169,7 +169,7 @@ def ledger_rows(nodes: int, t0: float, seconds: float) -> dict[str, list[tuple[A
                 out["scheduler_events"].append((ts(at), "prod", at, seq, ev, wl, q, "H100",
                                                 {node: 8} if ev == "admit" else {}, "", "",
                                                 '{"gpus": 8, "gpu_type": "H100"}' if ev == "submit" else "",
-                                                {node: 8000} if ev == "admit" else {}, ""))
+                                                {node: 8000} if ev == "admit" else {}, "", 0.0))
                 out["scheduler_state"].append(("prod", wl, seq, int(ev == "finish"), ts(at),
                                                json.dumps([[seq, ev, ""]])))
             start = end

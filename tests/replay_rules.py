@@ -466,3 +466,69 @@ def rule_violations(scenario: Mapping[str, Any], events: Sequence[Mapping[str, A
         where = f"event {c.at} {dict(events[c.at])}" if 0 <= c.at < len(events) else "at the end"
         return [f"{where}: {exc or 'a rule is broken'}"]
     return []
+
+
+@dataclass(slots=True)
+class Shortfall:
+    """What :func:`entitlement_shortfall` measured, per leaf queue: ``gpu_s``, the GPU-seconds the
+    queue held below its entitlement (``∫ max(0, entitlement - held) dt``; an entitlement never
+    exceeds the queue's demand, so this is GPUs it wanted and was owed); ``waiting_s``, the time it
+    had a pending workload that would have kept it within its entitlement (held + the gang <=
+    entitlement) and that a preemption could have started: submitted ``preemption_delay_s`` ago
+    (preemption on), and preemptible or within its queue's guarantee with the queue's other
+    non-preemptible work (the only room such work may take). ``guarantee_violation_s`` of
+    scheduler/quality.py, with the entitlement for the guarantee, counted only where reclaiming
+    was open to the workload."""
+
+    gpu_s: dict[str, float] = field(default_factory=dict)
+    waiting_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_gpu_s(self) -> float:
+        return sum(self.gpu_s.values())
+
+    @property
+    def total_waiting_s(self) -> float:
+        return sum(self.waiting_s.values())
+
+
+def entitlement_shortfall(scenario: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> Shortfall:
+    """How far each leaf queue stayed below its ``reclaim: fair_share`` entitlement over a replay,
+    by :meth:`Checker.entitlements` (this module's own division of the GPUs, from the running and
+    pending work) after the last event of each instant, held until the next. It does not depend on
+    the scenario's ``reclaim``: the same yardstick measures a replay under ``guarantee`` (which
+    never preempts to restore an entitlement above the guarantee) and under ``fair_share`` (which
+    does), so the two can be compared (tests/test_trace_reclaim.py). The events must pass
+    :func:`rule_violations` (the walk raises ``AssertionError`` where they do not)."""
+    c = Checker(scenario)
+    leaves = list(c.cfg.leaves())
+    out = Shortfall(gpu_s=dict.fromkeys(leaves, 0.0), waiting_s=dict.fromkeys(leaves, 0.0))
+    prev: float | None = None
+    delay = float(c.s["preemption_delay_s"]) if c.s["preemption"] else float("inf")
+
+    def step(until: float) -> None:
+        if prev is None or until <= prev:
+            return
+        ent = c.entitlements()
+        dt = until - prev
+        for q in leaves:
+            held = c.usage(q, "gpu")
+            gap = ent.get(q, Fraction(0)) - held
+            if gap <= 0:
+                continue
+            out.gpu_s[q] += float(gap) / MILLI * dt
+            if any(st_ == "pending" and c.spec[w]["queue"] == q and entitled(w, q, held, ent[q])
+                   for w, st_ in c.state.items()):
+                out.waiting_s[q] += dt
+
+    def entitled(wid: str, q: str, held: int, ent: Fraction) -> bool:
+        w, gang = c.spec[wid], c.spec[wid]["pods"] * c.per[wid]
+        return (prev is not None and prev >= w["submit"] + delay and held + gang <= ent
+                and (w["preemptible"] or c.pinned_use.get(q, 0) + gang <= c.guarantee(q)))
+
+    for i, e in enumerate(events):
+        c.at = i
+        step(e["t"])
+        prev = e["t"]
+        getattr(c, "on_" + e["event"])(e, c.spec[e["workload"]], e["t"], events, i)
+    return out

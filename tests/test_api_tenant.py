@@ -146,3 +146,69 @@ def test_live_decayed_usage_from_the_hourly_rollups(store: Any) -> None:
         assert got[q] == pytest.approx(want[q], rel=1e-9)
     assert acc.decayed_usage(now + 1, WEEK) is got            # kept for a minute
 
+
+
+# -- fair share on and a preemption: the page agrees with /queues and /accounting/usage -------------
+
+T0 = 1_764_000_000.0            # 2025-11-24T16:00:00Z: a fixed time (the long store keeps 100 years)
+SHARED = {"a": {"guaranteed": {"gpu": 2}}, "b": {"guaranteed": {"gpu": 2}}}
+LOST_EACH = 1 * (T0 + 131 - (T0 + 1))       # one GPU run from T0+1 to the preemption at T0+131
+
+
+def test_the_tenant_page_under_fair_share_agrees_with_queues_and_usage(long_store: Any, store_dsn: str,
+                                                                         tmp_path: Any) -> None:
+    """``reclaim: fair_share`` on 8 GPUs, a and b guaranteed 2 each, weight 1: a runs eight 1-GPU
+    workloads; b's 4-GPU gang (over its guarantee of 2, so ``guarantee`` would never preempt for
+    it) is entitled to 4 (2 + half of the 4 beyond the guarantees) and takes 4 of a's, leaving a
+    its own entitlement of 4. The tenant pages show the entitlement of /queues' ``*`` rows and the
+    lost GPU-seconds that /accounting/usage sums from the stored preempt events."""
+    import datetime as dt
+
+    from gpuq.store.writer import BatchWriter
+    from scheduler.service.accounting import LiveAccounting
+    from tests.test_api import Clock
+
+    config = parse_queue_config({"queues": SHARED})
+    writer = BatchWriter(long_store, tmp_path / "spill")
+    svc = SchedulerService(config, DryRunActuator(), nodes=nodes(("h", "H100", 8, 1)),
+                           settings=Settings(True, 30.0, reclaim="fair_share"), sink=writer, cluster="c",
+                           sleep=lambda _s: None)
+    for i in range(8):
+        svc.submit(Workload(f"a{i}", "a", submit_s=T0), Target(kind="None"), T0)
+    svc.cycle(T0 + 1)
+    svc.submit(Workload("b1", "b", gpus_per_pod=4, submit_s=T0 + 100), Target(kind="None"), T0 + 100)
+    svc.cycle(T0 + 101)
+    assert svc.explain("b1").state == "pending"                   # its preemption delay (30 s) first
+    svc.cycle(T0 + 131)
+    assert svc.explain("b1").state == "running"
+    (rec,) = svc.preemptions()
+    assert rec.queue == "b" and len(rec.victims) == 4 and rec.reason.startswith("reclaim entitlement")
+    assert rec.lost_gpu_seconds == pytest.approx(4 * LOST_EACH)
+    writer.flush()
+
+    tokens = [*TOKENS, {"token": "team-b", "role": "viewer", "name": "bo", "queues": ["b"]}]
+    settings = load_settings(None, store={"dsn": store_dsn, "retention": {"raw_days": 36_500, "rollup_days": 36_500,
+                                                                          "events_days": 36_500}},
+                             api={"tokens": tokens})
+    acc = LiveAccounting(long_store, config=config, declared=[NodeCapacity("c", "h-0", "H100", 8000)])
+    acc.follow(svc)
+    acc.refresh(T0 + 140)
+    api = Api(create_app(svc, acc, settings, clock=Clock(T0 + 140)))
+    star = {r["queue"]: r for r in api("GET", "/queues", "view-t").json() if r["gpu_type"] == "*"}
+    assert (star["a"]["allocated"], star["a"]["pending"], star["b"]["allocated"]) == (4, 4, 4)
+    assert (star["a"]["entitlement"], star["b"]["entitlement"]) == (4, 4)   # 2 + 2 each; a wants 8, b 4
+
+    def iso(t: float) -> str:
+        return dt.datetime.fromtimestamp(t, dt.UTC).isoformat().replace("+00:00", "Z")
+
+    usage = {r["queue"]: r for r in api("GET", f"/accounting/usage?from={iso(T0)}&to={iso(T0 + 3600)}&by=queue",
+                                        "view-t").json()}
+    assert usage["a"]["lost_gpu_seconds"] == pytest.approx(4 * LOST_EACH) and usage["b"]["lost_gpu_seconds"] == 0
+    a_page = api("GET", "/queues/a/tenant", "team-a").json()
+    b_page = api("GET", "/queues/b/tenant", "team-b").json()
+    assert a_page["entitlement"] == star["a"]["entitlement"] and b_page["entitlement"] == star["b"]["entitlement"]
+    assert a_page["guaranteed"] == {"gpu": 2}
+    assert a_page["preemptions"]["suffered"] == 1 and a_page["preemptions"]["made"] == 0
+    assert a_page["preemptions"]["lost_gpu_seconds"] == pytest.approx(usage["a"]["lost_gpu_seconds"], abs=1e-3)
+    assert b_page["preemptions"] == {"suffered": 0, "made": 1, "recent": []}    # b lost nothing
+    assert len(a_page["pending"]) == 4 and a_page["running"] == {"workloads": 4, "gpus": 4}

@@ -57,7 +57,7 @@ TYPICAL: dict[str, Any] = {
                                      "ports": [8123]}},
     "config": {"collector": {"interval_s": 30,
                              "ray": [{"cluster": "prod", "dashboard_url": "http://ray-head.ray:8265"}]},
-               "scheduler": {"preemption_delay_s": 60}},
+               "scheduler": {"preemption_delay_s": 60, "reclaim": "fair_share", "usage_half_life_s": 604800}},
     "queues": {"file": {"gpu_types": {"H100": {"node_labels": ["NVIDIA-H100-80GB-HBM3"], "price_per_hour": 4.0}},
                         "queues": {"research": {"guaranteed": {"gpu": 8}, "max": {"gpu": 16},
                                                 "queues": {"vision": {"guaranteed": {"gpu": 4}}}},
@@ -345,6 +345,7 @@ def test_generated_config_loads_with_gpuq_settings(chart: Any, tmp_path: Path,
     assert s.store.dsn.startswith("http://") and s.store.spill_dir == "/var/lib/gpuq/spill"
     assert s.queues_file == "/etc/gpuq/queues/queues.yaml"
     assert s.scheduler.actuator == "kubernetes" and s.scheduler.preemption_delay_s == 60
+    assert s.scheduler.reclaim == "fair_share" and s.scheduler.usage_half_life_s == 604800   # issue 21
     assert s.collector.interval_s == 30 and s.collector.ray[0].cluster == "prod"
     (k8s,) = s.collector.kubernetes
     assert k8s.in_cluster and sorted(k8s.namespaces) == ["team-llm", "team-vision"]

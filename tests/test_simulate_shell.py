@@ -123,6 +123,9 @@ def _assert_same(now: SimResult, before: Any) -> None:
     assert without_devices(now.events_jsonl()) == before.events_jsonl()     # the writer's bytes too
     s_now, s_before = json.loads(now.summary_json()), json.loads(before.summary_json())
     assert s_now["scheduler"].pop("wall_s") >= 0 and s_before["scheduler"].pop("wall_s") >= 0
+    # the one key added since (issue 21, optional): the total of the preempt events' lost work
+    lost = sum(e.get("lost_gpu_seconds", 0) for e in now.events if e.get("event") == "preempt")
+    assert s_now.pop("lost_gpu_seconds", 0) == pytest.approx(lost)
     assert s_now == s_before
 
 
