@@ -270,6 +270,9 @@ class _Cycle:
         # workload's test is one compare (``used + gpus > lim`` as ``gpus > left``: the same for
         # ints, and for exact shares)
         left, pinned_left = lim - used, g - pinned
+        # non-preemptible gangs over the guarantee: one verdict per size in this walk (its message
+        # says the sizes; a share's takes a decimal's formatting, issue 19's Alibaba replay)
+        pinned_seen: dict[Gpus, Settled] | None = None
         v: Verdict | None
         while i < n:
             fit = fits[i]
@@ -278,7 +281,12 @@ class _Cycle:
             if v is None:
                 room = fit.room
                 if fit.pinned and fit.gpus > pinned_left:    # non-preemptible, over its guarantee
-                    vs.append(pinned_verdict(q, pinned, fit.gpus, g))
+                    if pinned_seen is None:
+                        pinned_seen = {}
+                    pv = pinned_seen.get(fit.gpus)
+                    if pv is None:
+                        pv = pinned_seen[fit.gpus] = pinned_verdict(q, pinned, fit.gpus, g)
+                    vs.append(pv)
                     if strict:
                         break
                     continue

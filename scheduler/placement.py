@@ -37,7 +37,8 @@ _LOW = -1     # below every node index and slot: bisect keys (share, _LOW, _LOW)
 
 
 class FreeIndex:
-    __slots__ = ("_arrived", "_cluster", "_counts", "_levels", "_part", "_part_base", "_pl", "_stacks", "free")
+    __slots__ = ("_arrived", "_cluster", "_counts", "_levels", "_part", "_part_base", "_pl", "_stacks", "free",
+                 "version")
 
     def __init__(self, cluster: Cluster, node_free: tuple[int, ...], levels: Levels | None = None,
                  partial: Partial = NO_PARTIAL) -> None:
@@ -46,6 +47,7 @@ class FreeIndex:
         ``partial``: the devices shares hold part of (:attr:`scheduler.snapshot.Occupancy.partial`)."""
         self._cluster = cluster
         self.free = list(node_free)
+        self.version = 0          # counts the changes: a reader's summary of the free GPUs is current while equal
         self._levels = levels
         self._part_base = partial
         self._part: dict[int, dict[int, Decimal]] | None = None        # working copy, on first use
@@ -108,6 +110,7 @@ class FreeIndex:
             return self._place_shares(gpu_type, gpus_per_pod, pods)
         if not self.fits(gpu_type, gpus_per_pod, pods):
             return None
+        self.version += 1
         c = self._counts[gpu_type]
         taken: dict[int, int] = {}
         for _ in range(pods):
@@ -127,6 +130,7 @@ class FreeIndex:
         self._shift(placement, 1)
 
     def _shift(self, placement: Placement, sign: int) -> None:
+        self.version += 1
         if placement.shares:
             self._shift_shares(placement, sign)
             return
@@ -175,6 +179,7 @@ class FreeIndex:
     def _place_shares(self, gpu_type: str, k: Decimal, pods: int) -> Placement | None:
         if self._share_slots(gpu_type, k, pods) < pods:
             return None
+        self.version += 1
         part, pl, c = self._shares(), self._plist(gpu_type), self._counts[gpu_type]
         held: dict[tuple[int, int], Decimal] = {}
         for _ in range(pods):
@@ -251,11 +256,147 @@ class FreeIndex:
         c[self.free[i]] -= 1
         c[new] += 1
         self.free[i] = new
+        self._note(i, gpu_type, new)
+
+    def _note(self, i: int, gpu_type: str, new: int) -> None:
+        """Node ``i`` reached ``new`` free GPUs: it goes on top of that count's stack (the tie-break
+        among equal nodes, :meth:`_pick`), or is noted for the stack not built yet."""
         st = self._stacks.get((gpu_type, new))
         if st is not None:
             st.append(i)
         elif self._levels is not None:
             self._arrived.setdefault((gpu_type, new), []).append(i)
+
+    def trial(self, gpu_type: str, gpus_per_pod: Gpus, pods: int) -> Trial:
+        """A :class:`Trial` of victims given back for a gang of ``pods`` x ``gpus_per_pod`` on
+        ``gpu_type``; the index is not touched until the trial is settled."""
+        return Trial(self, gpu_type, gpus_per_pod, pods)
+
+
+class Trial:
+    """A victim search's view of a :class:`FreeIndex` (:func:`scheduler.preemption.plan`): victims'
+    placements given back (:meth:`release`) and taken again (:meth:`take`) on an overlay of just
+    the nodes and devices they hold, and whether one gang (``pods`` x ``k`` on ``gpu_type``) fits,
+    kept as the pods still short, which each change moves by the slots that its own devices gain
+    or lose. So a candidate costs a few lookups: no sorted list of partly used devices updated and
+    no fit counted again over the type (issue 19: a preemptor that needs whole devices took the
+    shares on them one victim at a time, each release a bisection and an insertion into the type's
+    list of partly used devices, each check a count over that list; the Alibaba replay spent most
+    of its core time there, docs/PERFORMANCE.md).
+
+    The slots of a gang of whole GPUs are ``floor(free / k)`` per node and of a share ``k``
+    ``floor(free / k)`` per device (a whole free device has 1 free): :meth:`FreeIndex.slots`
+    summed, so one node's or device's change moves the sum by its own difference. The gang fits
+    when none are short; a trial only ever takes back what it gave back, so its free capacity is
+    never below the index's and a gang that fits at the start fits throughout (nothing to count).
+
+    The index changes only when the trial is settled, as if every change had been made on it:
+    :meth:`commit` makes them on it, in order; :meth:`abandon` undoes them, which leaves the free
+    counts and devices as they are, and adds only the bookkeeping that the changes and their undoing
+    would leave behind: each node that reached a free count goes on top of that count's stack
+    (:meth:`FreeIndex._note`, the best fit's tie-break among equal nodes)."""
+
+    __slots__ = ("_free", "_index", "_k", "_moves", "_ops", "_per", "_short", "_t", "_track", "_used")
+
+    def __init__(self, index: FreeIndex, gpu_type: str, k: Gpus, pods: int) -> None:
+        self._index = index
+        self._t = gpu_type
+        self._k = k
+        self._short = pods - index.slots(gpu_type, k, pods)   # exact while > 0 (slots stops at pods)
+        self._track = self._short > 0
+        self._per = int(1 // k) if isinstance(k, Decimal) else 0     # a share's slots on a whole device
+        self._free: dict[int, int] = {}                              # node -> whole free devices now
+        self._used: dict[tuple[int, int], Decimal | None] = {}       # (node, slot) -> share held; None: whole
+        self._moves: list[tuple[int, str, int]] = []                 # (node, type, free count reached)
+        self._ops: list[tuple[Placement, int]] = []
+
+    def fits(self) -> bool:
+        return self._short <= 0
+
+    def moved(self) -> bool:
+        """Did some node's count of whole free devices change (a whole gang given back, or a
+        device's last share)? Otherwise :meth:`abandon` has nothing to do."""
+        return bool(self._moves)
+
+    def release(self, placement: Placement) -> None:
+        self._shift(placement, 1)
+
+    def take(self, placement: Placement) -> None:
+        self._shift(placement, -1)
+
+    def commit(self) -> None:
+        """Make every change on the index, in the order made."""
+        shift = self._index._shift
+        for placement, sign in self._ops:
+            shift(placement, sign)
+
+    def abandon(self) -> None:
+        """Undo every change (the last first) and settle: the index as it was, but for the stacks'
+        bookkeeping that the changes and their undoing leave. Changes that reached no new free
+        count (shares given back from devices that other shares still hold) leave none, and their
+        undoing none either: nothing to do."""
+        if not self._moves:
+            return
+        for placement, sign in self._ops[::-1]:
+            self._shift(placement, -sign)
+        note = self._index._note
+        for i, t, new in self._moves:
+            note(i, t, new)
+
+    def _whole(self, i: int, t: str, delta: int) -> None:
+        """Node ``i`` gains ``delta`` whole free devices."""
+        free = self._free
+        f = free.get(i)
+        if f is None:
+            f = self._index.free[i]
+        new = free[i] = f + delta
+        self._moves.append((i, t, new))
+        if self._track and t == self._t:
+            k = self._k
+            if type(k) is int:
+                self._short -= new // k - f // k
+            else:
+                self._short -= delta * self._per
+
+    def _shift(self, placement: Placement, sign: int) -> None:
+        self._ops.append((placement, sign))
+        index = self._index
+        node_index, t = index._cluster.node_index, placement.gpu_type
+        if not placement.shares:
+            for name, n in placement.nodes:
+                self._whole(node_index[name], t, sign * int(n))       # a whole gang: ints
+            return
+        used_of, part = self._used, index.partial()
+        k = self._k
+        count = self._track and t == self._t and type(k) is not int
+        for name, slot, amt in placement.shares:
+            i = node_index[name]
+            key = (i, slot)
+            if key in used_of:
+                u = used_of[key]
+            else:
+                d = part.get(i)
+                u = None if d is None else d.get(slot)
+            # a device's slots: whole, counted by _whole; partly used, floor(free / k), counted here
+            if u is None:
+                if sign > 0:
+                    raise ValueError(f"node {name}: device slot {slot} holds no share to give back")
+                self._whole(i, t, -1)
+                after = -sign * amt
+                gained = 0
+            else:
+                after = u - sign * amt
+                gained = -int((1 - u) // k) if count else 0
+            if after < 0 or after > 1:
+                raise ValueError(f"node {name}: device slot {slot} would hold {after} of one GPU")
+            if after == 0:
+                used_of[key] = None
+                self._whole(i, t, 1)
+            else:
+                used_of[key] = after
+                if count:
+                    gained += int((1 - after) // k)
+            self._short -= gained
 
 
 def node_slots(cluster: Cluster, gpu_type: str, gpus_per_pod: Gpus) -> int:

@@ -47,8 +47,13 @@ entitlement nor a floor bounds it (as Kueue lets a workload borrow when every ca
 own ClusterQueue) but every max on its chain does, as always. Sets never mix the two kinds: the
 rules of each stay checkable on their own.
 
-The search runs on the cycle's working ledger and free index and undoes every change it made
-unless it succeeds (explicit undo); the snapshot is never touched.
+The search runs on the cycle's working ledger and free index, never on the snapshot, and is
+device-aware (issue 19): victims are given back on a :class:`~scheduler.placement.Trial` of the
+index (an overlay of the nodes and devices they hold, with the preemptor's pods still short kept
+as a count), which changes the index only once the search is settled, exactly as the same steps
+on the index would have; the ledger's changes are undone by restoring the queues they touched. A
+search that would fail and leave nothing behind is skipped (:meth:`Pool.quiet`). Every decision
+is the same as a search on the index itself (tests/test_preemption_trial.py).
 """
 from __future__ import annotations
 
@@ -66,6 +71,7 @@ from scheduler.model import Gpus, Running, Workload
 from scheduler.placement import FreeIndex
 from scheduler.quota import (
     Ledger,
+    Saved,
     Shortfall,
     Vec,
     below_entitlement,
@@ -226,8 +232,8 @@ class Pool:
     by (fence, priority) and by queue, so a failed search counts what it looked at (its reason
     says how many) without a pass over every candidate."""
 
-    __slots__ = ("_by_fence", "_by_queue", "_dropped", "_fences", "all", "by_type", "dead", "own", "protected",
-                 "taken")
+    __slots__ = ("_by_fence", "_by_queue", "_dropped", "_fences", "_quiet", "all", "by_type", "dead", "own",
+                 "protected", "taken")
 
     def __init__(self, cands: list[Candidate], fences: Mapping[str, frozenset[str]],
                  protected: Sequence[tuple[float, Candidate]] = ()) -> None:
@@ -260,6 +266,8 @@ class Pool:
         self._fences = fences
         self._by_fence = by_fence
         self._by_queue = by_queue
+        # (type, gpus per pod, pods) -> (quiet, the stamp it was found at): :meth:`quiet`
+        self._quiet: dict[tuple[str, Gpus, int], tuple[bool, tuple[int, int]]] = {}
 
     def took(self, vid: str, queue: str, priority: int) -> None:
         """``vid`` (of ``queue``, at ``priority``) was taken as a victim."""
@@ -299,6 +307,65 @@ class Pool:
             i += 1
         del cs[:i]
         return cs
+
+    def quiet(self, cluster: Cluster, ledger: Ledger, index: FreeIndex, gpu_type: str, k: Gpus, pods: int,
+              entitled: Mapping[str, Gpus] | None = None) -> bool:
+        """Would every search for a gang of ``pods`` x ``k`` on ``gpu_type`` that has no max to
+        relieve (so takes only victims on the type) fail, and leave nothing behind: no candidate
+        killed, no node's whole free count changed on the way (:meth:`scheduler.placement.Trial.moved`)?
+        Then :func:`plan` skips it. Found from every live candidate on the type at once, a superset
+        of what any search takes (issue 19: with shares, the same few victims on devices that other
+        work holds too were taken, given back and taken again by search after search):
+
+        * even with every one of them given back, the gang does not fit (so no subset makes it fit);
+        * doing so changes no node's count of whole free devices: none is a whole gang (the
+          first one found ends the look: not quiet), and no device would lose its last share (so
+          no subset changes one either);
+        * each one's own queue stays at or above its floor even with all of its candidates on the
+          type taken away: its guarantee on every resource (:func:`~scheduler.quota.below_floor`)
+          and, under ``reclaim: fair_share`` (``entitled``, what :func:`plan` gets), its
+          entitlement in GPUs (:func:`~scheduler.quota.below_entitlement`); a search kills a
+          candidate only when taking it would drop its own queue below one of them, and takes
+          away at most these.
+
+        The live candidates are :attr:`all`'s: work within its minimum runtime is none
+        (:func:`candidates` with ``now``), and a search between queues takes a subset of them
+        (another queue's, inside the fence, at most the preemptor's priority), so the rule does
+        not depend on the preemptor. Kept per shape while the pool's dead and the index are as
+        they were; a quiet shape stays quiet (admissions only take capacity and add usage, a
+        candidate killed leaves the set, and the entitlements are the cycle's, as the pool is)
+        until a preemption, between queues or within one (:meth:`preempted`: a victim on another
+        type lowers its queue's usage but not its candidates on this one, and a preemptor smaller
+        than its victims frees capacity)."""
+        key = (gpu_type, k, pods)
+        stamp = (len(self.dead), index.version)
+        got = self._quiet.get(key)
+        if got is not None and (got[0] or got[1] == stamp):
+            return got[0]
+        dead = self.dead
+        trial = index.trial(gpu_type, k, pods)      # never settled: the index is not touched
+        held: dict[str, dict[str, Gpus]] = {}       # queue -> what its candidates hold, summed
+        quiet = True
+        for c in self.by_type.get(gpu_type, ()):
+            if c.id in dead:
+                continue
+            placement = c.running.placement
+            if not placement.shares:                # a whole gang given back moves its nodes
+                quiet = False
+                break
+            trial.release(placement)
+            h = held.get(c.queue)
+            if h is None:
+                h = held[c.queue] = {}
+            for res, amt in c.vec:
+                h[res] = h.get(res, 0) + amt
+        quiet = quiet and not trial.fits() and not trial.moved() and not _may_kill(cluster, ledger, held, entitled)
+        self._quiet[key] = (quiet, stamp)
+        return quiet
+
+    def preempted(self) -> None:
+        """A preemption was decided: no shape is known to be quiet any more."""
+        self._quiet.clear()
 
     def compact(self) -> None:
         if len(self.dead) - self._dropped > len(self.all) // 8:
@@ -358,9 +425,14 @@ def plan(
             continue
         ineligible = None
         taken: list[tuple[Running, Vec]] = []
+        saved: Saved = {}                          # the ledger's queues as they were (the undo)
         tally = pool.tally(w, fence)               # counted before the search adds to the dead
-        need_nodes = not index.fits(t, k, pods)
         need_quota = _over_max_all(cluster, ledger, w.queue, vec)
+        if not need_quota and pool.quiet(cluster, ledger, index, t, k, pods, entitled):
+            considered, fenced = considered + tally[0], fenced + tally[1]   # it would fail, changing nothing
+            continue
+        trial = index.trial(t, k, pods)            # the index changes once the search is settled
+        need_nodes = not trial.fits()
         # need_quota only shrinks as victims go: with no max to relieve, only type-t victims help
         for vid, vq, vprio, vtype, vv, r in pool.all if need_quota else pool.of_type(t):
             if vid in dead or vq == w.queue or vprio > w.priority or fences[vq] != fence:
@@ -374,28 +446,30 @@ def plan(
                 if short.queue == vq:
                     pool.kill(vid, vq, vprio)   # its own queue is at its floor: no preemptor can take it
                 continue
-            ledger.remove(cluster.chains[vq], vv)
-            index.release(r.placement)
+            ledger.remove_saving(cluster.chains[vq], vv, saved)
+            trial.release(r.placement)
             taken.append((r, vv))
-            need_nodes = not index.fits(t, k, pods)
-            need_quota = _over_max_all(cluster, ledger, w.queue, vec)
+            need_nodes = not trial.fits()
+            if need_quota:                       # what is over a max stays so or drops out
+                need_quota = _still_over(cluster, ledger, need_quota, vec)
             if not need_nodes and not need_quota:
                 break
-        else:
-            for r, vv in reversed(taken):        # undo: no set on this type
-                ledger.add(cluster.chains[r.workload.queue], vv)
-                index.take(r.placement)
+        else:                                    # undo: no set on this type
+            ledger.restore(saved)
+            trial.abandon()
             considered, fenced = considered + tally[0], fenced + tally[1]
             continue
         for j in range(len(taken) - 2, -1, -1):      # give back what is not needed
             r, vv = taken[j]
             ledger.add(cluster.chains[r.workload.queue], vv)
-            index.take(r.placement)
-            if index.fits(t, k, pods) and over_max(cluster, ledger, w.queue, vec) is None:
+            trial.take(r.placement)
+            if trial.fits() and over_max(cluster, ledger, w.queue, vec) is None:
                 del taken[j]
             else:
                 ledger.remove(cluster.chains[r.workload.queue], vv)
-                index.release(r.placement)
+                trial.release(r.placement)
+        trial.commit()
+        pool.preempted()
         for r, _ in taken:
             pool.took(r.workload.id, r.workload.queue, r.workload.priority)
         return Plan(t, tuple(r for r, _ in taken))
@@ -407,7 +481,10 @@ def _plan_own(cluster: Cluster, ledger: Ledger, index: FreeIndex, pool: Pool, w:
               types: tuple[str, ...]) -> Plan | NoPlan:
     """:func:`plan` within ``w``'s own queue: its candidates of strictly lower priority, in
     candidate order, added until ``w`` fits (every max on its chain, its gang on one type), then
-    each but the last given back if ``w`` still fits without it. No guarantee or floor applies."""
+    each but the last given back if ``w`` still fits without it. No guarantee or floor applies.
+    On a :class:`~scheduler.placement.Trial` of the index and undone by restoring the ledger's
+    queues, as :func:`plan` (the same steps, the same decisions); never skipped (:meth:`Pool.quiet`
+    speaks of the search between queues)."""
     assert pool.own is not None
     cands = [c for c in pool.own.get(w.queue, ()) if c.priority < w.priority]
     taken_ids, chain = pool.taken, cluster.chains[w.queue]
@@ -416,34 +493,38 @@ def _plan_own(cluster: Cluster, ledger: Ledger, index: FreeIndex, pool: Pool, w:
     for t in types:
         vec = demand(w, t, cluster.equivalents)
         taken: list[tuple[Running, Vec]] = []
-        need_nodes = not index.fits(t, k, pods)
+        saved: Saved = {}                          # the ledger's queues as they were (the undo)
+        trial = index.trial(t, k, pods)            # the index changes once the search is settled
+        need_nodes = not trial.fits()
         need_quota = _over_max_all(cluster, ledger, w.queue, vec)
         live = [c for c in cands if c.id not in taken_ids]
         considered = max(considered, len(live))
         for c in live:
             if not ((need_nodes and c.gpu_type == t) or (need_quota and _shares(cluster, need_quota, c.queue, c.vec))):
                 continue
-            ledger.remove(chain, c.vec)
-            index.release(c.running.placement)
+            ledger.remove_saving(chain, c.vec, saved)
+            trial.release(c.running.placement)
             taken.append((c.running, c.vec))
-            need_nodes = not index.fits(t, k, pods)
-            need_quota = _over_max_all(cluster, ledger, w.queue, vec)
+            need_nodes = not trial.fits()
+            if need_quota:                       # what is over a max stays so or drops out
+                need_quota = _still_over(cluster, ledger, need_quota, vec)
             if not need_nodes and not need_quota:
                 break
-        else:
-            for r, vv in reversed(taken):        # undo: no set on this type
-                ledger.add(chain, vv)
-                index.take(r.placement)
+        else:                                    # undo: no set on this type
+            ledger.restore(saved)
+            trial.abandon()
             continue
         for j in range(len(taken) - 2, -1, -1):      # give back what is not needed
             r, vv = taken[j]
             ledger.add(chain, vv)
-            index.take(r.placement)
-            if index.fits(t, k, pods) and over_max(cluster, ledger, w.queue, vec) is None:
+            trial.take(r.placement)
+            if trial.fits() and over_max(cluster, ledger, w.queue, vec) is None:
                 del taken[j]
             else:
                 ledger.remove(chain, vv)
-                index.release(r.placement)
+                trial.release(r.placement)
+        trial.commit()
+        pool.preempted()                         # its victims may free more than its preemptor takes
         for r, _ in taken:
             pool.took(r.workload.id, r.workload.queue, r.workload.priority)
         return Plan(t, tuple(r for r, _ in taken))
@@ -468,6 +549,24 @@ def _protected_for(pool: Pool, w: Workload, fence: frozenset[str], fences: Mappi
     return n, first
 
 
+def _may_kill(cluster: Cluster, ledger: Ledger, held: Mapping[str, Mapping[str, Gpus]],
+              entitled: Mapping[str, Gpus] | None) -> bool:
+    """Could a search kill a candidate: would some queue drop below its floor if all of ``held``
+    (queue -> its candidates' usage, summed) were taken away? The floor is what :func:`plan`
+    checks a victim's own queue against: its guarantee on each resource (:func:`below_floor`)
+    and, under ``reclaim: fair_share``, its entitlement in GPUs (:func:`below_entitlement`)."""
+    guarantee = cluster.guarantee
+    for q, h in held.items():
+        g = guarantee[q]
+        for res, amt in h.items():
+            limit = g.get(res)
+            if limit is not None and ledger.used(q, res) - amt < limit:
+                return True
+        if entitled is not None and ledger.used(q, "gpu") - h.get("gpu", 0) < entitled.get(q, 0):
+            return True
+    return False
+
+
 def _over_max_all(cluster: Cluster, ledger: Ledger, queue: str, vec: Vec) -> list[tuple[str, str]]:
     """Every (queue, resource) on ``queue``'s chain whose max ``vec`` would break."""
     out = []
@@ -480,6 +579,13 @@ def _over_max_all(cluster: Cluster, ledger: Ledger, queue: str, vec: Vec) -> lis
                 if m is not None and ledger.used(q, key) + amt > m:
                     out.append((q, key))
     return out
+
+
+def _still_over(cluster: Cluster, ledger: Ledger, need: list[tuple[str, str]], vec: Vec) -> list[tuple[str, str]]:
+    """Those of ``need`` (:func:`_over_max_all`'s) that ``vec`` still breaks: what :func:`_over_max_all`
+    says after victims left, since usage only went down (a max kept is never broken again)."""
+    queues, amounts = cluster.config.queues, dict(vec)
+    return [(q, key) for q, key in need if ledger.used(q, key) + amounts[key] > queues[q].max[key]]
 
 
 def _shares(cluster: Cluster, need: list[tuple[str, str]], victim_queue: str, vv: Vec) -> bool:

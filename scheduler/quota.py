@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 Vec = tuple[tuple[str, Gpus], ...]    # resource -> amount (GPUs exact: scheduler.model.Gpus)
 _NONE: Mapping[str, Gpus] = MappingProxyType({})
+# queue -> (its usage mapping before the first change, whether the ledger owned it): Ledger.restore
+Saved = dict[str, tuple[Mapping[str, Gpus] | None, bool]]
 _INF = float("inf")
 
 
@@ -66,6 +68,28 @@ class Ledger:
 
     def remove(self, chain: tuple[str, ...], vec: Vec) -> None:
         self.add(chain, vec, -1)
+
+    def remove_saving(self, chain: tuple[str, ...], vec: Vec, saved: Saved) -> None:
+        """:meth:`remove`, noting in ``saved`` each queue's usage as it was before its first change
+        through ``saved``, so that :meth:`restore` puts it back in one step (a victim search's undo:
+        one copy per queue it touched, not an add per victim it took back)."""
+        view, own = self._view, self._own
+        for q in chain:
+            if q not in saved:
+                saved[q] = (dict(view[q]), True) if q in own else (view.get(q), False)
+        self.add(chain, vec, -1)
+
+    def restore(self, saved: Saved) -> None:
+        """Every queue in ``saved`` (:meth:`remove_saving`) back to its usage then: the same
+        mapping, so the numbers and their types (an int stays an int) are what they were."""
+        view, own = self._view, self._own
+        for q, (was, owned) in saved.items():
+            if was is None:
+                del view[q]
+            else:
+                view[q] = was
+            if not owned:
+                own.discard(q)
 
 
 def over_max(cluster: Cluster, ledger: Ledger, queue: str, vec: Vec) -> Shortfall | None:
