@@ -36,6 +36,7 @@ from typing import Any
 
 from collector.k8s_alloc import ENDED, OPEN, Allocation, version_of
 from collector.k8s_extract import parse_quantity
+from gpuq.k8sobj import condition, is_true, k8s_time
 
 KUEUE_KINDS = {"resourceflavors": "ResourceFlavor", "cohorts": "Cohort", "clusterqueues": "ClusterQueue",
                "localqueues": "LocalQueue", "workloads": "Workload"}          # stream kind -> object kind
@@ -68,29 +69,6 @@ def kept(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _time(value: Any) -> dt.datetime | None:
-    if not value:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-
-
-def condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    """The status condition of that type, if any."""
-    for c in (obj.get("status") or {}).get("conditions") or ():
-        if isinstance(c, Mapping) and c.get("type") == kind:
-            return c
-    return None
-
-
-def is_true(obj: Mapping[str, Any], kind: str) -> bool:
-    c = condition(obj, kind)
-    return c is not None and str(c.get("status")) == "True"
-
-
 @dataclass(frozen=True, slots=True)
 class Reservation:
     """What a Workload holds now (None when it holds nothing)."""
@@ -111,7 +89,7 @@ def reservation(obj: Mapping[str, Any]) -> Reservation | None:
         return None
     reserved = condition(obj, "QuotaReserved") or {}
     meta = obj.get("metadata") or {}
-    start = _time(reserved.get("lastTransitionTime")) or _time(meta.get("creationTimestamp"))
+    start = k8s_time(reserved.get("lastTransitionTime")) or k8s_time(meta.get("creationTimestamp"))
     if start is None:
         return None
     gpus, flavor = 0.0, ""
@@ -129,10 +107,10 @@ def ended_at(obj: Mapping[str, Any], seen: dt.datetime) -> dt.datetime:
     for kind, status in (("Finished", "True"), ("Evicted", "True"), ("QuotaReserved", "False")):
         c = condition(obj, kind)
         if c is not None and str(c.get("status")) == status:
-            t = _time(c.get("lastTransitionTime"))
+            t = k8s_time(c.get("lastTransitionTime"))
             if t is not None:
                 return t
-    return _time((obj.get("metadata") or {}).get("deletionTimestamp")) or seen
+    return k8s_time((obj.get("metadata") or {}).get("deletionTimestamp")) or seen
 
 
 class KueueIndex:

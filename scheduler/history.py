@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuq.k8sobj import k8s_seconds
 from scheduler import events as ev
 from scheduler.model import Gpus, from_milli, gpus_in, gpus_out
 from scheduler.errors import ScenarioError
@@ -476,14 +477,7 @@ def _other(rows: Sequence[Any], end_s: float, resolver: Any, many: bool,
 
 
 def _created(obj: Mapping[str, Any] | None) -> float | None:
-    text = ((obj or {}).get("metadata") or {}).get("creationTimestamp")
-    if not text:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
+    return k8s_seconds(((obj or {}).get("metadata") or {}).get("creationTimestamp"))
 
 
 def _owned(a: Any, targets: Mapping[tuple[str, str], str]) -> bool:

@@ -29,13 +29,12 @@ everything the collectors write:
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import hashlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -43,6 +42,7 @@ from accounting.errors import QueueConfigError
 from accounting.model import PendingDemand, milli
 from accounting.queues import QueueConfig, parse_queue_config
 from accounting.watcher import Reload
+from gpuq.k8sobj import condition, is_true, k8s_seconds
 from scheduler.model import Gpus, Workload, exact, gpus_out
 from scheduler.service.views import FINISHED, PENDING, RUNNING, Advice, WorkloadView
 
@@ -150,28 +150,6 @@ def _origin(where: str, origins: Mapping[str, str]) -> str:
 
 
 # -- the Workloads ----------------------------------------------------------------------------------
-def _time(value: Any) -> float | None:
-    if not value:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
-
-
-def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    for c in (obj.get("status") or {}).get("conditions") or ():
-        if isinstance(c, Mapping) and c.get("type") == kind:
-            return c
-    return None
-
-
-def _true(obj: Mapping[str, Any], kind: str) -> bool:
-    c = _condition(obj, kind)
-    return c is not None and str(c.get("status")) == "True"
-
-
 def _gpus_of(value: Any) -> float:
     """A GPU quantity (``"4"``, ``4``, ``"500m"``) in GPUs; 0 when unreadable."""
     text = str(value).strip()
@@ -190,24 +168,16 @@ def _requested(obj: Mapping[str, Any]) -> tuple[int, float]:
         return (sum(int(s.get("count") or 0) for s in sets),
                 sum(_gpus_of((s.get("resourceUsage") or {}).get(GPU, 0)) for s in sets))
     pods, gpus = 0, 0.0
-    for ps in (obj.get("spec") or {}).get("podSets") or ():
-        count = int(ps.get("count") or 0)
-        spec = ((ps.get("template") or {}).get("spec")) or {}
-        per_pod = 0.0
-        for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
-            res = c.get("resources") or {}
-            got = (res.get("requests") or {}).get(GPU, (res.get("limits") or {}).get(GPU, 0))
-            per_pod += _gpus_of(got)
+    for count, per_pod in _pod_sets(obj):
         pods += count
         gpus += count * per_pod
     return pods, gpus
 
 
-def gang(obj: Mapping[str, Any]) -> tuple[int, float] | str:
-    """A pending Workload as one of gpuq's gangs: (pods, GPUs per pod) of its pod sets that ask
-    GPUs (a Ray head without GPUs takes none), or why it cannot be one (gpuq's gangs are uniform:
-    pod sets asking different GPUs per pod are not)."""
-    sizes: dict[float, int] = {}
+def _pod_sets(obj: Mapping[str, Any]) -> Iterator[tuple[int, float]]:
+    """(pods, GPUs per pod) of each of a Workload's spec's pod sets: its count, and the sum over
+    its pod template's containers and init containers of their ``nvidia.com/gpu`` request, else
+    limit."""
     for ps in (obj.get("spec") or {}).get("podSets") or ():
         count = int(ps.get("count") or 0)
         spec = ((ps.get("template") or {}).get("spec")) or {}
@@ -215,6 +185,15 @@ def gang(obj: Mapping[str, Any]) -> tuple[int, float] | str:
         for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
             res = c.get("resources") or {}
             per_pod += _gpus_of((res.get("requests") or {}).get(GPU, (res.get("limits") or {}).get(GPU, 0)))
+        yield count, per_pod
+
+
+def gang(obj: Mapping[str, Any]) -> tuple[int, float] | str:
+    """A pending Workload as one of gpuq's gangs: (pods, GPUs per pod) of its pod sets that ask
+    GPUs (a Ray head without GPUs takes none), or why it cannot be one (gpuq's gangs are uniform:
+    pod sets asking different GPUs per pod are not)."""
+    sizes: dict[float, int] = {}
+    for count, per_pod in _pod_sets(obj):
         if per_pod > 0 and count > 0:
             sizes[per_pod] = sizes.get(per_pod, 0) + count
     if len(sizes) > 1:
@@ -244,16 +223,16 @@ def pending_reason(obj: Mapping[str, Any]) -> tuple[str, str]:
     ``kueue_QuotaReserved`` while admission checks run, ``kueue_NotAttempted`` without conditions
     (Kueue tried only the head of a StrictFIFO queue); an eviction's reason and message come first."""
     parts = []
-    evicted = _condition(obj, "Evicted")
+    evicted = condition(obj, "Evicted")
     if evicted is not None and str(evicted.get("status")) == "True":
         parts.append(f"evicted ({evicted.get('reason') or '?'}): {evicted.get('message') or ''}".rstrip(": "))
-    reserved = _condition(obj, "QuotaReserved")
+    reserved = condition(obj, "QuotaReserved")
     if reserved is not None and str(reserved.get("status")) == "False":
         code = f"kueue_{reserved.get('reason') or 'Pending'}"
         parts.append(str(reserved.get("message") or reserved.get("reason") or ""))
     elif reserved is not None:                     # quota reserved, admission checks pending
         code = "kueue_QuotaReserved"
-        admitted = _condition(obj, "Admitted")
+        admitted = condition(obj, "Admitted")
         parts.append(str((admitted or {}).get("message") or "quota reserved; waiting for admission checks"))
     else:
         code = "kueue_NotAttempted"
@@ -373,7 +352,7 @@ def kueue_positions(summaries: Iterable[Mapping[str, Any]], now: float) -> dict[
     out: dict[tuple[str, str, str], int] = {}
     for s in summaries:
         stamp = s.get("gpuq") or {}
-        fetched = _time(stamp.get("fetched"))
+        fetched = k8s_seconds(stamp.get("fetched"))
         try:
             interval = float(stamp.get("interval_s") or 0)
         except (TypeError, ValueError):
@@ -404,15 +383,15 @@ def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str]
         admission = (obj.get("status") or {}).get("admission") or {}
         lq = str(spec.get("queueName") or "")
         cq = str(admission.get("clusterQueue") or local.get((ns, lq), ""))
-        if _true(obj, "Finished"):
+        if is_true(obj, "Finished"):
             state = FINISHED
-        elif admission and _true(obj, "QuotaReserved") and not _true(obj, "Evicted"):
+        elif admission and is_true(obj, "QuotaReserved") and not is_true(obj, "Evicted"):
             state = RUNNING
         else:
             state = PENDING
-        evicted = _condition(obj, "Evicted")
-        queued = _time((evicted or {}).get("lastTransitionTime")) if state == PENDING and evicted else None
-        created = _time(meta.get("creationTimestamp")) or 0.0
+        evicted = condition(obj, "Evicted")
+        queued = k8s_seconds((evicted or {}).get("lastTransitionTime")) if state == PENDING and evicted else None
+        created = k8s_seconds(meta.get("creationTimestamp")) or 0.0
         rows.append((obj, ns, name, lq, cq, state, queued or created, created))
     order: dict[str, list[tuple[int, float, str]]] = {}
     for obj, ns, name, _, cq, state, queued, _ in rows:
@@ -434,13 +413,13 @@ def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str]
             pods = shape[0]        # the pods that ask GPUs (a Ray head without GPUs is not one of them)
         refs = sorted((meta.get("ownerReferences") or ()), key=lambda r: not r.get("controller"))
         owner = refs[0] if refs else {}
-        reserved = _condition(obj, "QuotaReserved")
-        start = _time((reserved or {}).get("lastTransitionTime")) if state == RUNNING else None
-        finished = _condition(obj, "Finished")
+        reserved = condition(obj, "QuotaReserved")
+        start = k8s_seconds((reserved or {}).get("lastTransitionTime")) if state == RUNNING else None
+        finished = condition(obj, "Finished")
         if state == FINISHED and admission:     # its last reservation, where Kueue still shows it
-            admitted = _condition(obj, "Admitted") or reserved
+            admitted = condition(obj, "Admitted") or reserved
             if admitted is not None and str(admitted.get("status")) == "True":
-                start = _time(admitted.get("lastTransitionTime"))
+                start = k8s_seconds(admitted.get("lastTransitionTime"))
         code, message = pending_reason(obj) if state == PENDING else (None, None)
         at, source = None, None
         if state == PENDING:
@@ -453,7 +432,7 @@ def build(workloads: Iterable[Mapping[str, Any]], local: Mapping[tuple[str, str]
             id=wid, queue=queue, state=state, pods=pods, gpus_per_pod=gpus_out(gpus / pods) if pods else 0,
             gpus=gpus_out(gpus), gpu_types=(), priority=priority, preemptible=True, submit_s=created,
             duration_s=None, start_s=start,
-            end_s=_time((finished or {}).get("lastTransitionTime")) if state == FINISHED else None,
+            end_s=k8s_seconds((finished or {}).get("lastTransitionTime")) if state == FINISHED else None,
             gpu_type=None, placement=None, reason_code=code, message=message,
             position=at, position_source=source, preempted=0, idle=False,
             target={"kind": str(owner.get("kind") or "Workload"), "namespace": ns,

@@ -31,12 +31,12 @@ and its pending pods as they change (``kueue_objects``, kinds ``ConfigMap`` and 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from accounting.queue_import.report import Imported
+from gpuq.k8sobj import k8s_seconds
 from scheduler.model import Workload, gpus_out
 from scheduler.service.kueue import GPU, KueueQueues, KueueWorkloads, Reader, _exact, _gpus_of
 from scheduler.service.views import PENDING, WorkloadView
@@ -79,16 +79,6 @@ class YuniKornQueues(KueueQueues):
 
 
 # -- the pending applications -----------------------------------------------------------------------
-def _time(value: Any) -> float | None:
-    if not value:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
-
-
 def _first(meta: Mapping[str, Any], keys: Iterable[tuple[str, str]]) -> str:
     labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
     for where, key in keys:
@@ -135,12 +125,12 @@ def build(pods: Iterable[Mapping[str, Any]], queue_of: Callable[[str, str, str],
         groups.setdefault((ns, app or f"pod/{meta.get('name', '?')}"), []).append(pod)
     rows = []
     for (ns, app), members in groups.items():
-        members.sort(key=lambda p: (_time((p.get("metadata") or {}).get("creationTimestamp")) or 0.0,
+        members.sort(key=lambda p: (k8s_seconds((p.get("metadata") or {}).get("creationTimestamp")) or 0.0,
                                     str((p.get("metadata") or {}).get("name"))))
         first = members[0].get("metadata") or {}
         raw = next((q for q in (_first(p.get("metadata") or {}, QUEUE_KEYS) for p in members) if q), "")
         queue = queue_of(ns, raw, "")
-        created = _time(first.get("creationTimestamp")) or 0.0
+        created = k8s_seconds(first.get("creationTimestamp")) or 0.0
         priority = max(int((p.get("spec") or {}).get("priority") or 0) for p in members)
         rows.append((ns, app, members, raw, queue, created, priority))
     order: dict[str, list[tuple[int, float, str]]] = {}
