@@ -38,7 +38,7 @@ from typing import Any
 
 from accounting.errors import QueueImportError
 from accounting.queue_import.report import (Finding, Imported, Names, cpu_text, decimal_text, gpus, memory_text, named,
-                                            quantity)
+                                            quantity, queue_at, shown_value)
 from accounting.queues import PRIORITY_MAX
 from gpuq.errors import shown
 
@@ -190,30 +190,14 @@ class _Import:
         self._quotas(node, o)
 
     def _quotas(self, node: _Node, o: _Object) -> None:
-        groups = o.spec.get("resourceGroups") or []
-        if not isinstance(groups, list):
-            raise QueueImportError(o.where, f"spec.resourceGroups: expected a list, got {type(groups).__name__}")
-        for g, group in enumerate(groups):
-            at = f"spec.resourceGroups[{g}]"
+        for at, group in _items(o, o.spec.get("resourceGroups"), "spec.resourceGroups"):
             if not isinstance(group, Mapping):
                 raise QueueImportError(o.where, f"{at}: expected a mapping, got {type(group).__name__}")
-            flavors = group.get("flavors") or []
-            if not isinstance(flavors, list):
-                raise QueueImportError(o.where, f"{at}.flavors: expected a list, got {type(flavors).__name__}")
-            for f, flavor in enumerate(flavors):
-                fat = f"{at}.flavors[{f}]"
-                if not isinstance(flavor, Mapping) or not isinstance(flavor.get("name"), str):
-                    raise QueueImportError(o.where, f"{fat}: expected a mapping with the flavor's name")
+            for fat, flavor in _named(o, group.get("flavors"), f"{at}.flavors", "flavor"):
                 fname = flavor["name"]
                 if fname not in node.flavors:
                     node.flavors.append(fname)
-                resources = flavor.get("resources") or []
-                if not isinstance(resources, list):
-                    raise QueueImportError(o.where, f"{fat}.resources: expected a list, got {type(resources).__name__}")
-                for r, res in enumerate(resources):
-                    rat = f"{fat}.resources[{r}]"
-                    if not isinstance(res, Mapping) or not isinstance(res.get("name"), str):
-                        raise QueueImportError(o.where, f"{rat}: expected a mapping with the resource's name")
+                for rat, res in _named(o, flavor.get("resources"), f"{fat}.resources", "resource"):
                     rname = res["name"]
                     node.covered.add(rname)
                     node.nominal.setdefault(fname, {})[rname] = quantity(res.get("nominalQuota", 0),
@@ -309,6 +293,24 @@ class _Import:
             _add(lendable, lend)
         memo[key] = (total, lendable)
         return memo[key]
+
+
+def _items(o: _Object, value: Any, at: str) -> Iterator[tuple[str, Any]]:
+    """(``at[i]``, item) of a list in ``o`` at ``at`` (absent: none); an error naming the place
+    when it is no list."""
+    items = value or []
+    if not isinstance(items, list):
+        raise QueueImportError(o.where, f"{at}: expected a list, got {type(items).__name__}")
+    for i, item in enumerate(items):
+        yield f"{at}[{i}]", item
+
+
+def _named(o: _Object, value: Any, at: str, what: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """:func:`_items` of a list whose items are mappings with a ``name`` (the ``what``'s)."""
+    for place, item in _items(o, value, at):
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            raise QueueImportError(o.where, f"{place}: expected a mapping with the {what}'s name")
+        yield place, item
 
 
 def _with_origin(obj: Any, origin: str) -> Any:
@@ -508,16 +510,16 @@ def _cluster_queue(imp: _Import, node: _Node, memo: dict[str, tuple[Quotas, Quot
         imp.note(where, f"the flavor order {', '.join(gpu_flavors)}", "gpuq places a workload on any GPU type "
                  "the queue's quotas allow, in no order of flavors", "kept each flavor's quota, not the order")
     if spec.get("flavorFungibility"):
-        imp.note(where, f"flavorFungibility {_short(spec['flavorFungibility'])}", "gpuq has no flavor order "
+        imp.note(where, f"flavorFungibility {shown_value(spec['flavorFungibility'])}", "gpuq has no flavor order "
                  "to try next or stop at", "ignored it")
     selector = spec.get("namespaceSelector")
     if isinstance(selector, Mapping) and (selector.get("matchLabels") or selector.get("matchExpressions")):
-        imp.note(where, f"namespaceSelector {_short(selector)}", "gpuq does not read namespace labels",
+        imp.note(where, f"namespaceSelector {shown_value(selector)}", "gpuq does not read namespace labels",
                  "the queue allows the namespaces of its LocalQueues")
     for key in ("admissionChecks", "admissionChecksStrategy", "stopPolicy", "admissionScope",
                 "concurrentAdmissionPolicy"):
         if spec.get(key) and not (key == "stopPolicy" and spec[key] == "None"):
-            imp.note(where, f"spec.{key} {_short(spec[key])}", "gpuq has no such concept", "ignored it")
+            imp.note(where, f"spec.{key} {shown_value(spec[key])}", "gpuq has no such concept", "ignored it")
     return out
 
 
@@ -546,9 +548,9 @@ def _preemption(imp: _Import, node: _Node, out: dict[str, Any], where: str) -> N
             imp.note(where, f"withinClusterQueue: {within}", "gpuq preempts within a queue only work of "
                      "strictly lower priority", "took it as LowerPriority (within_queue: lower_priority)")
     elif within != "Never":
-        imp.note(where, f"withinClusterQueue: {_short(within)}", "not a value Kueue defines", "ignored it")
+        imp.note(where, f"withinClusterQueue: {shown_value(within)}", "not a value Kueue defines", "ignored it")
     if isinstance(borrow, Mapping) and (borrow.get("policy") or "Never") != "Never":
-        imp.note(where, f"borrowWithinCohort {_short(borrow)}", "gpuq preempts to take back a guarantee, never "
+        imp.note(where, f"borrowWithinCohort {shown_value(borrow)}", "gpuq preempts to take back a guarantee, never "
                  "to borrow", "ignored it")
 
 
@@ -579,7 +581,7 @@ def _local_queues(imp: _Import, paths: Mapping[str, str], queues: dict[str, Any]
             imp.note(o.where, f"spec.{key}", "gpuq has no such setting", "ignored it")
     if local:
         for cq, path in paths.items():
-            spec = _at(queues, path)
+            spec = queue_at(queues, path)
             spec["namespaces"] = sorted(allowed.get(cq, ()))
             if cq not in allowed:
                 imp.note(imp.nodes[f"ClusterQueue:{cq}"].where, "a ClusterQueue without a LocalQueue",
@@ -593,18 +595,3 @@ def _local_queues(imp: _Import, paths: Mapping[str, str], queues: dict[str, Any]
     if namespaces:
         mapping["namespaces"] = dict(sorted(namespaces.items()))
     return mapping
-
-
-def _at(queues: dict[str, Any], path: str) -> dict[str, Any]:
-    parts = path.split(".")
-    spec: dict[str, Any] = queues[parts[0]]
-    for p in parts[1:]:
-        spec = spec["queues"][p]
-    return spec
-
-
-def _short(value: Any) -> str:
-    import json
-
-    text = json.dumps(value, sort_keys=True, default=str) if isinstance(value, (Mapping, list)) else str(value)
-    return text if len(text) <= 120 else text[:117] + "..."

@@ -64,6 +64,14 @@ def named(kind: str, name: str, origin: str) -> str:
     return f"{kind} {name} ({origin})" if origin else f"{kind} {name}"
 
 
+def shown_value(value: Any) -> str:
+    """A source value as a finding quotes it: JSON for mappings and lists, cut to 120 characters."""
+    import json
+
+    text = json.dumps(value, sort_keys=True, default=str) if isinstance(value, (Mapping, list)) else str(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 # -- quantities ---------------------------------------------------------------------------------
 _EXPONENT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)[eE]([+-]?[0-9]+)\s*$")
 
@@ -142,6 +150,15 @@ class Names:
             name = f"{base}-{n}"
         self._taken.add(name)
         return name
+
+
+def queue_at(queues: dict[str, Any], path: str) -> dict[str, Any]:
+    """The queue file's mapping of the queue at a dotted path (``a.b``) of a ``queues:`` tree."""
+    parts = path.split(".")
+    spec: dict[str, Any] = queues[parts[0]]
+    for p in parts[1:]:
+        spec = spec["queues"][p]
+    return spec
 
 
 # -- the queue file's text ----------------------------------------------------------------------

@@ -28,7 +28,8 @@ from decimal import Decimal
 from typing import Any
 
 from accounting.errors import QueueImportError
-from accounting.queue_import.report import Finding, Imported, Names, cpu_text, gpus, memory_text, named, quantity
+from accounting.queue_import.report import (Finding, Imported, Names, cpu_text, gpus, memory_text, named, quantity,
+                                            queue_at, shown_value)
 from accounting.queues import PRIORITY_MAX, PRIORITY_MIN
 from gpuq.errors import shown
 
@@ -134,20 +135,20 @@ class _Import:
             raise QueueImportError(self.origin or "queues.yaml", f"no partition {shown(name)} (partitions: {have})")
         where = named("partition", found["name"], self.origin)
         for key in sorted(set(found) - {"name", "queues", "placementrules"}):
-            self.note(where, f"{key} {_short(found[key])}", "gpuq has no such setting", "ignored it")
+            self.note(where, f"{key} {shown_value(found[key])}", "gpuq has no such setting", "ignored it")
         return found
 
     def check_root(self, root: Mapping[str, Any]) -> None:
         where = named("queue", "root", self.origin)
         res = root.get("resources") or {}
         if isinstance(res, Mapping) and (res.get("guaranteed") or res.get("max")):
-            self.note(where, f"resources {_short(res)}", "gpuq's root has no quota: the cluster is its limit",
+            self.note(where, f"resources {shown_value(res)}", "gpuq's root has no quota: the cluster is its limit",
                       "ignored them")
         self.acl(root, where)
         self.properties(root, where, {})
         for key in ("maxapplications", "limits", "childtemplate"):
             if root.get(key):
-                self.note(where, f"{key} {_short(root[key])}", _WHY[key], "ignored it")
+                self.note(where, f"{key} {shown_value(root[key])}", _WHY[key], "ignored it")
 
     def children(self, raw: Any, ypath: str, prefix: str, at: str) -> dict[str, Any]:
         if not isinstance(raw, list):
@@ -184,7 +185,7 @@ class _Import:
         self.acl(q, where)
         for key in ("maxapplications", "limits"):
             if q.get(key):
-                self.note(where, f"{key} {_short(q[key])}", _WHY[key], "ignored it")
+                self.note(where, f"{key} {shown_value(q[key])}", _WHY[key], "ignored it")
         kids = q.get("queues") or []
         if kids:
             spec["queues"] = self.children(kids, ypath, f"{path}.", where)
@@ -277,7 +278,7 @@ class _Import:
                 raise QueueImportError(where, f"expected a rule with a name, got {shown(rule)}")
             name = rule["name"].lower()
             if rule.get("filter"):
-                self.note(where, f"{name} rule's filter {_short(rule['filter'])}", "gpuq does not know users and "
+                self.note(where, f"{name} rule's filter {shown_value(rule['filter'])}", "gpuq does not know users and "
                           "groups", "the rule applies to every namespace")
             if name == "provided":
                 if rule.get("create"):
@@ -287,7 +288,7 @@ class _Import:
                 tagged = self.tag(rule, where, queues, mapping, tagged)
             elif name == "fixed":
                 target = self.paths.get(_root_path(str(rule.get("value", ""))).lower())
-                if target is None or _at(queues, target).get("queues"):
+                if target is None or queue_at(queues, target).get("queues"):
                     self.note(where, f"fixed rule to {rule.get('value')}", "not a leaf queue of the file",
                               "ignored it")
                 elif "default" not in mapping:
@@ -329,7 +330,7 @@ class _Import:
         if tagged:
             self.note(where, "a second tag rule on the namespace", "YuniKorn tries the rules in order, gpuq takes "
                       "the first placement parent in the file for a namespace", "made it a placement parent too")
-        spec = _at(queues, path)
+        spec = queue_at(queues, path)
         raw = self.raw[path]
         if rule.get("create", False):
             template: dict[str, Any] = {}
@@ -382,18 +383,3 @@ def _is_namespace(name: str) -> bool:
     from accounting.access import NAMESPACE
 
     return NAMESPACE.match(name) is not None
-
-
-def _at(queues: dict[str, Any], path: str) -> dict[str, Any]:
-    parts = path.split(".")
-    spec: dict[str, Any] = queues[parts[0]]
-    for p in parts[1:]:
-        spec = spec["queues"][p]
-    return spec
-
-
-def _short(value: Any) -> str:
-    import json
-
-    text = json.dumps(value, sort_keys=True, default=str) if isinstance(value, (Mapping, list)) else str(value)
-    return text if len(text) <= 120 else text[:117] + "..."
