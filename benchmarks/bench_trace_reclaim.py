@@ -34,14 +34,13 @@ when a rule is broken. ``--no-check`` skips the checker and the yardstick (the r
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import resource
 import time
 from fractions import Fraction
 from typing import Any
 
-from benchmarks.bench_trace_shares import TRACE, cut, held_seconds, result
+from benchmarks.bench_trace_shares import cut, cut_parser, held_seconds, parse_cut_args, result
 
 MODES = ("guarantee", "fair_share")
 
@@ -101,20 +100,9 @@ def replay(mode: str, sc: dict[str, Any], check: bool = True) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace-dir", default=str(TRACE))
-    p.add_argument("--pods-file", default="openb_pod_list_default.csv")
-    p.add_argument("--limit", type=int)
-    p.add_argument("--queues", default="hash:8")
-    p.add_argument("--time-scale", type=float, default=0.0001, help="multiply submit times (default 0.0001)")
-    p.add_argument("--shrink", type=int, default=2, help="keep 1/K of each node group (default 2)")
-    p.add_argument("--quick", action="store_true", help="the first 400 pods on 1/32 of the cluster")
+    p = cut_parser(__doc__)
     p.add_argument("--no-check", action="store_true", help="skip the rule checker and the shortfall")
-    args = p.parse_args(argv)
-    if args.quick:
-        args.limit, args.shrink = 400, 32
-    if args.shrink < 1:
-        p.error("--shrink must be at least 1")
+    args = parse_cut_args(p, argv)
 
     from scheduler.traces import load_alibaba_v2023
 

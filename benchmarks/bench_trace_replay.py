@@ -111,12 +111,18 @@ def _mean_wait(events: tuple[dict[str, Any], ...]) -> float:
     return sum(waits) / max(len(waits), 1)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def trace_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every replay of the trace takes (this one, bench_trace_shares, bench_trace_reclaim):
+    where the trace is, which pod list, how many of its pods, how they are assigned to queues."""
     p.add_argument("--trace-dir", default=str(TRACE))
     p.add_argument("--pods-file", default="openb_pod_list_default.csv")
     p.add_argument("--limit", type=int)
     p.add_argument("--queues", default="hash:8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    trace_arguments(p)
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply submit times")
     p.add_argument("--duration-scale", type=float, default=1.0, help="multiply running times")
     p.add_argument("--round-fractions", action="store_true", help="round shares of one GPU up to whole GPUs")

@@ -35,11 +35,9 @@ import argparse
 import copy
 import time
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-TRACE = REPO / "tests" / "data" / "traces" / "alibaba-gpu-v2023"
+from benchmarks.bench_trace_replay import trace_arguments
 
 
 def result(name: str, value: float | int | str, unit: str = "") -> None:
@@ -118,20 +116,31 @@ def replay(label: str, sc: dict[str, Any], share_of: dict[str, Fraction]) -> dic
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace-dir", default=str(TRACE))
-    p.add_argument("--pods-file", default="openb_pod_list_default.csv")
-    p.add_argument("--limit", type=int)
-    p.add_argument("--queues", default="hash:8")
+def cut_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options of a replay of the trace's cut (this one, bench_trace_reclaim): the trace's
+    (:func:`benchmarks.bench_trace_replay.trace_arguments`), ``--time-scale``, ``--shrink`` and
+    ``--quick``; the caller may add its own before :func:`parse_cut_args`."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    trace_arguments(p)
     p.add_argument("--time-scale", type=float, default=0.0001, help="multiply submit times (default 0.0001)")
     p.add_argument("--shrink", type=int, default=2, help="keep 1/K of each node group (default 2)")
     p.add_argument("--quick", action="store_true", help="the first 400 pods on 1/32 of the cluster")
+    return p
+
+
+def parse_cut_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``argv`` read by a :func:`cut_parser`: ``--quick`` is ``--limit 400 --shrink 32``; a
+    ``--shrink`` below 1 is refused."""
     args = p.parse_args(argv)
     if args.quick:
         args.limit, args.shrink = 400, 32
     if args.shrink < 1:
         p.error("--shrink must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_cut_args(cut_parser(__doc__), argv)
 
     from scheduler.traces import load_alibaba_v2023, round_up_shares
     from tests.replay_rules import milli
