@@ -24,6 +24,7 @@ import itertools
 import os
 import re
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -240,3 +241,15 @@ def die_with_parent() -> None:
     import signal
 
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+
+
+def stop_processes(procs: list[subprocess.Popen[Any]]) -> None:
+    """Stop test subprocesses, the last started first: SIGTERM (a clean stop, which the caller may
+    then check by its return code), SIGKILL after 15 s."""
+    for p in reversed(procs):
+        p.terminate()
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import REPO, die_with_parent, free_port
+from tests.conftest import REPO, die_with_parent, free_port, stop_processes
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -107,13 +107,7 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         _wait(f"http://127.0.0.1:{ui_port}/_stcore/health", procs[-1], tmp / "dashboard.log")
         yield f"http://127.0.0.1:{ui_port}"
     finally:
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
 
 
 def _check_equivalents(page: Any, dashboard: str) -> None:

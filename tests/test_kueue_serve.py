@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import die_with_parent, free_port
+from tests.conftest import die_with_parent, free_port, stop_processes
 from tests.k8s_replay import ReplayServer, load
 from tests.test_collector_kubernetes import LIST_RV
 from tests.test_dashboards_browser import ARGS, CHROMIUM, DRAWN, _env, _wait
@@ -100,13 +100,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             _wait(f"http://127.0.0.1:{api_port}/readyz", procs[0], tmp / "serve.log")
             yield Run(server, f"http://127.0.0.1:{api_port}", f"http://127.0.0.1:{ui_port}", cfg, tmp / "serve.log")
         finally:
-            for p in reversed(procs):
-                p.terminate()
-                try:
-                    p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+            stop_processes(procs)
     assert procs[0].returncode == 0, (tmp / "serve.log").read_text()[-3000:]    # a clean stop on SIGTERM
 
 
