@@ -257,20 +257,27 @@ class _Run:
             self.bounds[wid] = (now + max(lo - d, 0.0), now + max(hi - d, 0.0))
             self.heap.append((end, self.seq, wid))
         heapq.heapify(self.heap)
-        # preemptible running work per queue, and the leaf queues above their guarantee (of GPUs):
-        # a victim's queue must be one of them, so a victim search reads only theirs
-        # preemptible running work per GPU type, in reverse victim order (read from the end): what
-        # starts later goes near the end, cheaply; what stops stays until a search meets it
-        self.victims: dict[str, list[tuple[_VKey, str]]] = {}
+        # preemptible running work per GPU type, queue and (size in GPUs, priority), each list in
+        # reverse victim order (read from the end; what stops leaves its list). A search merges
+        # only the lists its victims may come from: between queues, those of the queues above their
+        # guarantee (or entitlement) in its fence, of no higher priority than the preemptor's, and
+        # of sizes that leave the queue at its floor or above (while no minimum runtime is in play);
+        # within a queue, its own of lower priority. The same victims in the same order as a scan
+        # of the type's whole list, without reading the work a search passes over (under
+        # fair_share most of it: 3,604 searches at 10,000 pending, docs/PERFORMANCE.md)
+        self.victims: dict[str, dict[str, dict[tuple[Gpus, int], list[tuple[_VKey, str]]]]] = {}
         self.vkeys: dict[str, _VKey] = {}
         self.ranks = queue_ranks(cluster)
-        self.vstale: dict[str, int] = {}
         for r in base.running:
-            if r.workload.preemptible:
-                k = self.vkeys[r.workload.id] = _victim_key(r, self.running[r.workload.id][2], self.ranks)
-                self.victims.setdefault(r.placement.gpu_type, []).append((k, r.workload.id))
-        for lst in self.victims.values():
-            lst.sort()
+            w_ = r.workload
+            if w_.preemptible:
+                k = self.vkeys[w_.id] = _victim_key(r, self.running[w_.id][2], self.ranks)
+                self.victims.setdefault(r.placement.gpu_type, {}).setdefault(w_.queue, {}).setdefault(
+                    (w_.pods * w_.gpus_per_pod, w_.priority), []).append((k, w_.id))
+        for by_queue in self.victims.values():
+            for by_size in by_queue.values():
+                for lst in by_size.values():
+                    lst.sort()
         self.pend: dict[tuple[str, _Shape], list[Workload]] = {}
         self.heads: dict[tuple[str, _Shape], int] = {}
         self.qshapes: dict[str, set[_Shape]] = {}
@@ -409,7 +416,8 @@ class _Run:
         self.running[w.id] = (Running(w, placement, t), end, self.seq)
         if w.preemptible:
             k = self.vkeys[w.id] = _victim_key(self.running[w.id][0], self.seq, self.ranks)
-            insort(self.victims.setdefault(placement.gpu_type, []), (k, w.id))
+            insort(self.victims.setdefault(placement.gpu_type, {}).setdefault(w.queue, {}).setdefault(
+                (w.pods * w.gpus_per_pod, w.priority), []), (k, w.id))
         at, t_lo, t_hi = self.trigger          # the start on the low and high paths: after the
         s_lo, s_hi = t_lo + (t - at), t_hi + (t - at)      # finish that made room, there
         self.bounds[w.id] = (s_lo + max(lo - d, 0.0), s_hi + max(hi - d, 0.0))
@@ -427,14 +435,10 @@ class _Run:
         self.own[w.queue] = self.own.get(w.queue, 0) + 1
         self.fit.clear()
         self.slots.clear()
-        if self.vkeys.pop(wid, None) is not None:
-            t_ = r.placement.gpu_type
-            n = self.vstale[t_] = self.vstale.get(t_, 0) + 1
-            vl = self.victims[t_]
-            if n * 2 > len(vl) and n > 64:
-                vk = self.vkeys
-                self.victims[t_] = [(k, v) for k, v in vl if vk.get(v) == k]
-                self.vstale[t_] = 0
+        k = self.vkeys.pop(wid, None)
+        if k is not None:                  # out of its victim list (a short one: its queue's, of its kind)
+            vl = self.victims[r.placement.gpu_type][w.queue][(w.pods * w.gpus_per_pod, w.priority)]
+            del vl[bisect_left(vl, (k, wid))]
         if finished:
             if self.entitled is not None:          # its GPUs leave its queues' demand
                 qd, gone = self.qdemand, w.gpus
@@ -545,7 +549,28 @@ class _Run:
         taken: list[Running] = []
         budget = 4 * w.pods * w.gpus_per_pod          # GPUs a search may free before giving up
         ok = False
-        for k, vid in reversed(self.victims.get(t_, [])):
+        by_queue = self.victims.get(t_, {})
+        lists: list[list[tuple[_VKey, str]]] = []
+        prio = w.priority
+        if own:
+            lists += (lst for (_, p), lst in by_queue.get(w.queue, {}).items() if lst and p < prio)
+        else:                             # the lists a victim may come from (each checked again below)
+            fences = cluster.fences
+            for vq in over:
+                kinds = by_queue.get(vq)
+                if not kinds or vq == w.queue or fences[vq] != fence:
+                    continue
+                if vq in mins:            # a protected candidate lowers ``first`` before the floor test
+                    lists += (lst for (_, p), lst in kinds.items() if lst and p <= prio)
+                    continue
+                floor = guarantee[vq].get("gpu", 0)
+                if ent is not None:
+                    floor = max(floor, ent.get(vq, 0))
+                used = ledger.used(vq, "gpu")        # only falls during the search: a size kept out now stays out
+                lists += (lst for (size, p), lst in kinds.items() if lst and p <= prio and not used - size < floor)
+        order: Iterable[tuple[_VKey, str]] = (reversed(lists[0]) if len(lists) == 1 else
+                                              heapq.merge(*map(reversed, lists), reverse=True))
+        for k, vid in order:
             if vkeys.get(vid) != k:
                 continue                  # stopped since (or a later run of it)
             r = running[vid][0]
