@@ -48,6 +48,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from gpuq import gpu_share
+from gpuq.k8sobj import parse_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
@@ -67,12 +68,6 @@ GPU_GROUP_LABEL = "runai-gpu-group"
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _MIG_SUFFIX = re.compile(r"-MIG-(\d+g\.\d+gb(?:\+me)?)$")
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+))?([a-zA-Z]*)$")
-_SUFFIX = {
-    "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
-}
-
 
 class QueueLookup(Protocol):
     """How a pod finds its queue. ``accounting.queues.QueueMapping`` has this shape; the collector
@@ -172,19 +167,6 @@ class NodeInfo:
 
 
 # -- scalars --------------------------------------------------------------------------------
-def parse_quantity(value: Any) -> float:
-    """A Kubernetes quantity (``"2"``, ``"500m"``, ``"1Ki"``, ``"1e3"``) as a float."""
-    if isinstance(value, bool):
-        raise TypeError(f"invalid quantity {value!r}")
-    if isinstance(value, (int, float)):
-        return float(value)
-    m = _QUANTITY.match(str(value).strip())
-    if not m or m.group(3) not in _SUFFIX:
-        raise ValueError(f"invalid quantity {value!r}")
-    number = float(m.group(1)) * (10.0 ** int(m.group(2)) if m.group(2) else 1.0)
-    return number * _SUFFIX[m.group(3)]
-
-
 def parse_time(value: Any) -> dt.datetime | None:
     """An RFC 3339 API timestamp as an aware UTC datetime (None when absent)."""
     if not value:

@@ -10,8 +10,30 @@ replay of their history (:mod:`scheduler.history`). Lenient by design: what cann
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Mapping
 from typing import Any
+
+
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+))?([a-zA-Z]*)$")
+_SUFFIX = {
+    "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
+}
+
+
+def parse_quantity(value: Any) -> float:
+    """A Kubernetes quantity (``"2"``, ``"500m"``, ``"1Ki"``, ``"1e3"``) as a float; raises on an
+    unreadable one (unlike the lenient readers below: the collector names the object)."""
+    if isinstance(value, bool):
+        raise TypeError(f"invalid quantity {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = _QUANTITY.match(str(value).strip())
+    if not m or m.group(3) not in _SUFFIX:
+        raise ValueError(f"invalid quantity {value!r}")
+    number = float(m.group(1)) * (10.0 ** int(m.group(2)) if m.group(2) else 1.0)
+    return number * _SUFFIX[m.group(3)]
 
 
 def k8s_time(value: Any) -> dt.datetime | None:

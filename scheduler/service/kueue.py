@@ -42,7 +42,7 @@ from accounting.errors import QueueConfigError
 from accounting.model import PendingDemand, milli
 from accounting.queues import QueueConfig, parse_queue_config
 from accounting.watcher import Reload
-from gpuq.k8sobj import condition, is_true, k8s_seconds
+from gpuq.k8sobj import condition, is_true, k8s_seconds, parse_quantity
 from scheduler.model import Gpus, Workload, exact, gpus_out
 from scheduler.service.views import FINISHED, PENDING, RUNNING, Advice, WorkloadView
 
@@ -152,10 +152,9 @@ def _origin(where: str, origins: Mapping[str, str]) -> str:
 # -- the Workloads ----------------------------------------------------------------------------------
 def _gpus_of(value: Any) -> float:
     """A GPU quantity (``"4"``, ``4``, ``"500m"``) in GPUs; 0 when unreadable."""
-    text = str(value).strip()
     try:
-        return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
-    except ValueError:
+        return parse_quantity(value)
+    except (TypeError, ValueError):
         return 0.0
 
 
