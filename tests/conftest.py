@@ -223,10 +223,19 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         srv.server_close()
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now and not handed out before in this test run (two picks in a row may
+    otherwise get the same just-released port)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def closed_port() -> int:

@@ -29,6 +29,7 @@ from scheduler.api.auth import check_exposure, is_loopback
 from scheduler.service import SchedulerService
 from scheduler.snapshot import Settings
 from scheduler.testing import nodes
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUES = {"a": {"guaranteed": {"gpu": 8}, "queues": {"x": {"guaranteed": {"gpu": 4}}, "y": {"guaranteed": {"gpu": 4}}}},
@@ -316,12 +317,6 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -331,7 +326,7 @@ def _rss_kib(pid: int) -> int:
 
 @pytest.fixture
 def server() -> Iterator[tuple[int, int]]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], cwd=ROOT, env=env)
     try:
@@ -411,7 +406,7 @@ def test_no_tokens_on_a_public_address_needs_insecure(caplog: pytest.LogCaptureF
 def test_gpuq_serve_exits_on_a_public_address_without_tokens(tmp_path: Path) -> None:
     cfg = tmp_path / "gpuq.yaml"
     cfg.write_text(yaml.safe_dump({"store": {"dsn": f"chdb://{tmp_path / 'data'}"},
-                                   "api": {"host": "0.0.0.0", "port": _free_port()}}))
+                                   "api": {"host": "0.0.0.0", "port": free_port()}}))
     r = subprocess.run([sys.executable, "-m", "gpuq.cli", "serve", "--config", str(cfg), "--no-collect"],
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr

@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 HEADER_S, BODY_S, MIN_RATE = 1.0, 1.0, 100
 SLOW = 100                           # connections of each kind
@@ -63,14 +65,8 @@ uvicorn.Server(server_config(app, settings, registry)).run(sockets=[sock])
 """ % {"h": HEADER_S, "b": BODY_S, "r": MIN_RATE}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start(max_connections: int, fill: int = 0) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(max_connections), str(fill)],
                             cwd=ROOT, env=env)

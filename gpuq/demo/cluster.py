@@ -31,10 +31,20 @@ from pathlib import Path
 import httpx
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now and never handed out before by this process: the kernel may give a port
+    just released again, and one ``ray start`` given the same port for two of its components
+    fails ("trying to use a port number ... used by other components")."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def die_with_parent() -> None:
