@@ -108,9 +108,12 @@ def table(page: Any, frame: Any) -> list[dict[str, str]]:
     """A dashboard table's rows as the page's "Download as CSV" gives them (the cells are drawn on
     a canvas; the download is what the page holds)."""
     page.evaluate("() => { window.showSaveFilePicker = undefined; }")      # the plain download, no dialog
+    frame.scroll_into_view_if_needed()
     frame.hover()
     with page.expect_download(timeout=10_000) as dl:
-        frame.get_by_role("button", name="Download as CSV").click()
+        # the click as an event on the button: a pointer click at its place can land on the grid's
+        # scroller, drawn over the toolbar while the table settles (seen once in a full run)
+        frame.get_by_role("button", name="Download as CSV").dispatch_event("click")
     text = Path(dl.value.path()).read_text(encoding="utf-8-sig")
     return list(csv.DictReader(io.StringIO(text)))
 
