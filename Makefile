@@ -41,12 +41,12 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
-# two workers, each taking whole test modules (their module fixtures, a Ray cluster among them, start
-# once): the tests wait on subprocesses much of the time, so two on two cores take about 9 minutes
-# where one took 15. TEST_WORKERS=0 runs them in this process, one at a time.
+# two workers, each taking whole test modules (their module fixtures start once), the modules with
+# real Ray all on one (tests/conftest.py): the tests wait on subprocesses much of the time, so two
+# on two cores take about 9 minutes where one took 15. TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 demo: setup
 	$(BIN)/gpuq demo

@@ -11,9 +11,13 @@ Sources, in order of precedence (:data:`SOURCES`):
     groups on a node, its ``entrypoint_num_gpus`` among them (:mod:`collector.ray_alloc`);
 ``kueue``
     a Kueue Workload holding quota (``queues_from: kueue``; :mod:`collector.k8s_kueue`): one row
-    with no node (Kueue assigns flavors, not nodes), counted until its workload is seen by one of
-    the above on **any** node (cut there as an admission is), so a Workload admitted by Kueue
-    counts from its admission and its pods, once they run, instead of it;
+    with no node (Kueue assigns flavors, not nodes), counted for **what of it is not seen yet**:
+    its GPUs less the most GPUs of its workload seen running at once on any nodes since its
+    admission, by the best source on each node (:func:`kueue_segments`). So a gang whose pods start
+    on one node, then another, is billed its whole reservation throughout: the reservation's rest
+    beside the pods already running, and nothing more once all of them run. Decision: the rest never
+    grows back (pods that end before the others start do not hand their GPUs back to the
+    reservation), as an admission does not count again on a node where its workload was seen;
 ``admission``
     what gpuq admitted and has not been seen yet by any of the above (the scheduler).
 
@@ -41,6 +45,7 @@ also holds the node (a gang's two nodes are two slots, never one cutting the oth
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from fractions import Fraction
@@ -93,20 +98,28 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
     the history a window needs, not part of it), and rows that end by then are left out."""
     allocs = list(allocations)
     best: dict[tuple[str, str], int] = {}
+    best_ever: dict[tuple[str, str], int] = {}                     # the same over all rows (Kueue's)
     seen: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
-    seen_any: dict[str, list[tuple[float, float | None]]] = {}      # per workload, any node (Kueue's rows)
     queue: dict[tuple[str, str], str] = {}
+    kueue: set[str] = set()
     for a in allocs:
         if a.workload_id:
             r, k = rank(a.source), (a.workload_id, a.node)
             if r < _KUEUE:
                 seen.setdefault(k, []).append((a.start_s, a.end_s))
-                seen_any.setdefault(a.workload_id, []).append((a.start_s, a.end_s))
+                best_ever[k] = min(r, best_ever.get(k, r))
                 if since_s is None or a.end_s is None or a.end_s > since_s:
                     best[k] = min(r, best.get(k, r))
+            elif r == _KUEUE:
+                kueue.add(a.workload_id)
             if a.queue > queue.get(k, ""):
                 queue[k] = a.queue
-    out = []
+    held: dict[str, list[tuple[float, float | None, int]]] = {}   # a Kueue workload's counted rows, any node
+    if kueue:
+        for a in allocs:
+            if a.workload_id in kueue and rank(a.source) == best_ever.get((a.workload_id, a.node)):
+                held.setdefault(a.workload_id, []).append((a.start_s, a.end_s, a.milli_gpus))
+    out: list[Allocation] = []
     for a in allocs:
         if a.workload_id:
             r, k = rank(a.source), (a.workload_id, a.node)
@@ -114,9 +127,12 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
                 continue
             if not a.queue:
                 a = replace(a, queue=queue.get(k, ""))
-            if r >= _KUEUE:
-                cuts = seen_any.get(a.workload_id, ()) if r == _KUEUE else seen.get(k, ())
-                cut = min((s for s, e in cuts if e is None or e > a.start_s), default=None)
+            if r == _KUEUE:
+                out += (b for b in kueue_segments(a, held.get(a.workload_id, ()))
+                        if since_s is None or b.end_s is None or b.end_s > since_s)
+                continue
+            if r > _KUEUE:
+                cut = min((s for s, e in seen.get(k, ()) if e is None or e > a.start_s), default=None)
                 if cut is not None:
                     if cut <= a.start_s:
                         continue
@@ -125,6 +141,49 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
         if since_s is None or a.end_s is None or a.end_s > since_s:
             out.append(a)
     return out
+
+
+def kueue_segments(a: Allocation, held: Iterable[tuple[float, float | None, int]]) -> list[Allocation]:
+    """A Kueue Workload's row as it counts (see the module's ``kueue``): its milli-GPUs less the
+    most that ``held`` (its workload's counted observed rows on any nodes: start, end, milli-GPUs)
+    held at once since the row's start, in constant pieces; none once all of it is seen. Pieces
+    after the first are ``<uid>#<start ms>`` (:func:`reservation_of`). The same rule in SQL:
+    :data:`accounting.sql.LEDGER_KUEUE`."""
+    end = math.inf if a.end_s is None else a.end_s
+    events: list[tuple[float, int]] = []
+    for s, e, m in held:
+        if e is None or e > a.start_s:
+            events.append((max(s, a.start_s), m))
+            if e is not None:
+                events.append((e, -m))
+    events.sort()
+    out: list[Allocation] = []
+    at, left, now, most, i = a.start_s, a.milli_gpus, 0, 0, 0
+    while i < len(events) and events[i][0] < end and left > 0:
+        t = events[i][0]
+        while i < len(events) and events[i][0] == t:
+            now += events[i][1]
+            i += 1
+        most = max(most, now)
+        rest = max(0, a.milli_gpus - most)
+        if rest != left:
+            if t > at:
+                out.append(_piece(a, at, t, left))
+            at, left = t, rest
+    if left > 0:
+        out.append(_piece(a, at, a.end_s, left))
+    return out
+
+
+def _piece(a: Allocation, start_s: float, end_s: float | None, milli: int) -> Allocation:
+    if start_s == a.start_s:
+        return replace(a, end_s=end_s, milli_gpus=milli)
+    return replace(a, uid=f"{a.uid}#{round(start_s * 1000)}", start_s=start_s, end_s=end_s, milli_gpus=milli)
+
+
+def reservation_of(uid: str) -> str:
+    """The uid of the Kueue row a piece of it (:func:`kueue_segments`) came from."""
+    return uid.split("#", 1)[0]
 
 
 def combine(observed: Iterable[Allocation], admitted: Iterable[Allocation], since_s: float | None = None,

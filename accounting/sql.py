@@ -53,6 +53,58 @@ LEDGER = f"""(
   WHERE (workload_id = '' OR rank = bo OR (rank >= 3 AND cut > s_ms)) AND cut > toUnixTimestamp64Milli(wf)
 )"""
 
+# With Kueue's rows in the store (accounting.store_adapter.ledger_sql chooses): the same ledger, but
+# a Kueue Workload's row (rank 3) counts what of it is not seen yet (accounting.ledger.kueue_segments):
+# its milli-GPUs less the most its workload's counted observed rows (`ba`: the best source on each
+# node over all rows read) held at once since its start, on any node (`held`, over `_WPART`), in
+# pieces (`seg`: start ms, end ms, milli-GPUs, uid suffix), one output row each. Lambdas and ARRAY
+# JOIN are what this costs (some 25 ms of analysis a query), so stores without Kueue rows use LEDGER.
+_PIECES = """arrayMap(x -> (x.1, x.2, x.3, if(x.1 = s_ms, '', concat('#', toString(x.1)))),
+  arrayFilter(x -> x.3 > 0 AND x.2 > x.1,
+    arrayMap(k -> (p0[kj[k]].1, if(k = length(kj), e_ms, p0[kj[k + 1]].1), p0[kj[k]].2), arrayEnumerate(kj))))"""
+_PIECE_ARRAYS = f"""
+           arrayFilter(x -> x.2 > s_ms, held) AS rel,
+           arraySort(arrayConcat(arrayMap(x -> (greatest(x.1, s_ms), x.3), rel),
+                                 arrayMap(x -> (x.2, -x.3), arrayFilter(x -> x.2 < {_OPEN_MS}, rel)))) AS ev,
+           arrayCumSum(arrayMap(x -> x.2, ev)) AS run,
+           arrayMap(i -> greatest(toInt64(0), toInt64(milli_gpus) - arrayMax(arraySlice(run, 1, i))), arrayEnumerate(run)) AS rest,
+           arrayFilter(x -> x.1 < e_ms, arrayMap(i -> (ev[i].1, rest[i]),
+                       arrayFilter(i -> i = length(ev) OR ev[i + 1].1 != ev[i].1, arrayEnumerate(ev)))) AS pts,
+           arrayConcat([(s_ms, toInt64(milli_gpus))], pts) AS p0,
+           arrayFilter(j -> j = 1 OR p0[j].2 != p0[j - 1].2, arrayEnumerate(p0)) AS kj"""
+LEDGER_KUEUE = f"""(
+  SELECT * EXCEPT (rank, s_ms, e_ms, bo, ba, wq, cut, held, rel, ev, run, rest, pts, p0, kj, seg) REPLACE (
+           if(queue = '', wq, queue) AS queue,
+           if(rank = 3, concat(uid, seg.4), uid) AS uid,
+           if(rank = 3, fromUnixTimestamp64Milli(seg.1, 'UTC'), start) AS start,
+           if(rank = 3, toUInt32(seg.3), milli_gpus) AS milli_gpus,
+           multiIf(rank = 3, if(seg.2 >= {_OPEN_MS}, NULL, fromUnixTimestamp64Milli(seg.2, 'UTC')),
+                   cut < e_ms, fromUnixTimestamp64Milli(cut, 'UTC'), end) AS end)
+  FROM (
+    SELECT *,{_PIECE_ARRAYS}
+    FROM (
+      SELECT *, groupArrayIf((s_ms, e_ms, toInt64(milli_gpus)), rank < 3 AND rank = ba) OVER (PARTITION BY {_WPART}) AS held
+      FROM (
+        SELECT *, multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, source = 'kueue', 3, 4)
+                 AS rank,
+               toUnixTimestamp64Milli(start) AS s_ms, ifNull(toUnixTimestamp64Milli(end), {_OPEN_MS}) AS e_ms,
+               minIf(rank, rank < 3 AND e_ms > toUnixTimestamp64Milli(wf)) OVER (PARTITION BY {_PART}) AS bo,
+               minIf(rank, rank < 3) OVER (PARTITION BY {_PART}) AS ba,
+               max(queue) OVER (PARTITION BY {_PART}) AS wq,
+               if(rank = 4, greatest(s_ms, min(if(rank < 3, s_ms, {_OPEN_MS}))
+                                            OVER (PARTITION BY {_PART} ORDER BY if(rank < 3, e_ms, s_ms) DESC, rank DESC
+                                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
+                  e_ms) AS cut
+        FROM {{db}}.@ALLOC@ FINAL
+        WHERE start < wt AND (end IS NULL OR end > if(workload_id = '', wf, wf - {_REACH}))
+      )
+    )
+  )
+  ARRAY JOIN if(rank = 3, {_PIECES}, [(s_ms, e_ms, toInt64(milli_gpus), '')]) AS seg
+  WHERE (workload_id = '' OR rank = bo OR rank = 3 OR (rank = 4 AND cut > s_ms))
+    AND if(rank = 3, seg.2, cut) > toUnixTimestamp64Milli(wf)
+)"""
+
 # A row's slot (accounting.ledger.slot): a pod's rows run one at a time; the rows of the other
 # sources name one node of a multi-node allocation each, so their slot also holds the node.
 SLOT = "cluster, namespace, pod, if(source = 'pod', '', node)"

@@ -52,7 +52,25 @@ def alloc_table(store: Store, window: Window) -> str:
 
 
 def _alloc(store: Store, text: str, window: Window) -> str:
-    return text.replace("@LEDGER@", sql.LEDGER).replace("@ALLOC@", alloc_table(store, window))
+    return text.replace("@LEDGER@", ledger_sql(store)).replace("@ALLOC@", alloc_table(store, window))
+
+
+_KUEUE_SEEN: set[tuple[int, str]] = set()       # (id of the store, database) once Kueue rows were found
+
+
+def ledger_sql(store: Store) -> str:
+    """:data:`accounting.sql.LEDGER_KUEUE` once the store holds a Kueue Workload's row (remembered:
+    rows are not taken back but by retention, and the Kueue ledger is right without them too), else
+    :data:`accounting.sql.LEDGER` (the same rule for every other row, without the Kueue pieces'
+    cost). A row that arrives between this check and the query is read by the plain ledger once:
+    cut at its workload's first observed row, as before the pieces."""
+    key = (id(store), store.database)
+    if key in _KUEUE_SEEN:
+        return sql.LEDGER_KUEUE
+    if _q(store, "SELECT count() FROM (SELECT 1 FROM {db}.gpu_allocations WHERE source = 'kueue' LIMIT 1)", {})[0][0]:
+        _KUEUE_SEEN.add(key)
+        return sql.LEDGER_KUEUE
+    return sql.LEDGER
 
 
 def _window(window: Window, now_s: float) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import datetime as dt
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuq.k8sobj import k8s_seconds
@@ -407,6 +407,23 @@ def _workload_objects(store: Any) -> dict[tuple[str, str], dict[str, Any]]:
     return out
 
 
+def _reservations(rows: Iterable[Any]) -> list[Any]:
+    """Kueue's rows as its reservations, by start: the ledger's pieces of one (what of it was not
+    seen yet, :func:`accounting.ledger.kueue_segments`) joined again, from the first piece's start
+    to the last one's end, at the first piece's GPUs."""
+    from accounting.ledger import reservation_of
+
+    by: dict[str, list[Any]] = {}
+    for a in rows:
+        by.setdefault(reservation_of(a.uid), []).append(a)
+    out = []
+    for pieces in by.values():
+        pieces.sort(key=lambda a: a.start_s)
+        last = pieces[-1]
+        out.append(replace(pieces[0], end_s=last.end_s))
+    return sorted(out, key=lambda a: a.start_s)
+
+
 def _other(rows: Sequence[Any], end_s: float, resolver: Any, many: bool,
            objects: Mapping[tuple[str, str], Mapping[str, Any]]) -> tuple[list[Entry], list[str]]:
     """Another scheduler's workloads as workloads of their queues (origin ``kueue``, ``yunikorn``),
@@ -430,7 +447,7 @@ def _other(rows: Sequence[Any], end_s: float, resolver: Any, many: bool,
     for wid, members in sorted(groups.items()):
         origin, _, rest = wid.partition("/")
         ns, _, name = rest.partition("/")
-        holds = sorted((a for a in members if a.source == KUEUE), key=lambda a: a.start_s)
+        holds = _reservations(a for a in members if a.source == KUEUE)
         pods = sorted((a for a in members if a.source != KUEUE and a.node), key=lambda a: a.start_s)
         starts = [h.start_s for h in holds] or ([pods[0].start_s] if pods else [])
         if not starts:

@@ -58,6 +58,19 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "snapshots are not compared with ones built from scratch")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``make test``'s workers (pytest-xdist, ``--dist loadgroup``): a test module runs on one
+    worker (its module fixtures start once), and every module with a test marked ``ray`` on the
+    same worker, one after another, with one session Ray head: two Ray clusters starting at once
+    on two busy cores missed Ray's startup timeouts in a full run. xdist's own hook reads the
+    marks after this one (it runs last)."""
+    ray_modules = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("ray")}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("ray" if module in ray_modules else module))
+
+
 @dataclass(frozen=True, slots=True)
 class Expired:
     database: str

@@ -75,9 +75,10 @@ def test_a_workload_holds_quota_while_reserved_and_not_evicted() -> None:
     assert reservation(workload("evicted")) is None
 
 
-def test_the_workload_row_counts_until_its_pods_are_seen_on_any_node(store: Any) -> None:
-    """The Kueue row (no node) is cut at the first pod of its workload, on whichever node, in Python
-    and in SQL alike; another workload's pods do not cut it."""
+def test_the_workload_row_counts_what_of_it_is_not_seen_yet_on_any_node(store: Any) -> None:
+    """The Kueue row (no node) counts its GPUs less those of its workload's pods already running,
+    on whichever nodes, in Python and in SQL alike: a gang of two 2-GPU pods starting at 5 on n2
+    and at 8 on n3 is billed 4 GPUs from the admit on; another workload's pods do not cut it."""
     def led(pod: str, source: str, wid: str, node: str, start: float, end: float | None = None) -> Allocation:
         a = alloc(pod, "llm", 4 if source == "kueue" else 2, start, end, node=node, uid=f"{pod}/{node}")
         return dataclasses.replace(a, source=source, workload_id=wid)
@@ -85,11 +86,15 @@ def test_the_workload_row_counts_until_its_pods_are_seen_on_any_node(store: Any)
     rows = [led("wl-a", "kueue", "kueue/ns/a", "", 0), led("p1", "pod", "kueue/ns/a", "n2", 5),
             led("p2", "pod", "kueue/ns/a", "n3", 8), led("wl-b", "kueue", "kueue/ns/b", "", 0),
             led("q1", "pod", "kueue/ns/c", "n1", 1)]
-    kept = {(a.workload_id, a.source, a.node): (a.start_s - T0, None if a.end_s is None else a.end_s - T0)
-            for a in dedup(rows)}
-    assert kept[("kueue/ns/a", "kueue", "")] == (0, 5)        # cut at the first pod, node n2
-    assert kept[("kueue/ns/b", "kueue", "")] == (0, None)     # never seen: whole
-    assert ("kueue/ns/a", "pod", "n3") in kept
+
+    def pieces(allocs: list[Allocation]) -> list[tuple[Any, ...]]:
+        return sorted((a.workload_id, a.source, a.node, a.start_s - T0, None if a.end_s is None else a.end_s - T0,
+                       a.milli_gpus) for a in allocs)
+
+    kept = pieces(dedup(rows))
+    assert [k[3:] for k in kept if k[:2] == ("kueue/ns/a", "kueue")] == [(0, 5, 4000), (5, 8, 2000)]
+    assert [k[3:] for k in kept if k[:2] == ("kueue/ns/b", "kueue")] == [(0, None, 4000)]   # never seen: whole
+    assert ("kueue/ns/a", "pod", "n3", 8, None, 2000) in kept
 
     def row(a: Allocation) -> tuple[Any, ...]:
         t = lambda s: dt.datetime.fromtimestamp(s, UTC)   # noqa: E731
@@ -103,9 +108,8 @@ def test_the_workload_row_counts_until_its_pods_are_seen_on_any_node(store: Any)
     window = Window(T0, T0 + 60)
     ledger = [_allocation(r) for r in _q(store, _alloc(store, q.ALLOCATIONS, window),
                                          {**_window(window, T0 + 60), "sources": ""})]
-    sql = {(a.workload_id, a.source, a.node): (a.start_s - T0, None if a.end_s is None else a.end_s - T0)
-           for a in ledger}
-    assert sql == kept, (sorted(sql.items()), sorted(kept.items()))
+    assert pieces(ledger) == kept
+    assert {a.uid for a in ledger} == {a.uid for a in dedup(rows)}
     assert {(a.workload_id, a.source) for a in read_allocations(store, window, T0 + 60)} >= {
         ("kueue/ns/a", "kueue"), ("kueue/ns/b", "kueue")}
 
