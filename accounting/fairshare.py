@@ -119,6 +119,79 @@ def entitlements(pool: Amount, children: Mapping[str, Sequence[str]], wants: Map
 _NOTHING = Want(0, 0, None, 0.0)
 
 
+class Division:
+    """:func:`entitlements` kept as a few queues' wants change (the forecasts' timeline: a finish
+    changes the demand of one leaf and its ancestors, and the rest of the tree is as it was).
+
+    Each level is a pure function of its parent's entitlement and its children's wants, so only
+    the levels where either changed are divided again (:meth:`update`), from the root down; the
+    result is the full division's for the wants now, amount for amount. :attr:`of` is the live
+    mapping (queue -> entitlement, as :func:`entitlements` returns), changed in place."""
+
+    __slots__ = ("children", "wants", "of", "_milli", "_parent", "_depth")
+
+    def __init__(self, pool: Amount, children: Mapping[str, Sequence[str]], wants: Mapping[str, Want],
+                 root: str) -> None:
+        self.children = children
+        self.wants = dict(wants)
+        self.of: dict[str, Amount] = {root: pool}
+        self._milli: dict[str, int] = {root: _milli(pool)}      # each divided queue's share, as divided
+        self._parent: dict[str, str] = {}
+        self._depth: dict[str, int] = {root: 0}
+        stack = [root]
+        while stack:
+            parent = stack.pop()
+            for k in children.get(parent, ()):
+                self._parent[k] = parent
+                self._depth[k] = self._depth[parent] + 1
+                stack.append(k)
+        self._divide_from({root})
+
+    def update(self, wants: Mapping[str, Want | None]) -> set[str]:
+        """Set these queues' wants (``None``: the queue wants nothing, as one absent from
+        :func:`entitlements`' ``wants``) and divide again the levels they change: the queues
+        whose entitlement changed."""
+        dirty: set[str] = set()
+        for q, want in wants.items():
+            if want is None:
+                if self.wants.pop(q, None) is None:
+                    continue
+            elif self.wants.get(q) == want:
+                continue
+            else:
+                self.wants[q] = want
+            parent = self._parent.get(q)
+            if parent is not None:
+                dirty.add(parent)
+        return self._divide_from(dirty) if dirty else set()
+
+    def _divide_from(self, dirty: set[str]) -> set[str]:
+        """Divide each level under ``dirty``'s queues again, shallowest first, and every level
+        below a queue whose entitlement changed: the queues whose entitlement changed."""
+        changed: set[str] = set()
+        depth, children, wants, of, milli = self._depth, self.children, self.wants, self.of, self._milli
+        levels: dict[int, set[str]] = {}
+        for q in dirty:
+            levels.setdefault(depth[q], set()).add(q)
+        d = 0
+        while levels:
+            for parent in levels.pop(d, ()):
+                kids = children.get(parent, ())
+                if not kids:
+                    continue
+                shares = _divide(milli[parent], [wants.get(k, _NOTHING) for k in kids])
+                for k, share in zip(kids, shares):
+                    if milli.get(k) == share:
+                        continue
+                    milli[k] = share
+                    of[k] = _amount(share)
+                    changed.add(k)
+                    if children.get(k):
+                        levels.setdefault(d + 1, set()).add(k)
+            d += 1
+        return changed
+
+
 def want_of(queue: Queue, demand: Amount) -> Want:
     """What ``queue`` brings to :func:`entitlements` with ``demand`` GPUs (its subtree's running and
     pending): its ``gpu`` guarantee (a queue guaranteed in ``gpu_eq`` only brings that, rounded down
