@@ -715,11 +715,12 @@ class _Run:
         may = self.below | self.within if self.within else self.below
         for _, q in sorted((self.key(q), q) for q in may if self.qshapes.get(q)):
             started = True
-            while started and self.qshapes.get(q) and (q in self.below or q in self.within):
+            while started and self.qshapes.get(q) and (q in self.below or q in self.within) \
+                    and self.may_search(q, t):    # (what may_reclaim asks of the queue, once for all)
                 started = False
                 for _, w, s in self.candidates(q):
-                    if not self.may_reclaim(q, w, t):
-                        continue
+                    if t + EPS < w.submit_s + self.delay:
+                        continue                  # its own delay not passed
                     p = self.reclaim(w, t)
                     if p is None:
                         break
@@ -735,6 +736,12 @@ class _Run:
         that may be taken now)."""
         if t + EPS < w.submit_s + self.delay:
             return False
+        return self.may_search(q, t)
+
+    def may_search(self, q: str, t: float) -> bool:
+        """:meth:`may_reclaim`'s test of the queue: ``q``'s last victim search did not fail within a
+        delay with nothing changed since (nor with a victim kept out by its minimum runtime that
+        may be taken at ``t``)."""
         f = self.failed.get(q)
         return f is None or f[1] != self.own.get(q, 0) or t >= f[0] + self.delay or t + EPS >= f[2]
 
