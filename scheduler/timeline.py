@@ -58,6 +58,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left, insort
+from itertools import chain
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from statistics import NormalDist
@@ -91,6 +92,9 @@ BINS = 32
 """Pending work's middle-path quantiles come in this many bins (durations drawn once per bin)."""
 
 _Shape = tuple[tuple[str, ...], Gpus, int]          # types, gpus per pod, pods
+_SORTED = 256
+"""A victim search sorts the entries of the lists it may take from up to this many, and merges
+more (``heapq.merge``: what it reads, not all)."""
 _NORMAL = NormalDist()
 
 
@@ -597,7 +601,7 @@ class _Run:
         shared = frozenset(chains[w.queue])
         guarantee, ent, mins = cluster.guarantee, self.entitled, self.mins
         over, vkeys, running = self.over, self.vkeys, self.running
-        taken: list[Running] = []
+        taken: list[tuple[Running, Vec]] = []          # each victim of the trial, with its usage
         budget = 4 * w.pods * w.gpus_per_pod          # GPUs a search may free before giving up
         ok = False
         by_queue = self.victims.get(t_, {})
@@ -622,9 +626,14 @@ class _Run:
                         lists += by_size.values()
                         continue
                     used, floor = floors[vq]     # only falls during the search: a size kept out now stays out
-                    lists += (lst for size, lst in by_size.items() if not used - size < floor)
-        order: Iterable[tuple[_VKey, str]] = (reversed(lists[0]) if len(lists) == 1 else
-                                              heapq.merge(*map(reversed, lists), reverse=True))
+                    lists += [lst for size, lst in by_size.items() if not used - size < floor]
+        order: Iterable[tuple[_VKey, str]]
+        if len(lists) == 1:
+            order = reversed(lists[0])
+        elif sum(map(len, lists)) <= _SORTED:       # few (as a rule): one sort costs less than a merge
+            order = sorted(chain.from_iterable(lists), reverse=True)
+        else:
+            order = heapq.merge(*map(reversed, lists), reverse=True)
         for k, vid in order:
             if vkeys.get(vid) != k:
                 continue                  # stopped since (or a later run of it)
@@ -641,30 +650,31 @@ class _Run:
                 if until > t + EPS:
                     first = min(first, until)
                     continue              # within its minimum runtime: no victim yet
-            vv = demand(vw, t_, cluster.equivalents)
             if not own:
                 floor = guarantee[vq].get("gpu", 0)
                 if ent is not None:
                     floor = max(floor, ent.get(vq, 0))
                 if ledger.used(vq, "gpu") - vw.pods * vw.gpus_per_pod < floor:
                     continue                  # its queue at its floor (below_floor's first test, quickly)
+            vv = demand(vw, t_, cluster.equivalents)
+            if not own:
                 if below_floor(cluster, ledger, vq, vv, shared) is not None:
                     continue
                 if ent is not None and below_entitlement(cluster, ledger, vq, vv, shared, ent) is not None:
                     continue
             ledger.remove(chains[vq], vv)
             free.release(r.placement)
-            taken.append(r)
+            taken.append((r, vv))
             if free.fits(t_, w.gpus_per_pod, w.pods) and over_max(cluster, ledger, w.queue, vec) is None:
                 ok = True
                 break
             budget -= vw.pods * vw.gpus_per_pod
             if budget <= 0:
                 break
-        for r in reversed(taken):           # undo the trial; stop() applies it for real
-            ledger.add(chains[r.workload.queue], demand(r.workload, t_, cluster.equivalents))
+        for r, vv in reversed(taken):       # undo the trial; stop() applies it for real
+            ledger.add(chains[r.workload.queue], vv)
             free.take(r.placement)
-        return (taken if ok else None), first
+        return ([r for r, _ in taken] if ok else None), first
 
     def _apply(self, w: Workload, t_: str, taken: list[Running], t: float) -> Placement | None:
         """Stop ``taken`` (they wait again) and place ``w`` on ``t_``."""
