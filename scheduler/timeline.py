@@ -25,7 +25,8 @@ start and drops the cycle's overheads:
   (:func:`scheduler.quota.within_entitlement`, :func:`~scheduler.quota.below_entitlement`), the
   entitlements the core's own division (:func:`scheduler.quota.divide_entitlements`) of each
   queue's demand, kept as work finishes and divided again at the first pass after a finish (a
-  start or a preemption leaves the demand as it was); a queue with ``within_queue:
+  start or a preemption leaves the demand as it was), only where the changed demands reach
+  (:func:`scheduler.quota.entitlement_division`); a queue with ``within_queue:
   lower_priority`` that finds no victims elsewhere preempts its own strictly lower-priority work;
   work within its queue's ``min_runtime_s`` is no victim, and a search it kept from succeeding is
   tried again when the first such victim may be taken;
