@@ -119,6 +119,99 @@ def entitlements(pool: Amount, children: Mapping[str, Sequence[str]], wants: Map
 _NOTHING = Want(0, 0, None, 0.0)
 
 
+class Division:
+    """:func:`entitlements` kept as a few queues' wants change (the forecasts' timeline: a finish
+    changes the demand of one leaf and its ancestors, and the rest of the tree is as it was).
+
+    Each level is a pure function of its parent's entitlement and its children's wants, so only
+    the levels where either changed are divided again (:meth:`update`), from the root down; the
+    result is the full division's for the wants now, amount for amount. :attr:`of` is the live
+    mapping (queue -> entitlement, as :func:`entitlements` returns), changed in place."""
+
+    __slots__ = ("children", "wants", "of", "_milli", "_parent", "_depth", "_index", "_claims", "_weights")
+
+    def __init__(self, pool: Amount, children: Mapping[str, Sequence[str]], wants: Mapping[str, Want],
+                 root: str) -> None:
+        self.children = children
+        self.wants = dict(wants)
+        self.of: dict[str, Amount] = {root: pool}
+        self._milli: dict[str, int] = {root: _milli(pool)}      # each divided queue's share, as divided
+        self._parent: dict[str, str] = {}
+        self._depth: dict[str, int] = {root: 0}
+        self._index: dict[str, int] = {}          # a queue's place among its parent's children
+        # per parent divided: its children's claims in thousandths (:func:`_claim`: what each
+        # wants, what each gets first), and their weights (:func:`_weights`; found again when a
+        # child's weight changes, as when it comes or goes: one absent weighs nothing)
+        self._claims: dict[str, tuple[list[int], list[int]]] = {}
+        self._weights: dict[str, list[int]] = {}
+        stack = [root]
+        while stack:
+            parent = stack.pop()
+            for i, k in enumerate(children.get(parent, ())):
+                self._parent[k] = parent
+                self._index[k] = i
+                self._depth[k] = self._depth[parent] + 1
+                stack.append(k)
+        self._divide_from({root})
+
+    def update(self, wants: Mapping[str, Want | None]) -> set[str]:
+        """Set these queues' wants (``None``: the queue wants nothing, as one absent from
+        :func:`entitlements`' ``wants``) and divide again the levels they change: the queues
+        whose entitlement changed."""
+        dirty: set[str] = set()
+        for q, want in wants.items():
+            old = self.wants.get(q)
+            if old == want:
+                continue
+            if want is None:
+                del self.wants[q]
+            else:
+                self.wants[q] = want
+            parent = self._parent.get(q)
+            if parent is not None:
+                dirty.add(parent)
+                level = self._claims.get(parent)
+                if level is not None:
+                    i = self._index[q]
+                    level[0][i], level[1][i] = _claim(want or _NOTHING)
+                if (old or _NOTHING).weight != (want or _NOTHING).weight:
+                    self._weights.pop(parent, None)
+        return self._divide_from(dirty) if dirty else set()
+
+    def _divide_from(self, dirty: set[str]) -> set[str]:
+        """Divide each level under ``dirty``'s queues again, shallowest first, and every level
+        below a queue whose entitlement changed: the queues whose entitlement changed."""
+        changed: set[str] = set()
+        depth, children, wants, of, milli = self._depth, self.children, self.wants, self.of, self._milli
+        levels: dict[int, set[str]] = {}
+        for q in dirty:
+            levels.setdefault(depth[q], set()).add(q)
+        d = 0
+        while levels:
+            for parent in levels.pop(d, ()):
+                kids = children.get(parent, ())
+                if not kids:
+                    continue
+                level = self._claims.get(parent)
+                if level is None:
+                    claims = [_claim(wants.get(k, _NOTHING)) for k in kids]
+                    level = self._claims[parent] = ([w for w, _ in claims], [g for _, g in claims])
+                weights = self._weights.get(parent)
+                if weights is None:
+                    weights = self._weights[parent] = _weights([wants.get(k, _NOTHING) for k in kids])
+                shares = _pour(milli[parent], level[0], level[1], weights)
+                for k, share in zip(kids, shares):
+                    if milli.get(k) == share:
+                        continue
+                    milli[k] = share
+                    of[k] = _amount(share)
+                    changed.add(k)
+                    if children.get(k):
+                        levels.setdefault(d + 1, set()).add(k)
+            d += 1
+        return changed
+
+
 def want_of(queue: Queue, demand: Amount) -> Want:
     """What ``queue`` brings to :func:`entitlements` with ``demand`` GPUs (its subtree's running and
     pending): its ``gpu`` guarantee (a queue guaranteed in ``gpu_eq`` only brings that, rounded down
@@ -146,20 +239,36 @@ _MILLI = 1000
 def _divide(pool: int, claims: Sequence[Want]) -> list[int]:
     """One level of :func:`entitlements`: ``pool`` thousandths among ``claims`` (in queue-file
     order), each one's share in thousandths."""
-    n = len(claims)
-    want = [0] * n
-    share = [0] * n
+    milli = [_claim(c) for c in claims]
+    return _pour(pool, [w for w, _ in milli], [g for _, g in milli], _weights(claims))
+
+
+def _claim(c: Want) -> tuple[int, int]:
+    """One claim of :func:`_divide` in thousandths: what it wants in all (its demand, capped by its
+    max) and what it gets first (its guarantee, up to that)."""
+    w = _milli(c.demand)
+    if c.cap is not None:
+        w = min(w, _milli(c.cap))
+    w = max(w, 0)
+    return w, min(_milli(c.guaranteed), w)
+
+
+def _weights(claims: Sequence[Want]) -> list[int]:
+    """The claims' weights as exact integers (each times the common power of two that makes all
+    of them whole)."""
     weight = [int(c.weight) for c in claims]
     if any(w != c.weight for w, c in zip(weight, claims)):    # a weight not whole: exact integers of them all
         ws = [Fraction(c.weight) for c in claims]
         scale = max(w.denominator for w in ws)                # powers of two: the largest makes all whole
         weight = [int(w * scale) for w in ws]
-    for i, c in enumerate(claims):
-        w = _milli(c.demand)
-        if c.cap is not None:
-            w = min(w, _milli(c.cap))
-        want[i] = max(w, 0)
-        share[i] = min(_milli(c.guaranteed), want[i])
+    return weight
+
+
+def _pour(pool: int, want: Sequence[int], first: Sequence[int], weight: Sequence[int]) -> list[int]:
+    """:func:`_divide` of claims already in thousandths (:func:`_claim`'s ``want`` and ``first``)
+    and integer weights (:func:`_weights`)."""
+    n = len(want)
+    share = list(first)
     left = pool - sum(share)
     cut: dict[int, int] = {}      # the last round's fraction cut off by the rounding, over its total weight
     while left > 0:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from accounting.fairshare import entitlements, want_of
+from accounting.fairshare import Division, Want, entitlements, want_of
 from accounting.queues import ROOT
 from scheduler.model import Gpus, Workload
 from scheduler.snapshot import PINNED, Cluster, dict_copy
@@ -238,12 +238,34 @@ def divide_entitlements(cluster: Cluster, demand: dict[str, Gpus], memo: CycleMe
         return last[1]
     queues = cluster.config.queues
     wants = {q: want_of(queues[q], d) for q, d in demand.items()}
+    got = MappingProxyType(entitlements(_pool(cluster, memo), {q: c.children for q, c in queues.items()},
+                                        wants, ROOT))
+    memo.entitlement = (demand, got)
+    return got
+
+
+def entitlement_division(cluster: Cluster, demand: Mapping[str, Gpus], memo: CycleMemo) -> Division:
+    """:func:`divide_entitlements` for a caller whose demand changes a few queues at a time (the
+    forecasts' timeline): the same division, kept by :class:`accounting.fairshare.Division`, which
+    divides again only the levels a change reaches; :func:`demand_want` gives its ``update`` the
+    changed queues' wants."""
+    queues = cluster.config.queues
+    return Division(_pool(cluster, memo), {q: c.children for q, c in queues.items()},
+                    {q: want_of(queues[q], d) for q, d in demand.items()}, ROOT)
+
+
+def demand_want(cluster: Cluster, queue: str, demand: Gpus) -> Want | None:
+    """What ``queue`` brings to the division with ``demand`` (:func:`queue_demand`'s): ``None`` for
+    none, as a queue absent from the demand."""
+    return want_of(cluster.config.queues[queue], demand) if demand else None
+
+
+def _pool(cluster: Cluster, memo: CycleMemo) -> Gpus:
+    """The GPUs the division shares out: every node's (kept in ``memo``)."""
     pool = memo.gpus_total
     if pool is None:
         pool = memo.gpus_total = sum(n.gpus for n in cluster.nodes)
-    got = MappingProxyType(entitlements(pool, {q: c.children for q, c in queues.items()}, wants, ROOT))
-    memo.entitlement = (demand, got)
-    return got
+    return pool
 
 
 def fair_share(cluster: Cluster, ledger: Ledger, queue: str) -> float:

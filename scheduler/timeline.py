@@ -25,7 +25,8 @@ start and drops the cycle's overheads:
   (:func:`scheduler.quota.within_entitlement`, :func:`~scheduler.quota.below_entitlement`), the
   entitlements the core's own division (:func:`scheduler.quota.divide_entitlements`) of each
   queue's demand, kept as work finishes and divided again at the first pass after a finish (a
-  start or a preemption leaves the demand as it was); a queue with ``within_queue:
+  start or a preemption leaves the demand as it was), only where the changed demands reach
+  (:func:`scheduler.quota.entitlement_division`); a queue with ``within_queue:
   lower_priority`` that finds no victims elsewhere preempts its own strictly lower-priority work;
   work within its queue's ``min_runtime_s`` is no victim, and a search it kept from succeeding is
   tried again when the first such victim may be taken;
@@ -58,6 +59,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left, insort
+from itertools import chain
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from statistics import NormalDist
@@ -73,7 +75,8 @@ from scheduler.quota import (
     Ledger,
     below_entitlement,
     below_floor,
-    divide_entitlements,
+    demand_want,
+    entitlement_division,
     over_guarantee,
     over_guarantee_pinned,
     over_max,
@@ -90,6 +93,9 @@ BINS = 32
 """Pending work's middle-path quantiles come in this many bins (durations drawn once per bin)."""
 
 _Shape = tuple[tuple[str, ...], Gpus, int]          # types, gpus per pod, pods
+_SORTED = 256
+"""A victim search sorts the entries of the lists it may take from up to this many, and merges
+more (``heapq.merge``: what it reads, not all)."""
 _NORMAL = NormalDist()
 
 
@@ -225,18 +231,20 @@ class _Run:
         self.mins = min_runtimes(cluster)
         # reclaim: fair_share: each queue's demand (running plus pending GPUs of its subtree,
         # scheduler.quota.queue_demand), kept as work finishes (only a finish changes it), and the
-        # entitlements divided from it (scheduler.quota.divide_entitlements, the core's), found
-        # again at the first pass after a finish: as the core, once per cycle and never per
-        # candidate. None under reclaim: guarantee
+        # entitlements divided from it (the core's division, scheduler.quota.entitlement_division),
+        # found again at the first pass after a finish: as the core, once per cycle and never per
+        # candidate; only the levels of the tree that the finishes' queues reach are divided again.
+        # None under reclaim: guarantee
         self.entitled: Mapping[str, Gpus] | None = None
         self.qdemand: dict[str, Gpus] = {}
-        self.stale = False
+        self.redemand: set[str] = set()            # the queues whose demand changed since
         if preemption and settings.reclaim == FAIR_SHARE:
             pend: dict[str, Gpus] = {}
             for w in base.pending:
                 pend[w.queue] = pend.get(w.queue, 0) + w.gpus
             self.qdemand = queue_demand(cluster, Ledger(base.occupancy.usage), pend)
-            self.entitled = divide_entitlements(cluster, dict(self.qdemand), cluster.memo)
+            self.division = entitlement_division(cluster, self.qdemand, cluster.memo)
+            self.entitled = self.division.of
         self.free = FreeIndex(cluster, base.occupancy.node_free, base.occupancy.levels, base.occupancy.partial)
         self.ledger = Ledger(base.occupancy.usage)
         self.cache: dict[tuple[object, float], tuple[float, float, float]] = {}
@@ -257,15 +265,16 @@ class _Run:
             self.bounds[wid] = (now + max(lo - d, 0.0), now + max(hi - d, 0.0))
             self.heap.append((end, self.seq, wid))
         heapq.heapify(self.heap)
-        # preemptible running work per GPU type, queue and (size in GPUs, priority), each list in
-        # reverse victim order (read from the end; what stops leaves its list). A search merges
-        # only the lists its victims may come from: between queues, those of the queues above their
-        # guarantee (or entitlement) in its fence, of no higher priority than the preemptor's, and
-        # of sizes that leave the queue at its floor or above (while no minimum runtime is in play);
-        # within a queue, its own of lower priority. The same victims in the same order as a scan
-        # of the type's whole list, without reading the work a search passes over (under
-        # fair_share most of it: 3,604 searches at 10,000 pending, docs/PERFORMANCE.md)
-        self.victims: dict[str, dict[str, dict[tuple[Gpus, int], list[tuple[_VKey, str]]]]] = {}
+        # preemptible running work per GPU type, queue, priority and size in GPUs, each list in
+        # reverse victim order (read from the end; what stops leaves its list, an empty list and
+        # level are dropped). A search merges only the lists its victims may come from: between
+        # queues, those of the queues above their guarantee (or entitlement) in its fence, of no
+        # higher priority than the preemptor's, and of sizes that leave the queue at its floor or
+        # above (while no minimum runtime is in play); within a queue, its own of lower priority.
+        # The same victims in the same order as a scan of the type's whole list, without reading
+        # the work a search passes over (under fair_share most of it: 3,604 searches at 10,000
+        # pending, docs/PERFORMANCE.md)
+        self.victims: dict[str, dict[str, dict[int, dict[Gpus, list[tuple[_VKey, str]]]]]] = {}
         self.vkeys: dict[str, _VKey] = {}
         self.ranks = queue_ranks(cluster)
         for r in base.running:
@@ -273,11 +282,21 @@ class _Run:
             if w_.preemptible:
                 k = self.vkeys[w_.id] = _victim_key(r, self.running[w_.id][2], self.ranks)
                 self.victims.setdefault(r.placement.gpu_type, {}).setdefault(w_.queue, {}).setdefault(
-                    (w_.pods * w_.gpus_per_pod, w_.priority), []).append((k, w_.id))
+                    w_.priority, {}).setdefault(w_.pods * w_.gpus_per_pod, []).append((k, w_.id))
         for by_queue in self.victims.values():
-            for by_size in by_queue.values():
-                for lst in by_size.values():
-                    lst.sort()
+            for by_prio in by_queue.values():
+                for by_size in by_prio.values():
+                    for lst in by_size.values():
+                        lst.sort()
+        # which of those lists a search between queues may take from, found again only for the
+        # queues whose usage, floor or lists changed since the last search (:meth:`_past_floor`):
+        # (type, priority) -> the queues above their guarantee (or entitlement) with a list of that
+        # type and priority of a size that leaves them at their floor or above (any size where a
+        # minimum runtime is in play); per such queue its usage and floor then
+        self.past: dict[tuple[str, int], set[str]] = {}
+        self.past_of: dict[str, set[tuple[str, int]]] = {}
+        self.floors: dict[str, tuple[Gpus, Gpus]] = {}
+        self.unsorted: set[str] = set()         # the queues to place again (:meth:`_past_floor`)
         self.pend: dict[tuple[str, _Shape], list[Workload]] = {}
         self.heads: dict[tuple[str, _Shape], int] = {}
         self.qshapes: dict[str, set[_Shape]] = {}
@@ -313,6 +332,7 @@ class _Run:
         self.below: set[str] = set()
         self.over: set[str] = set()
         self.leaves = tuple(cluster.config.leaves())
+        self.leafset = frozenset(self.leaves)
         for q in self.leaves:
             self._track(q)              # (and enters each queue with pending work in the heap)
         self.events = 0
@@ -386,19 +406,45 @@ class _Run:
             over, below = over and gpus > e, below or gpus < e
         (self.over.add if over else self.over.discard)(q)
         (self.below.add if below else self.below.discard)(q)
+        self.unsorted.add(q)
+
+    def _past_floor(self) -> None:
+        """Place each queue in :attr:`unsorted` again in :attr:`past`: its usage, floor or victim
+        lists may have changed (the lists change only with its usage). What a search between
+        queues reads first; the search's own checks, per victim, are the core's."""
+        ledger, victims, past, mins, ent = self.ledger, self.victims, self.past, self.mins, self.entitled
+        guarantee = self.cluster.guarantee
+        for q in self.unsorted:
+            now: set[tuple[str, int]] = set()
+            if q in self.over:
+                floor = guarantee[q].get("gpu", 0)
+                if ent is not None:
+                    floor = max(floor, ent.get(q, 0))
+                used = ledger.used(q, "gpu")
+                self.floors[q] = (used, floor)
+                protected = q in mins    # a protected candidate lowers the search's ``first``: any size
+                for t_, by_queue in victims.items():
+                    for p, by_size in by_queue.get(q, {}).items():
+                        if protected or not used - min(by_size) < floor:
+                            now.add((t_, p))
+            was = self.past_of.get(q, set())
+            if now != was:
+                for tp in was - now:
+                    past[tp].discard(q)
+                for tp in now - was:
+                    past.setdefault(tp, set()).add(q)
+                self.past_of[q] = now
+        self.unsorted.clear()
 
     def entitle(self) -> None:
         """``reclaim: fair_share``: the entitlements for the demand now, after a finish changed it
-        (the same division as the core's cycle, kept in the cluster's memo while demands repeat), and
-        the place in :attr:`below` and :attr:`over` of each leaf whose entitlement changed."""
-        self.stale = False
-        old = self.entitled
-        ent = divide_entitlements(self.cluster, dict(self.qdemand), self.cluster.memo)
-        if ent is old or old is None:
-            return
-        self.entitled = ent
-        for q in self.leaves:
-            if ent.get(q, 0) != old.get(q, 0):
+        (the same division as the core's cycle, of the levels the changed demands reach), and the
+        place in :attr:`below` and :attr:`over` of each leaf whose entitlement changed."""
+        qd, cluster = self.qdemand, self.cluster
+        changed = self.division.update({q: demand_want(cluster, q, qd.get(q, 0)) for q in self.redemand})
+        self.redemand.clear()
+        for q in changed:
+            if q in self.leafset:
                 self._classify(q)
 
     def start(self, w: Workload, placement: Placement, t: float) -> None:
@@ -417,7 +463,7 @@ class _Run:
         if w.preemptible:
             k = self.vkeys[w.id] = _victim_key(self.running[w.id][0], self.seq, self.ranks)
             insort(self.victims.setdefault(placement.gpu_type, {}).setdefault(w.queue, {}).setdefault(
-                (w.pods * w.gpus_per_pod, w.priority), []), (k, w.id))
+                w.priority, {}).setdefault(w.pods * w.gpus_per_pod, []), (k, w.id))
         at, t_lo, t_hi = self.trigger          # the start on the low and high paths: after the
         s_lo, s_hi = t_lo + (t - at), t_hi + (t - at)      # finish that made room, there
         self.bounds[w.id] = (s_lo + max(lo - d, 0.0), s_hi + max(hi - d, 0.0))
@@ -437,8 +483,18 @@ class _Run:
         self.slots.clear()
         k = self.vkeys.pop(wid, None)
         if k is not None:                  # out of its victim list (a short one: its queue's, of its kind)
-            vl = self.victims[r.placement.gpu_type][w.queue][(w.pods * w.gpus_per_pod, w.priority)]
+            by_queue = self.victims[r.placement.gpu_type]
+            by_prio = by_queue[w.queue]
+            by_size = by_prio[w.priority]
+            size = w.pods * w.gpus_per_pod
+            vl = by_size[size]
             del vl[bisect_left(vl, (k, wid))]
+            if not vl:
+                del by_size[size]
+                if not by_size:
+                    del by_prio[w.priority]
+                    if not by_prio:
+                        del by_queue[w.queue]
         if finished:
             if self.entitled is not None:          # its GPUs leave its queues' demand
                 qd, gone = self.qdemand, w.gpus
@@ -448,7 +504,7 @@ class _Run:
                         qd[a] = left
                     else:
                         del qd[a]
-                self.stale = True
+                    self.redemand.add(a)
             return
         self.bounds.pop(wid, None)
         if w.checkpoint:
@@ -546,30 +602,39 @@ class _Run:
         shared = frozenset(chains[w.queue])
         guarantee, ent, mins = cluster.guarantee, self.entitled, self.mins
         over, vkeys, running = self.over, self.vkeys, self.running
-        taken: list[Running] = []
+        taken: list[tuple[Running, Vec]] = []          # each victim of the trial, with its usage
         budget = 4 * w.pods * w.gpus_per_pod          # GPUs a search may free before giving up
         ok = False
         by_queue = self.victims.get(t_, {})
         lists: list[list[tuple[_VKey, str]]] = []
         prio = w.priority
         if own:
-            lists += (lst for (_, p), lst in by_queue.get(w.queue, {}).items() if lst and p < prio)
+            for p, by_size in by_queue.get(w.queue, {}).items():
+                if p < prio:
+                    lists += by_size.values()
         else:                             # the lists a victim may come from (each checked again below)
-            fences = cluster.fences
-            for vq in over:
-                kinds = by_queue.get(vq)
-                if not kinds or vq == w.queue or fences[vq] != fence:
+            if self.unsorted:
+                self._past_floor()
+            fences, floors = cluster.fences, self.floors
+            for (vt, p), qs in self.past.items():
+                if vt != t_ or p > prio:
                     continue
-                if vq in mins:            # a protected candidate lowers ``first`` before the floor test
-                    lists += (lst for (_, p), lst in kinds.items() if lst and p <= prio)
-                    continue
-                floor = guarantee[vq].get("gpu", 0)
-                if ent is not None:
-                    floor = max(floor, ent.get(vq, 0))
-                used = ledger.used(vq, "gpu")        # only falls during the search: a size kept out now stays out
-                lists += (lst for (size, p), lst in kinds.items() if lst and p <= prio and not used - size < floor)
-        order: Iterable[tuple[_VKey, str]] = (reversed(lists[0]) if len(lists) == 1 else
-                                              heapq.merge(*map(reversed, lists), reverse=True))
+                for vq in qs:
+                    if vq == w.queue or fences[vq] != fence:
+                        continue
+                    by_size = by_queue[vq][p]
+                    if vq in mins:        # a protected candidate lowers ``first`` before the floor test
+                        lists += by_size.values()
+                        continue
+                    used, floor = floors[vq]     # only falls during the search: a size kept out now stays out
+                    lists += [lst for size, lst in by_size.items() if not used - size < floor]
+        order: Iterable[tuple[_VKey, str]]
+        if len(lists) == 1:
+            order = reversed(lists[0])
+        elif sum(map(len, lists)) <= _SORTED:       # few (as a rule): one sort costs less than a merge
+            order = sorted(chain.from_iterable(lists), reverse=True)
+        else:
+            order = heapq.merge(*map(reversed, lists), reverse=True)
         for k, vid in order:
             if vkeys.get(vid) != k:
                 continue                  # stopped since (or a later run of it)
@@ -586,30 +651,31 @@ class _Run:
                 if until > t + EPS:
                     first = min(first, until)
                     continue              # within its minimum runtime: no victim yet
-            vv = demand(vw, t_, cluster.equivalents)
             if not own:
                 floor = guarantee[vq].get("gpu", 0)
                 if ent is not None:
                     floor = max(floor, ent.get(vq, 0))
                 if ledger.used(vq, "gpu") - vw.pods * vw.gpus_per_pod < floor:
                     continue                  # its queue at its floor (below_floor's first test, quickly)
+            vv = demand(vw, t_, cluster.equivalents)
+            if not own:
                 if below_floor(cluster, ledger, vq, vv, shared) is not None:
                     continue
                 if ent is not None and below_entitlement(cluster, ledger, vq, vv, shared, ent) is not None:
                     continue
             ledger.remove(chains[vq], vv)
             free.release(r.placement)
-            taken.append(r)
+            taken.append((r, vv))
             if free.fits(t_, w.gpus_per_pod, w.pods) and over_max(cluster, ledger, w.queue, vec) is None:
                 ok = True
                 break
             budget -= vw.pods * vw.gpus_per_pod
             if budget <= 0:
                 break
-        for r in reversed(taken):           # undo the trial; stop() applies it for real
-            ledger.add(chains[r.workload.queue], demand(r.workload, t_, cluster.equivalents))
+        for r, vv in reversed(taken):       # undo the trial; stop() applies it for real
+            ledger.add(chains[r.workload.queue], vv)
             free.take(r.placement)
-        return (taken if ok else None), first
+        return ([r for r, _ in taken] if ok else None), first
 
     def _apply(self, w: Workload, t_: str, taken: list[Running], t: float) -> Placement | None:
         """Stop ``taken`` (they wait again) and place ``w`` on ``t_``."""
@@ -624,7 +690,7 @@ class _Run:
         qheap, qver = self.qheap, self.qver
         popped: list[tuple[QueueKey | ScoredKey, int, str]] = []
         misses = 0
-        if self.stale:
+        if self.redemand:
             self.entitle()                      # a finish changed the demand: as the core's cycle
         while fitting and qheap:
             if misses >= 8:                     # the free GPUs may fit nothing any more
@@ -660,11 +726,12 @@ class _Run:
         may = self.below | self.within if self.within else self.below
         for _, q in sorted((self.key(q), q) for q in may if self.qshapes.get(q)):
             started = True
-            while started and self.qshapes.get(q) and (q in self.below or q in self.within):
+            while started and self.qshapes.get(q) and (q in self.below or q in self.within) \
+                    and self.may_search(q, t):    # (what may_reclaim asks of the queue, once for all)
                 started = False
                 for _, w, s in self.candidates(q):
-                    if not self.may_reclaim(q, w, t):
-                        continue
+                    if t + EPS < w.submit_s + self.delay:
+                        continue                  # its own delay not passed
                     p = self.reclaim(w, t)
                     if p is None:
                         break
@@ -680,6 +747,12 @@ class _Run:
         that may be taken now)."""
         if t + EPS < w.submit_s + self.delay:
             return False
+        return self.may_search(q, t)
+
+    def may_search(self, q: str, t: float) -> bool:
+        """:meth:`may_reclaim`'s test of the queue: ``q``'s last victim search did not fail within a
+        delay with nothing changed since (nor with a victim kept out by its minimum runtime that
+        may be taken at ``t``)."""
         f = self.failed.get(q)
         return f is None or f[1] != self.own.get(q, 0) or t >= f[0] + self.delay or t + EPS >= f[2]
 

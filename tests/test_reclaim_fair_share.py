@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from accounting.fairshare import Want, entitlements
+from accounting.fairshare import Division, Want, entitlements
 from accounting.now import NowSnapshot, compute_now
 from accounting.queues import ROOT, parse_queue_config
 from gpuq.settings import SchedulerSettings
@@ -74,6 +74,44 @@ def test_entitlement_goes_level_by_level_down_the_tree() -> None:
     assert (got["d1"], got["d2"]) == (4, 4)           # KAI reclaim_test/15's departments
     assert (got["q1"], got["q2"]) == (3, 1)            # d2's 4 by weight 3:1
     assert got["q0"] == 4
+
+
+def test_an_incremental_division_is_the_full_one_after_every_change() -> None:
+    # the forecasts' timeline divides again only the levels a changed demand reaches
+    # (accounting.fairshare.Division): after each change, the full division's amounts and only
+    # the queues whose amount moved reported; random trees of three levels, shares of one GPU,
+    # weights not whole, maxes, weight 0, queues with no demand
+    import random
+
+    rng = random.Random(3)
+    for _ in range(30):
+        kids: dict[str, tuple[str, ...]] = {ROOT: tuple(f"d{i}" for i in range(rng.randint(1, 4)))}
+        for d in kids[ROOT]:
+            kids[d] = tuple(f"{d}q{j}" for j in range(rng.randint(0, 5)))
+        names = [q for q in kids if q != ROOT] + [q for d in kids[ROOT] for q in kids[d]]
+
+        def want() -> Want | None:
+            if rng.random() < 0.2:
+                return None
+            return Want(rng.choice((0, 0, 1, 2)), rng.choice((rng.randint(1, 40), Decimal(rng.randint(1, 80)) / 4)),
+                        rng.choice((None, None, rng.randint(1, 30))), rng.choice((1.0, 2.0, 0.5, 0.0)))
+
+        wants = {q: w for q in names if (w := want()) is not None}
+        pool = rng.randint(0, 60)
+        div = Division(pool, kids, wants, ROOT)
+        assert div.of == entitlements(pool, kids, wants, ROOT)
+        for _ in range(20):
+            change = {q: want() for q in rng.sample(names, min(len(names), rng.randint(1, 3)))}
+            before = dict(div.of)
+            moved = div.update(change)
+            for q, w in change.items():
+                if w is None:
+                    wants.pop(q, None)
+                else:
+                    wants[q] = w
+            full = entitlements(pool, kids, wants, ROOT)
+            assert div.of == full
+            assert moved == {q for q in full if full[q] != before[q]}
 
 
 QUEUES = {"a": {"guaranteed": {"gpu": 1}, "weight": 1}, "b": {"guaranteed": {"gpu": 1}, "weight": 1}}
