@@ -114,11 +114,12 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
                 kueue.add(a.workload_id)
             if a.queue > queue.get(k, ""):
                 queue[k] = a.queue
-    held: dict[str, list[tuple[float, float | None, int]]] = {}   # a Kueue workload's counted rows, any node
+    # a Kueue workload's counted rows on any node of its cluster (Kueue's ids repeat across clusters)
+    held: dict[tuple[str, str], list[tuple[float, float | None, int]]] = {}
     if kueue:
         for a in allocs:
             if a.workload_id in kueue and rank(a.source) == best_ever.get((a.workload_id, a.node)):
-                held.setdefault(a.workload_id, []).append((a.start_s, a.end_s, a.milli_gpus))
+                held.setdefault((a.cluster, a.workload_id), []).append((a.start_s, a.end_s, a.milli_gpus))
     out: list[Allocation] = []
     for a in allocs:
         if a.workload_id:
@@ -128,7 +129,7 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
             if not a.queue:
                 a = replace(a, queue=queue.get(k, ""))
             if r == _KUEUE:
-                out += (b for b in kueue_segments(a, held.get(a.workload_id, ()))
+                out += (b for b in kueue_segments(a, held.get((a.cluster, a.workload_id), ()))
                         if since_s is None or b.end_s is None or b.end_s > since_s)
                 continue
             if r > _KUEUE:

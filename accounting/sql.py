@@ -29,7 +29,9 @@ _W = ("fromUnixTimestamp64Milli({f:Int64}, 'UTC') AS wf, fromUnixTimestamp64Mill
 _OPEN_MS = "toInt64(9223372036854775807)"
 _REACH = "toIntervalDay(1)"
 _PART = "workload_id, if(workload_id = '', uid, node)"
-_WPART = "workload_id, if(workload_id = '', uid, '')"      # a Kueue Workload's row: its workload on any node
+# a Kueue Workload's row: its workload on any node of its cluster (Kueue's ids, kueue/<ns>/<name>,
+# repeat across clusters; gpuq's own are unique)
+_WPART = "workload_id, if(workload_id = '', uid, cluster)"
 LEDGER = f"""(
   SELECT * EXCEPT (rank, s_ms, e_ms, bo, wq, cut) REPLACE (
            if(queue = '', wq, queue) AS queue,

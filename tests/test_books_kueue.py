@@ -203,3 +203,18 @@ def integral(g: Gang, window: Window, now: float) -> float:
 
 def overlap(s: float, e: float, window: Window) -> float:
     return max(0.0, min(e, window.end_s) - max(s, window.start_s))
+
+
+def test_the_same_workload_id_in_two_clusters_is_two_reservations(store: Any) -> None:
+    """Kueue's ids (kueue/<ns>/<name>) repeat across clusters: cluster b's pods do not shrink
+    cluster a's reservation, in Python and in SQL."""
+    w = "kueue/ml/same-name"
+    rows = [led("wl", "kueue", w, "", 4, 0, None, cluster="a", uid=f"{w}@0"),
+            led("wl", "kueue", w, "", 4, 0, None, cluster="b", uid=f"{w}@0"),
+            led("p0", "pod", w, "n1", 4, 10, None, cluster="b")]
+    kept = sorted((a.cluster, a.source, a.start_s - T0, a.end_s and a.end_s - T0, a.gpus) for a in dedup(rows))
+    assert kept == [("a", "kueue", 0, None, 4), ("b", "kueue", 0, 10, 4), ("b", "pod", 10, None, 4)]
+    store.insert("gpu_allocations", [row(a) for a in rows], COLUMNS["gpu_allocations"])
+    now = T0 + 100
+    usage = {(u.cluster, u.workload): u.gpu_seconds for u in read_usage(store, Window(T0, now), now)}
+    assert usage == {("a", w): pytest.approx(400), ("b", w): pytest.approx(400)}
