@@ -32,7 +32,7 @@ from gpuq.demo.story import STORIES, billed_as_run
 from tests.conftest import die_with_parent
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.alone]       # make test runs it by itself (Makefile)
 
 
 def _env() -> dict[str, str]:
