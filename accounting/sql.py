@@ -65,7 +65,7 @@ _PIECES = """arrayMap(x -> (x.1, x.2, x.3, if(x.1 = s_ms, '', concat('#', toStri
   arrayFilter(x -> x.3 > 0 AND x.2 > x.1,
     arrayMap(k -> (p0[kj[k]].1, if(k = length(kj), e_ms, p0[kj[k + 1]].1), p0[kj[k]].2), arrayEnumerate(kj))))"""
 _PIECE_ARRAYS = f"""
-           arrayFilter(x -> x.2 > s_ms, held) AS rel,
+           arrayFilter(x -> x.2 > s_ms, if(rank = 3, held, [])) AS rel,   -- only a Kueue row has pieces
            arraySort(arrayConcat(arrayMap(x -> (greatest(x.1, s_ms), x.3), rel),
                                  arrayMap(x -> (x.2, -x.3), arrayFilter(x -> x.2 < {_OPEN_MS}, rel)))) AS ev,
            arrayCumSum(arrayMap(x -> x.2, ev)) AS run,
