@@ -23,7 +23,6 @@ import datetime as dt
 import itertools
 import os
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -236,19 +235,12 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         srv.server_close()
 
 
-_HANDED_OUT: set[int] = set()
-
-
 def free_port() -> int:
-    """A port free now and not handed out before in this test run (two picks in a row may
-    otherwise get the same just-released port)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+    """A port free now and not handed out before in this process (two picks in a row may otherwise
+    get the same just-released port): the demo's picker, shared."""
+    from gpuq.demo.cluster import free_port as pick
+
+    return pick()
 
 
 def closed_port() -> int:
