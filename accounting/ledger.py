@@ -189,10 +189,16 @@ def reservation_of(uid: str) -> str:
 
 def combine(observed: Iterable[Allocation], admitted: Iterable[Allocation], since_s: float | None = None,
             history: Iterable[Allocation] = ()) -> list[Allocation]:
-    """The ledger now: what the collectors observed (any stored ``admission`` rows dropped: the
-    scheduler's live ``admitted`` rows replace them) plus what gpuq admitted, deduplicated;
-    ``history``: gpuq's observed rows that ended before ``since_s`` (they cut admissions)."""
-    return dedup([*history, *(a for a in observed if a.source != ADMISSION), *admitted], since_s)
+    """The ledger now: what the collectors observed, as the ledger gave it (any stored
+    ``admission`` rows dropped: the scheduler's live ``admitted`` rows replace them) plus what gpuq
+    admitted, deduplicated; ``history``: gpuq's observed rows that ended before ``since_s`` (they
+    cut admissions). Kueue's rows in ``observed`` are already the pieces :func:`kueue_segments`
+    made and are kept as they are: the rule again would take the running pods off them twice (and
+    nothing gpuq admits is a Kueue workload)."""
+    kueue = [a for a in observed if a.source == KUEUE]
+    rest = dedup([*(a for a in history if a.source != KUEUE),
+                  *(a for a in observed if a.source not in RESERVATIONS), *admitted], since_s)
+    return [*rest, *kueue]
 
 
 def node_of(name: str, cluster: str) -> tuple[str, str]:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from accounting import sql as q
 from accounting.intervals import clip
-from accounting.ledger import dedup, kueue_segments, reservation_of
+from accounting.ledger import combine, dedup, kueue_segments, reservation_of
 from accounting.model import Allocation, Window
 from accounting.store_adapter import _alloc, _allocation, _q, _window, ledger_sql, read_allocations, read_usage
 from gpuq.store.schema import COLUMNS
@@ -218,3 +218,18 @@ def test_the_same_workload_id_in_two_clusters_is_two_reservations(store: Any) ->
     now = T0 + 100
     usage = {(u.cluster, u.workload): u.gpu_seconds for u in read_usage(store, Window(T0, now), now)}
     assert usage == {("a", w): pytest.approx(400), ("b", w): pytest.approx(400)}
+
+
+def test_the_ledger_now_takes_the_pieces_as_they_are() -> None:
+    """``combine`` (serve's view and audit) gets the ledger's output, pieces included: the rule is
+    not applied to them again (that would take the running pods off the rest a second time). At
+    60 s, with 4 of the gang's 8 GPUs running, the workload is billed 8: 4 by its pods, 4 by the
+    reservation's piece."""
+    w = "kueue/ml/gang"
+    rows = [led("wl", "kueue", w, "", 8, 0, None, uid=f"{w}@0"),
+            led("p0", "pod", w, "n1", 2, 30, None), led("p1", "pod", w, "n2", 2, 50, None)]
+    ledger = dedup(rows)
+    assert billed_at(ledger, w, T0 + 60) == 8
+    live = combine(ledger, [], T0 + 60)
+    assert billed_at(live, w, T0 + 60) == 8
+    assert sorted((a.uid, a.milli_gpus) for a in live) == sorted((a.uid, a.milli_gpus) for a in ledger)
