@@ -233,3 +233,26 @@ def test_the_ledger_now_takes_the_pieces_as_they_are() -> None:
     live = combine(ledger, [], T0 + 60)
     assert billed_at(live, w, T0 + 60) == 8
     assert sorted((a.uid, a.milli_gpus) for a in live) == sorted((a.uid, a.milli_gpus) for a in ledger)
+
+
+def test_serves_view_bills_the_queue_the_whole_reservation_while_pods_start(store: Any) -> None:
+    """Through the store and serve's own accounting (``LiveAccounting``: the ledger read, then
+    ``combine``): while the gang's pods start on two nodes one by one, its queue's allocation is
+    the 8 GPUs Kueue reserved, at every step."""
+    from accounting.queues import parse_queue_config
+    from scheduler.service.accounting import LiveAccounting
+
+    w = "kueue/ml/gang"
+    config = parse_queue_config({"gpu_types": {"H100": {"price_per_hour": 1.0}},
+                                 "queues": {"llm": {"guaranteed": {"gpu": 8}}}})
+    pods = [(30, "n1"), (50, "n1"), (70, "n2"), (90, "n2")]            # seconds after the reservation
+    store.insert("gpu_allocations", [row(led("wl", "kueue", w, "", 8, 900, None, uid=f"{w}@900000"))],
+                 COLUMNS["gpu_allocations"])
+    acc = LiveAccounting(store, config=config)
+    for i, (at, node) in enumerate([(0, ""), *pods]):
+        if node:
+            store.insert("gpu_allocations", [row(led(f"p{i}", "pod", w, node, 2, 900 + at, None))],
+                         COLUMNS["gpu_allocations"])
+        view = acc.refresh(T0 + 900 + at + 5).view
+        (llm,) = [r for r in view.rows if r.queue == "llm" and r.gpu_type == "*"]
+        assert llm.allocated == pytest.approx(8), (at, llm.allocated)
