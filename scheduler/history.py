@@ -409,18 +409,22 @@ def _workload_objects(store: Any) -> dict[tuple[str, str], dict[str, Any]]:
 
 def _reservations(rows: Iterable[Any]) -> list[Any]:
     """Kueue's rows as its reservations, by start: the ledger's pieces of one (what of it was not
-    seen yet, :func:`accounting.ledger.kueue_segments`) joined again, from the first piece's start
-    to the last one's end, at the first piece's GPUs."""
+    seen yet, :func:`accounting.ledger.kueue_segments`) joined again, to the last one's end, at
+    the first piece's GPUs, from the reservation's own start: the collector's uid
+    ``kueue/<ns>/<name>@<ms of the reservation>`` holds it (a window may have left out the pieces
+    before it), else the first piece's start."""
     from accounting.ledger import reservation_of
 
     by: dict[str, list[Any]] = {}
     for a in rows:
         by.setdefault(reservation_of(a.uid), []).append(a)
     out = []
-    for pieces in by.values():
+    for uid, pieces in by.items():
         pieces.sort(key=lambda a: a.start_s)
-        last = pieces[-1]
-        out.append(replace(pieces[0], end_s=last.end_s))
+        first, last = pieces[0], pieces[-1]
+        _, _, ms = uid.rpartition("@")
+        start = int(ms) / 1000 if ms.isdigit() and int(ms) / 1000 <= first.start_s else first.start_s
+        out.append(replace(first, uid=uid, start_s=start, end_s=last.end_s))
     return sorted(out, key=lambda a: a.start_s)
 
 

@@ -256,3 +256,20 @@ def test_serves_view_bills_the_queue_the_whole_reservation_while_pods_start(stor
         view = acc.refresh(T0 + 900 + at + 5).view
         (llm,) = [r for r in view.rows if r.queue == "llm" and r.gpu_type == "*"]
         assert llm.allocated == pytest.approx(8), (at, llm.allocated)
+
+
+def test_history_joins_the_pieces_into_the_reservation_from_its_own_start() -> None:
+    """``gpuq simulate --from-store`` and whatif read the ledger: a reservation's pieces are one
+    reservation again, from its start (in the collector's uid, ``<id>@<ms>``) even when the window
+    left its first piece out, to its last piece's end, at its whole GPUs."""
+    from scheduler.history import _reservations
+
+    w = "kueue/ml/gang"
+    rows = [led("wl", "kueue", w, "", 8, 0, None, uid=f"{w}@{round(T0 * 1000)}"),
+            led("p0", "pod", w, "n1", 2, 30, None), led("p1", "pod", w, "n2", 2, 50, 400)]
+    pieces = [a for a in dedup(rows) if a.source == "kueue"]
+    assert len(pieces) == 3
+    (whole,) = _reservations(pieces)
+    assert (whole.uid, whole.start_s, whole.end_s, whole.milli_gpus) == (f"{w}@{round(T0 * 1000)}", T0, None, 8000)
+    (late,) = _reservations([a for a in dedup(rows, T0 + 40) if a.source == "kueue"])     # the window from 40 s
+    assert (late.start_s, late.end_s) == (T0, None)
