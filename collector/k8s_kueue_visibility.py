@@ -17,7 +17,11 @@ than the one it computes (:func:`scheduler.service.kueue.build`).
 named after the ClusterQueue, no namespace), the summary as Kueue answered it with ``gpuq``'s
 ``fetched`` time and ``interval_s`` added, so that ``gpuq serve`` can tell a fresh answer from one left
 behind by a collector that stopped. A ClusterQueue gone, or the API no longer answering, marks its
-row deleted.
+row deleted. Kueue answers a page at a time (``limit``, default 1,000, and ``offset``): the pages
+are asked one after another until one comes back short, up to :data:`MAX_ITEMS` Workloads (then
+``gpuq.truncated`` is set, and the rest keep gpuq's computed positions). A Workload admitted between
+two pages moves the later ones up by one: a Workload seen twice is kept once, at its first page's
+position, and the one skipped keeps its computed position until the next round.
 
 Not served (404 from every version, e.g. no ``APIService`` or the feature gate off) or forbidden
 (403: the collector's ClusterRole lacks ``clusterqueues/pendingworkloads``): logged once, the rows
@@ -47,7 +51,8 @@ log = logging.getLogger(__name__)
 GROUP = "visibility.kueue.x-k8s.io"
 VERSIONS = ("v1beta2", "v1beta1")        # newest first: v1beta2 since Kueue 0.15, v1beta1 before
 KIND = "PendingWorkloadsSummary"         # the kueue_objects kind of a stored answer (named after its ClusterQueue)
-LIMIT = 1000                             # Kueue's default page; Workloads past it keep gpuq's computed position
+LIMIT = 1000                             # a page (Kueue's default `limit`); the next asked at `offset`
+MAX_ITEMS = 10_000                       # read per ClusterQueue; Workloads past it keep gpuq's computed position
 Row = tuple[Any, ...]
 
 
@@ -60,9 +65,12 @@ def summary_row(cluster: str, cluster_queue: str, summary: Mapping[str, Any] | N
     """The ``kueue_objects`` row of one answer (``None``: the row that marks it deleted)."""
     obj: dict[str, Any] = {"kind": KIND, "metadata": {"name": cluster_queue}, "items": []}
     if summary is not None:
+        summary = dict(summary)
+        truncated = bool(summary.pop("gpuq_truncated", False))
         obj = kept(summary)
         obj["metadata"] = {**(obj.get("metadata") or {}), "name": cluster_queue}
-        obj["gpuq"] = {"fetched": now.isoformat().replace("+00:00", "Z"), "interval_s": interval_s}
+        obj["gpuq"] = {"fetched": now.isoformat().replace("+00:00", "Z"), "interval_s": interval_s,
+                       **({"truncated": True} if truncated else {})}
     return (now, cluster, KIND, "", cluster_queue, "", "", int(summary is None),
             json.dumps(obj, separators=(",", ":"), sort_keys=True))
 
@@ -128,11 +136,29 @@ class VisibilityPoller:
 
     # -- I/O ---------------------------------------------------------------------------------------
     def _fetch(self, name: str) -> dict[str, Any] | None:
-        """The summary of one ClusterQueue; None when Kueue does not know it. Raises
-        :class:`NotServed`, or :class:`RuntimeError` (and the client's I/O errors) for this queue alone."""
+        """The summary of one ClusterQueue, its pages joined (the module's rules); None when Kueue
+        does not know it. Raises :class:`NotServed`, or :class:`RuntimeError` (and the client's I/O
+        errors) for this queue alone."""
+        first = self._page(name, 0)
+        if first is None:
+            return None
+        items = list(_items(first, name))
+        seen = {_key(i) for i in items}
+        page = items
+        while len(page) >= LIMIT and len(items) < MAX_ITEMS:
+            nxt = self._page(name, len(items))
+            page = list(_items(nxt, name)) if nxt is not None else []
+            items += (i for i in page if _key(i) not in seen)
+            seen.update(_key(i) for i in page)
+        if len(items) >= MAX_ITEMS and len(page) >= LIMIT:
+            first["gpuq_truncated"] = True
+        first["items"] = items[:MAX_ITEMS]
+        return first
+
+    def _page(self, name: str, offset: int) -> dict[str, Any] | None:
         while True:
             version = VERSIONS[self.version_index]
-            status, body = self._get(f"/apis/{GROUP}/{version}/clusterqueues/{{name}}/pendingworkloads", name)
+            status, body = self._get(f"/apis/{GROUP}/{version}/clusterqueues/{{name}}/pendingworkloads", name, offset)
             if 200 <= status < 300:
                 if not isinstance(body, dict):
                     raise ValueError(f"clusterqueues/{name}/pendingworkloads: the answer is not a JSON object")
@@ -152,9 +178,10 @@ class VisibilityPoller:
                 raise NotServed(f"is not served ({GROUP}/{' nor '.join(VERSIONS)}: 404)")
             raise RuntimeError(f"clusterqueues/{name}/pendingworkloads: HTTP {status}: {_message(body)}")
 
-    def _get(self, path: str, name: str) -> tuple[int, Any]:
+    def _get(self, path: str, name: str, offset: int = 0) -> tuple[int, Any]:
+        query: list[tuple[str, Any]] = [("limit", LIMIT), *([("offset", offset)] if offset else [])]
         method, url, headers, body, post = self.api_client.param_serialize(
-            "GET", path, path_params={"name": name}, query_params=[("limit", LIMIT)],
+            "GET", path, path_params={"name": name}, query_params=query,
             header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
         try:
             resp = self.api_client.call_api(method, url, header_params=headers, body=body, post_params=post,
@@ -165,6 +192,20 @@ class VisibilityPoller:
                 raise RuntimeError(f"cannot reach the API server: {exc.reason}") from exc
             return int(exc.status), _json(exc.body)
         return int(resp.status), _json(resp.data)
+
+
+def _items(summary: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
+    items = summary.get("items")
+    if items is None:
+        return []
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ValueError(f"clusterqueues/{name}/pendingworkloads: items is not a list of objects")
+    return items
+
+
+def _key(item: Mapping[str, Any]) -> tuple[str, str]:
+    meta = item.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
 def _json(data: Any) -> Any:

@@ -289,3 +289,55 @@ def test_serve_shows_kueues_positions_then_computed_ones_when_the_api_goes(store
             w: (p, "computed") for w, p in COMPUTED.items()}
         lines = explain_text(views[PRETRAIN], now=time.time()).splitlines()
         assert "position 1 in llm; no start-time forecast yet" in lines, lines
+
+
+@pytest.mark.parametrize("page, most, stored, offsets, truncated", [
+    pytest.param(2, 10_000, 3, {None, "2"}, False, id="two-pages-joined"),
+    pytest.param(1, 2, 2, {None, "1"}, True, id="stopped-at-max-items"),
+])
+def test_the_pages_of_a_long_queue_are_joined(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, page: int, most: int,
+                                              stored: int, offsets: set[str | None], truncated: bool) -> None:
+    """Kueue answers a page at a time (``limit``, ``offset``): the collector asks until a page comes
+    back short, up to its most Workloads per ClusterQueue, and stores the pages as one answer in
+    Kueue's order (``truncated`` said when it stopped early)."""
+    import collector.k8s_kueue_visibility as vis
+
+    monkeypatch.setattr(vis, "LIMIT", page)
+    monkeypatch.setattr(vis, "MAX_ITEMS", most)
+    with server_with(visibility={"llm": SUMMARY}, visibility_versions=("v1beta2",)) as server, \
+            collecting(server, tmp_path) as (sink, _):
+        wait_until(lambda: len(summaries(sink)) >= 1)
+        obj = json.loads(summaries(sink)[0]["object"])
+        asked = [r for r in list(server.requests) if r.path.endswith("/llm/pendingworkloads")]
+    assert [(i["metadata"]["name"], i["positionInClusterQueue"]) for i in obj["items"]] == [
+        ("rayjob-asr-1b-77e1a", 0), ("rayjob-pretrain-7b-3f2a1", 1), ("rayjob-finetune-13b-8c0d2", 2)][:stored]
+    assert {r.query.get("offset") for r in asked} == offsets
+    assert {r.query.get("limit") for r in asked} == {str(page)}
+    assert obj["gpuq"].get("truncated", False) is truncated
+
+
+def test_a_workload_seen_on_two_pages_is_kept_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue moved between two pages (a Workload of a higher priority arrived at its head): the
+    later pages start one earlier than asked, so their first item was already on the page before;
+    it is kept once, at its first position, and the pages still end when one comes back short."""
+    import collector.k8s_kueue_visibility as vis
+
+    monkeypatch.setattr(vis, "LIMIT", 2)
+    names = [i["metadata"]["name"] for i in SUMMARY["items"]]
+    asked: list[int] = []
+
+    class Moving(vis.VisibilityPoller):
+        def _get(self, path: str, name: str, offset: int = 0) -> tuple[int, Any]:
+            asked.append(offset)
+            items = copy.deepcopy(SUMMARY["items"])
+            if offset:                               # a new Workload at the head meanwhile
+                new = {**items[0], "metadata": {**items[0]["metadata"], "name": "urgent"}}
+                items = [new, *({**i, "positionInClusterQueue": i["positionInClusterQueue"] + 1} for i in items)]
+            return 200, {**SUMMARY, "items": items[offset:offset + vis.LIMIT]}
+
+    poller = Moving(None, cluster="prod", server="test", interval_s=1, absent_retry_s=1, timeout=(1, 1))  # type: ignore[arg-type]
+    summary = poller._fetch("llm")
+    assert summary is not None
+    assert [i["metadata"]["name"] for i in summary["items"]] == names
+    assert [i["positionInClusterQueue"] for i in summary["items"]] == [0, 1, 3]
+    assert asked == [0, 2, 3]
