@@ -98,7 +98,6 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
     the history a window needs, not part of it), and rows that end by then are left out."""
     allocs = list(allocations)
     best: dict[tuple[str, str], int] = {}
-    best_ever: dict[tuple[str, str], int] = {}                     # the same over all rows (Kueue's)
     seen: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
     queue: dict[tuple[str, str], str] = {}
     kueue: set[str] = set()
@@ -107,19 +106,13 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
             r, k = rank(a.source), (a.workload_id, a.node)
             if r < _KUEUE:
                 seen.setdefault(k, []).append((a.start_s, a.end_s))
-                best_ever[k] = min(r, best_ever.get(k, r))
                 if since_s is None or a.end_s is None or a.end_s > since_s:
                     best[k] = min(r, best.get(k, r))
             elif r == _KUEUE:
                 kueue.add(a.workload_id)
             if a.queue > queue.get(k, ""):
                 queue[k] = a.queue
-    # a Kueue workload's counted rows on any node of its cluster (Kueue's ids repeat across clusters)
-    held: dict[tuple[str, str], list[tuple[float, float | None, int]]] = {}
-    if kueue:
-        for a in allocs:
-            if a.workload_id in kueue and rank(a.source) == best_ever.get((a.workload_id, a.node)):
-                held.setdefault((a.cluster, a.workload_id), []).append((a.start_s, a.end_s, a.milli_gpus))
+    held = _kueue_held(allocs, kueue) if kueue else {}
     out: list[Allocation] = []
     for a in allocs:
         if a.workload_id:
@@ -142,6 +135,21 @@ def dedup(allocations: Iterable[Allocation], since_s: float | None = None) -> li
         if since_s is None or a.end_s is None or a.end_s > since_s:
             out.append(a)
     return out
+
+
+def _kueue_held(allocs: list[Allocation], kueue: set[str]) -> dict[tuple[str, str], list[tuple[float, float | None, int]]]:
+    """The observed rows that count against each Kueue workload's reservation, per (cluster,
+    workload) (Kueue's ids repeat across clusters): on each node the best source over all rows."""
+    rows = [a for a in allocs if a.workload_id in kueue and rank(a.source) < _KUEUE]
+    best: dict[tuple[str, str], int] = {}
+    for a in rows:
+        k = (a.workload_id, a.node)
+        best[k] = min(rank(a.source), best.get(k, _KUEUE))
+    held: dict[tuple[str, str], list[tuple[float, float | None, int]]] = {}
+    for a in rows:
+        if rank(a.source) == best[(a.workload_id, a.node)]:
+            held.setdefault((a.cluster, a.workload_id), []).append((a.start_s, a.end_s, a.milli_gpus))
+    return held
 
 
 def kueue_segments(a: Allocation, held: Iterable[tuple[float, float | None, int]]) -> list[Allocation]:

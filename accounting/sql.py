@@ -32,25 +32,32 @@ _PART = "workload_id, if(workload_id = '', uid, node)"
 # a Kueue Workload's row: its workload on any node of its cluster (Kueue's ids, kueue/<ns>/<name>,
 # repeat across clusters; gpuq's own are unique)
 _WPART = "workload_id, if(workload_id = '', uid, cluster)"
+# What both ledgers select from the rows read: each row's source rank, its span in ms, the best
+# observed rank of its (workload, node) in the window (`bo`), the queue of its (workload, node)
+# (`wq`); and the earliest start of the observed rows of its partition that end after it starts
+# (`_seen_from`: where an admission, or the plain ledger's Kueue row, is cut).
+_RANKED = f"""multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, source = 'kueue', 3, 4)
+             AS rank,
+           toUnixTimestamp64Milli(start) AS s_ms, ifNull(toUnixTimestamp64Milli(end), {_OPEN_MS}) AS e_ms,
+           minIf(rank, rank < 3 AND e_ms > toUnixTimestamp64Milli(wf)) OVER (PARTITION BY {_PART}) AS bo,
+           max(queue) OVER (PARTITION BY {_PART}) AS wq"""
+_ROWS = f"""FROM {{db}}.@ALLOC@ FINAL
+    WHERE start < wt AND (end IS NULL OR end > if(workload_id = '', wf, wf - {_REACH}))"""
+
+
+def _seen_from(part: str) -> str:
+    return (f"greatest(s_ms, min(if(rank < 3, s_ms, {_OPEN_MS})) OVER (PARTITION BY {part} "
+            "ORDER BY if(rank < 3, e_ms, s_ms) DESC, rank DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW))")
+
+
 LEDGER = f"""(
   SELECT * EXCEPT (rank, s_ms, e_ms, bo, wq, cut) REPLACE (
            if(queue = '', wq, queue) AS queue,
            if(cut < e_ms, fromUnixTimestamp64Milli(cut, 'UTC'), end) AS end)
   FROM (
-    SELECT *, multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, source = 'kueue', 3, 4)
-             AS rank,
-           toUnixTimestamp64Milli(start) AS s_ms, ifNull(toUnixTimestamp64Milli(end), {_OPEN_MS}) AS e_ms,
-           minIf(rank, rank < 3 AND e_ms > toUnixTimestamp64Milli(wf)) OVER (PARTITION BY {_PART}) AS bo,
-           max(queue) OVER (PARTITION BY {_PART}) AS wq,
-           multiIf(rank = 4, greatest(s_ms, min(if(rank < 3, s_ms, {_OPEN_MS}))
-                                         OVER (PARTITION BY {_PART} ORDER BY if(rank < 3, e_ms, s_ms) DESC, rank DESC
-                                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
-                   rank = 3, greatest(s_ms, min(if(rank < 3, s_ms, {_OPEN_MS}))
-                                         OVER (PARTITION BY {_WPART} ORDER BY if(rank < 3, e_ms, s_ms) DESC, rank DESC
-                                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
-                   e_ms) AS cut
-    FROM {{db}}.@ALLOC@ FINAL
-    WHERE start < wt AND (end IS NULL OR end > if(workload_id = '', wf, wf - {_REACH}))
+    SELECT *, {_RANKED},
+           multiIf(rank = 4, {_seen_from(_PART)}, rank = 3, {_seen_from(_WPART)}, e_ms) AS cut
+    {_ROWS}
   )
   WHERE (workload_id = '' OR rank = bo OR (rank >= 3 AND cut > s_ms)) AND cut > toUnixTimestamp64Milli(wf)
 )"""
@@ -87,18 +94,10 @@ LEDGER_KUEUE = f"""(
     FROM (
       SELECT *, groupArrayIf((s_ms, e_ms, toInt64(milli_gpus)), rank < 3 AND rank = ba) OVER (PARTITION BY {_WPART}) AS held
       FROM (
-        SELECT *, multiIf(source = 'pod', 0, source = 'placement_group', 1, source = 'ray_job', 2, source = 'kueue', 3, 4)
-                 AS rank,
-               toUnixTimestamp64Milli(start) AS s_ms, ifNull(toUnixTimestamp64Milli(end), {_OPEN_MS}) AS e_ms,
-               minIf(rank, rank < 3 AND e_ms > toUnixTimestamp64Milli(wf)) OVER (PARTITION BY {_PART}) AS bo,
+        SELECT *, {_RANKED},
                minIf(rank, rank < 3) OVER (PARTITION BY {_PART}) AS ba,
-               max(queue) OVER (PARTITION BY {_PART}) AS wq,
-               if(rank = 4, greatest(s_ms, min(if(rank < 3, s_ms, {_OPEN_MS}))
-                                            OVER (PARTITION BY {_PART} ORDER BY if(rank < 3, e_ms, s_ms) DESC, rank DESC
-                                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)),
-                  e_ms) AS cut
-        FROM {{db}}.@ALLOC@ FINAL
-        WHERE start < wt AND (end IS NULL OR end > if(workload_id = '', wf, wf - {_REACH}))
+               if(rank = 4, {_seen_from(_PART)}, e_ms) AS cut
+        {_ROWS}
       )
     )
   )

@@ -9,6 +9,8 @@ stretch shorter than its hours is missed: a lower bound of the exact figure, for
 """
 from __future__ import annotations
 
+import weakref
+
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Literal
@@ -43,19 +45,7 @@ def alloc_table(store: Store, window: Window) -> str:
     """``gpu_allocations_open`` when it holds every allocation overlapping the window (the window
     starts an hour or more after the latest prune cutoff, so a prune running meanwhile cannot
     take one away), else ``gpu_allocations``."""
-    rows = _q(store, "SELECT toUnixTimestamp64Milli(max(cutoff)) / 1000, count() "
-                     "FROM {db}.gpu_allocations_open_pruned", {})
-    cutoff = float(rows[0][0]) if rows and rows[0][1] else None
-    if cutoff is None or window.start_s >= cutoff + OPEN_MARGIN_S:
-        return "gpu_allocations_open"
-    return "gpu_allocations"
-
-
-def _alloc(store: Store, text: str, window: Window) -> str:
-    return text.replace("@LEDGER@", ledger_sql(store)).replace("@ALLOC@", alloc_table(store, window))
-
-
-_KUEUE_SEEN: set[tuple[int, str]] = set()       # (id of the store, database) once Kueue rows were found
+    return _sources(store, window)[0]
 
 
 def ledger_sql(store: Store) -> str:
@@ -64,13 +54,31 @@ def ledger_sql(store: Store) -> str:
     :data:`accounting.sql.LEDGER` (the same rule for every other row, without the Kueue pieces'
     cost). A row that arrives between this check and the query is read by the plain ledger once:
     cut at its workload's first observed row, as before the pieces."""
-    key = (id(store), store.database)
-    if key in _KUEUE_SEEN:
-        return sql.LEDGER_KUEUE
-    if _q(store, "SELECT count() FROM (SELECT 1 FROM {db}.gpu_allocations WHERE source = 'kueue' LIMIT 1)", {})[0][0]:
-        _KUEUE_SEEN.add(key)
-        return sql.LEDGER_KUEUE
-    return sql.LEDGER
+    return _sources(store, Window(0.0, 0.0))[1]
+
+
+def _alloc(store: Store, text: str, window: Window) -> str:
+    table, ledger = _sources(store, window)
+    return text.replace("@LEDGER@", ledger).replace("@ALLOC@", table)
+
+
+_KUEUE_SEEN: weakref.WeakKeyDictionary[Store, set[str]] = weakref.WeakKeyDictionary()   # store -> databases
+
+
+def _sources(store: Store, window: Window) -> tuple[str, str]:
+    """:func:`alloc_table` and :func:`ledger_sql`, in one round trip (the Kueue check only until it
+    finds a row)."""
+    known = store.database in _KUEUE_SEEN.get(store, ())
+    kueue = "1" if known else \
+        "(SELECT count() FROM (SELECT 1 FROM {db}.gpu_allocations WHERE source = 'kueue' LIMIT 1))"
+    rows = _q(store, f"SELECT toUnixTimestamp64Milli(max(cutoff)) / 1000, count(), {kueue} "
+                     "FROM {db}.gpu_allocations_open_pruned", {})
+    cutoff = float(rows[0][0]) if rows and rows[0][1] else None
+    table = "gpu_allocations_open" if cutoff is None or window.start_s >= cutoff + OPEN_MARGIN_S else "gpu_allocations"
+    if known or (rows and rows[0][2]):
+        _KUEUE_SEEN.setdefault(store, set()).add(store.database)
+        return table, sql.LEDGER_KUEUE
+    return table, sql.LEDGER
 
 
 def _window(window: Window, now_s: float) -> dict[str, Any]:

@@ -65,12 +65,10 @@ def summary_row(cluster: str, cluster_queue: str, summary: Mapping[str, Any] | N
     """The ``kueue_objects`` row of one answer (``None``: the row that marks it deleted)."""
     obj: dict[str, Any] = {"kind": KIND, "metadata": {"name": cluster_queue}, "items": []}
     if summary is not None:
-        summary = dict(summary)
-        truncated = bool(summary.pop("gpuq_truncated", False))
         obj = kept(summary)
         obj["metadata"] = {**(obj.get("metadata") or {}), "name": cluster_queue}
-        obj["gpuq"] = {"fetched": now.isoformat().replace("+00:00", "Z"), "interval_s": interval_s,
-                       **({"truncated": True} if truncated else {})}
+        obj["gpuq"] = {**(obj.get("gpuq") or {}),          # what the fetch noted (truncated)
+                       "fetched": now.isoformat().replace("+00:00", "Z"), "interval_s": interval_s}
     return (now, cluster, KIND, "", cluster_queue, "", "", int(summary is None),
             json.dumps(obj, separators=(",", ":"), sort_keys=True))
 
@@ -151,7 +149,7 @@ class VisibilityPoller:
             items += (i for i in page if _key(i) not in seen)
             seen.update(_key(i) for i in page)
         if len(items) >= MAX_ITEMS and len(page) >= LIMIT:
-            first["gpuq_truncated"] = True
+            first["gpuq"] = {"truncated": True}
         first["items"] = items[:MAX_ITEMS]
         return first
 
